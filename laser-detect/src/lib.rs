@@ -1,0 +1,2 @@
+//! laser-detect: turns the driver's [`laser_driver::Event`] stream into contention findings.
+//! No syscalls beyond reading files; every parser takes bytes or text.

@@ -1,0 +1,1 @@
+//! laser-repair: `plan` (pure code rewriting) and `tracee` (the only ptrace code).
