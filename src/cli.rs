@@ -1,0 +1,197 @@
+//! Command-line surface of `laser` (clap derive). Only parsing lives here; each subcommand's
+//! work is in its own module.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "laser",
+    version,
+    about = "Find and repair cache-line contention (true and false sharing) in x86-64 Linux programs",
+    after_help = "Exit status: `laser run` exits with the program's own status (128+N if a signal N \
+killed it). Otherwise: 0 ok, 1 laser failed, 2 bad usage, 3 a --fail-on gate tripped, \
+125 laser failed while the program ran, 126 the program could not be executed, 127 not found."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Launch a program, monitor it, and print a contention report when it exits.
+    Run(RunArgs),
+    /// Launch a program and record its sample stream to a file for later analysis.
+    Record(RecordArgs),
+    /// Analyse a recording made by `laser record`.
+    Report(ReportArgs),
+    /// Monitor a process that is already running.
+    Attach(AttachArgs),
+    /// Print which sampling backends this machine supports, and why.
+    Backends,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendArg {
+    /// The best backend this machine supports (printed with the reason).
+    Auto,
+    /// Intel PEBS precise loads with data_src (HITM).
+    Pebs,
+    /// AMD IBS op sampling.
+    Ibs,
+    /// cpu-clock sampling with user registers: works with no PMU (VMs, containers, CI).
+    Soft,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct MonitorArgs {
+    /// Sampling backend.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
+    /// Sampling frequency per CPU, in Hz (soft backend). Default: the measured ≤2%-overhead value.
+    #[arg(long)]
+    pub freq: Option<u64>,
+    /// Refine soft-backend estimates with hardware watchpoints on candidate lines.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub watch: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct AnalysisArgs {
+    /// Report findings at or above this many contention events per second.
+    #[arg(long, default_value_t = 1000.0)]
+    pub threshold: f64,
+    /// Cache-line size for the line model: 64, or 128 to group adjacent-line pairs.
+    #[arg(long, default_value_t = 64, value_parser = parse_line_size)]
+    pub line: u32,
+    /// Also write the report as JSON (schema laser-report/1) to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Do not print the text report.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub monitor: MonitorArgs,
+    #[command(flatten)]
+    pub analysis: AnalysisArgs,
+    /// Also keep the recording in this file.
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    #[command(flatten)]
+    pub monitor: MonitorArgs,
+    /// Where to write the recording.
+    #[arg(long, short = 'o', default_value = "run.laser")]
+    pub output: PathBuf,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    pub analysis: AnalysisArgs,
+    /// The recording to analyse.
+    pub input: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct AttachArgs {
+    /// Process id to monitor.
+    #[arg(long, short)]
+    pub pid: u32,
+    /// How long to monitor (e.g. 10s, 500ms, 2m). Default: until the process exits or Ctrl-C.
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    #[command(flatten)]
+    pub monitor: MonitorArgs,
+    #[command(flatten)]
+    pub analysis: AnalysisArgs,
+    /// Also keep the recording in this file.
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
+}
+
+fn parse_line_size(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n @ (64 | 128)) => Ok(n),
+        _ => Err(format!("line size must be 64 or 128, not {s:?}")),
+    }
+}
+
+/// Parses `10s`, `500ms`, `2m`, `1h`, or a bare number of seconds (`1.5`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("not a duration: {s:?} (try 10s, 500ms, 2m)"))?;
+    let secs = match unit {
+        "ms" => v / 1000.0,
+        "s" => v,
+        "m" | "min" => v * 60.0,
+        "h" => v * 3600.0,
+        _ => return Err(format!("unknown unit {unit:?} in {s:?} (use ms, s, m, h)")),
+    };
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(format!("duration must be positive: {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("10 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn run_keeps_program_arguments_verbatim() {
+        let cli =
+            Cli::try_parse_from(["laser", "run", "--", "./app", "-x", "--json", "y"]).unwrap();
+        let Command::Run(r) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(r.command, ["./app", "-x", "--json", "y"]);
+        assert!(r.analysis.json.is_none());
+    }
+
+    #[test]
+    fn line_size_must_be_64_or_128() {
+        assert!(Cli::try_parse_from(["laser", "run", "--line", "96", "--", "x"]).is_err());
+        assert!(Cli::try_parse_from(["laser", "run", "--line", "128", "--", "x"]).is_ok());
+    }
+}
