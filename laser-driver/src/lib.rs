@@ -3,6 +3,14 @@
 
 pub mod event;
 
+pub mod attr;
+pub mod decode;
+pub mod error;
+pub mod mmap_ring;
+pub mod ring;
+pub mod sys;
+
+pub use error::DriverError;
 pub use event::{
     BackendKind, Event, Mmap, Reg, Sample, StreamStats, UserRegs, NUM_REGS, SOFT_REGS_MASK,
 };
