@@ -208,7 +208,9 @@ impl RingMemory for SliceRing {
 mod tests {
     use super::*;
 
-    fn collect(ring: &mut SliceRing) -> (Result<usize, RingError>, Vec<(u32, u16, Vec<u8>)>) {
+    type Rec = (u32, u16, Vec<u8>);
+
+    fn collect(ring: &mut SliceRing) -> (Result<usize, RingError>, Vec<Rec>) {
         let mut out = Vec::new();
         let mut scratch = Vec::new();
         let r = drain(ring, &mut scratch, |r| {
