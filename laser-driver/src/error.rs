@@ -99,31 +99,43 @@ pub fn explain_permission(what: &str, errno: i32, paranoid_text: Option<&str>) -
         "EACCES"
     };
     let mut msg = format!("permission denied ({errname}) opening perf events for {what}. ");
+    let setcap = "`sudo setcap cap_perfmon,cap_sys_ptrace+ep $(command -v laser)`";
     match paranoid {
-        Some(p) => {
+        Some(p) if p <= 2 => {
             let meaning = match p {
                 i32::MIN..=-1 => "no restrictions",
                 0 => "no raw tracepoint access without CAP_PERFMON",
                 1 => "no kernel profiling without CAP_PERFMON",
-                2 => "user-space profiling of your own processes only",
-                _ => "all perf events forbidden without CAP_PERFMON",
+                _ => "user-space profiling of your own processes only",
             };
-            msg += &format!("/proc/sys/kernel/perf_event_paranoid is {p} ({meaning}). ");
-            if p >= 3 {
-                msg += "laser needs perf_event_paranoid <= 2 or CAP_PERFMON. ";
-            } else {
-                msg += "The setting allows your own processes, so the target probably belongs \
-                        to another user (attaching needs CAP_SYS_PTRACE, or the same uid and \
-                        /proc/sys/kernel/yama/ptrace_scope <= 1), or a container/seccomp \
-                        policy blocks perf_event_open. ";
-            }
+            msg += &format!(
+                "/proc/sys/kernel/perf_event_paranoid is {p} ({meaning}), which allows \
+                 laser's user-space events on your own processes, so the target most likely \
+                 belongs to another user (or a container/seccomp policy blocks \
+                 perf_event_open). Missing: CAP_SYS_PTRACE (the kernel applies the ptrace \
+                 access check; /proc/sys/kernel/yama/ptrace_scope must also be <= 1 for \
+                 same-user attach). To fix: run laser as the target's user or as root, or \
+                 grant it the capabilities: {setcap}."
+            );
         }
-        None => msg += "/proc/sys/kernel/perf_event_paranoid could not be read. ",
+        Some(p) => {
+            msg += &format!(
+                "/proc/sys/kernel/perf_event_paranoid is {p} (all perf events forbidden \
+                 without CAP_PERFMON). Missing: CAP_PERFMON (Linux >= 5.8; CAP_SYS_ADMIN on \
+                 older kernels). To fix: `sudo sysctl kernel.perf_event_paranoid=2` (until \
+                 reboot; 2 allows profiling your own processes' user space), or grant laser \
+                 the capabilities: {setcap}, or run it as root."
+            );
+        }
+        None => {
+            msg += &format!(
+                "/proc/sys/kernel/perf_event_paranoid could not be read. laser needs \
+                 perf_event_paranoid <= 2 or CAP_PERFMON (Linux >= 5.8; CAP_SYS_ADMIN on \
+                 older kernels). To fix: `sudo sysctl kernel.perf_event_paranoid=2`, or grant \
+                 laser the capabilities: {setcap}, or run it as root."
+            );
+        }
     }
-    msg += "Missing: CAP_PERFMON (Linux >= 5.8; CAP_SYS_ADMIN on older kernels). To fix: \
-            `sudo sysctl kernel.perf_event_paranoid=1` (until reboot), or grant laser the \
-            capabilities: `sudo setcap cap_perfmon,cap_sys_ptrace+ep $(command -v laser)`, \
-            or run it as root.";
     msg
 }
 
@@ -147,7 +159,7 @@ mod tests {
         let m = explain_permission("pid 42", libc::EACCES, Some("3\n"));
         assert!(m.contains("perf_event_paranoid is 3"), "{m}");
         assert!(m.contains("CAP_PERFMON"), "{m}");
-        assert!(m.contains("sysctl kernel.perf_event_paranoid=1"), "{m}");
+        assert!(m.contains("sysctl kernel.perf_event_paranoid=2"), "{m}");
         assert!(m.contains("EACCES"), "{m}");
     }
 
@@ -155,7 +167,8 @@ mod tests {
     fn paranoid_two_points_at_ptrace_and_other_users() {
         let m = explain_permission("pid 42", libc::EPERM, Some("2"));
         assert!(m.contains("is 2"), "{m}");
-        assert!(m.contains("CAP_SYS_PTRACE"), "{m}");
+        assert!(m.contains("Missing: CAP_SYS_PTRACE"), "{m}");
+        assert!(m.contains("setcap"), "{m}");
         assert!(m.contains("EPERM"), "{m}");
     }
 
@@ -163,6 +176,7 @@ mod tests {
     fn unreadable_paranoid_is_said() {
         let m = explain_permission("cpu 0", libc::EACCES, None);
         assert!(m.contains("could not be read"), "{m}");
+        assert!(m.contains("CAP_PERFMON"), "{m}");
         let m = explain_permission("cpu 0", libc::EACCES, Some("garbage"));
         assert!(m.contains("could not be read"), "{m}");
     }

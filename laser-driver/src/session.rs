@@ -161,7 +161,18 @@ impl Session {
                     .collect()
             })
             .unwrap_or_default();
-        s.maps_snapshot = read_maps(pid).map_err(|_| DriverError::NoSuchProcess { pid })?;
+        // Events first: a permission problem is reported with the perf_event_paranoid
+        // explanation rather than as an unreadable maps file.
+        s.rescan_threads()?;
+        if s.leaders.is_empty() {
+            return Err(DriverError::NoSuchProcess { pid });
+        }
+        s.maps_snapshot = read_maps(pid).map_err(|e| match e.raw_os_error() {
+            Some(errno @ (libc::EACCES | libc::EPERM)) => {
+                crate::error::permission_error(&format!("reading /proc/{pid}/maps"), errno)
+            }
+            _ => DriverError::NoSuchProcess { pid },
+        })?;
         let maps = procinfo::parse_maps(&s.maps_snapshot);
         let ids = procinfo::read_build_ids(&maps);
         s.pending.extend(
@@ -169,10 +180,6 @@ impl Session {
                 .into_iter()
                 .map(Event::Mmap),
         );
-        s.rescan_threads()?;
-        if s.leaders.is_empty() {
-            return Err(DriverError::NoSuchProcess { pid });
-        }
         for &tid in &s.known_tids {
             if let Ok(name) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")) {
                 s.pending.push_back(Event::Comm {

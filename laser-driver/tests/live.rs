@@ -386,3 +386,124 @@ fn header_info_has_build_ids_maps_and_cpu_model() {
     assert_eq!(h.command[1], "0.2");
     run_to_exit(&mut s);
 }
+
+#[test]
+fn a_full_small_ring_loses_records_and_says_so() {
+    let t = target();
+    let cfg = Config {
+        frequency: 20_000,
+        buffer_pages: 1,
+        ..Config::default()
+    };
+    let mut s = Session::launch(&argv(t, &["0.5", "0"]), &cfg).unwrap();
+    // Do not read for a while: a 4 KiB ring holds ~18 samples.
+    std::thread::sleep(Duration::from_millis(300));
+    let (events, _) = run_to_exit(&mut s);
+    let lost_events: u64 = events
+        .iter()
+        .map(|e| match e {
+            Event::Lost { count, .. } => *count,
+            _ => 0,
+        })
+        .sum();
+    eprintln!("lost: {lost_events} lost, stats {:?}", s.stats());
+    assert!(
+        lost_events > 0,
+        "no PERF_RECORD_LOST from an overflowing ring"
+    );
+    assert_eq!(s.stats().lost, lost_events);
+}
+
+#[test]
+fn attach_arms_watchpoints_in_every_thread() {
+    let t = target();
+    let mut child = Command::new(&t.path)
+        .args(["1.0", "0"])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count()) < 3 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let cfg = Config {
+        backend: BackendKind::Watch,
+        ..Config::default()
+    };
+    let mut s = Session::attach(pid, &cfg).unwrap();
+    let spec = WatchSpec {
+        addr: t.shared_word,
+        len: 8,
+        kind: WatchKind::Write,
+    };
+    s.watch_mut().unwrap().arm(&[spec]).unwrap();
+    let (events, status) = run_to_exit(&mut s);
+    child.wait().unwrap();
+    assert_eq!(status, ExitStatus::Unknown);
+    let hits: Vec<&Sample> = samples(&events).collect();
+    let tids: BTreeSet<u32> = hits.iter().map(|h| h.tid).collect();
+    eprintln!("attach watch: {} hits from {tids:?}", hits.len());
+    assert_eq!(tids.len(), 2, "hits from both workers: {tids:?}");
+    assert!(hits
+        .iter()
+        .all(|h| h.addr == Some(t.shared_word) && h.ip == t.store_insn_end));
+}
+
+/// Run as `nobody` (re-executing this test binary), attaching to a root-owned process must
+/// fail with the explained permission error, not a bare errno.
+#[test]
+fn permission_denied_explains_itself() {
+    use std::os::unix::process::CommandExt;
+    if let Ok(pid) = std::env::var("LASER_TEST_ATTACH_AS_NOBODY") {
+        let pid: i32 = pid.parse().unwrap();
+        match Session::attach(pid, &Config::default()) {
+            Err(e @ DriverError::PermissionDenied { .. }) => println!("DENIED: {e}"),
+            Err(e) => println!("OTHER ERROR: {e}"),
+            Ok(_) => println!("ATTACHED"),
+        }
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // Not root: attach to init (another user's process) directly.
+        let e = Session::attach(1, &Config::default()).err().unwrap();
+        assert!(e.to_string().contains("perf_event_paranoid"), "{e}");
+        return;
+    }
+    let t = target();
+    let mut victim = Command::new(&t.path).args(["3", "0"]).spawn().unwrap();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "permission_denied_explains_itself",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("LASER_TEST_ATTACH_AS_NOBODY", victim.id().to_string());
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
+    // syscalls (setgroups/setgid/setuid) to drop to nobody.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(65534) != 0
+                || libc::setuid(65534) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let _ = victim.kill();
+    let _ = victim.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    assert!(text.contains("DENIED:"), "{text}");
+    assert!(
+        text.contains("/proc/sys/kernel/perf_event_paranoid is"),
+        "{text}"
+    );
+    assert!(text.contains("CAP_SYS_PTRACE"), "{text}");
+}
