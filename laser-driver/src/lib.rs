@@ -1,8 +1,29 @@
 //! laser-driver: the only code in laser that calls `perf_event_open` or maps ring buffers.
 //! Every backend (and the recording file) produces the same [`Event`] stream.
+//!
+//! Live use: [`probe::probe`] picks a backend, [`Session::launch`] / [`Session::attach`] start
+//! observing, [`Session::poll`] delivers [`Event`]s until the target exits.
 
 pub mod event;
 
+pub mod attr;
+pub mod decode;
+pub mod error;
+pub mod launch;
+pub mod mmap_ring;
+pub mod probe;
+pub mod procinfo;
+pub mod ring;
+pub mod session;
+pub mod sys;
+pub mod threads;
+pub mod watch;
+
+pub use attr::WatchKind;
+pub use error::DriverError;
 pub use event::{
     BackendKind, Event, Mmap, Reg, Sample, StreamStats, UserRegs, NUM_REGS, SOFT_REGS_MASK,
 };
+pub use launch::ExitStatus;
+pub use session::{AttrInfo, Config, HeaderInfo, Session, Status, DEFAULT_SOFT_FREQ};
+pub use watch::{DutyCycle, WatchSpec, Watcher, MAX_WATCHES};

@@ -1,0 +1,236 @@
+//! `perf_event_attr` builders for every event laser opens, and their byte form (stored in
+//! recording headers and fed back to the record parser, so the parser and the kernel read the
+//! very same attr).
+//!
+//! All events that share a ring buffer use one `sample_type` ([`SAMPLE_TYPE`]), so one
+//! `RecordParseInfo` parses every record in it, and `PERF_SAMPLE_IDENTIFIER` tells which event
+//! (cpu-clock, or which watchpoint slot) wrote a sample. Inherited child events report their
+//! parent's id, so the id map needs only the events laser opened itself.
+
+use linux_perf_event_reader::{Endianness, PerfEventAttr, RecordParseInfo};
+use perf_event_open_sys::bindings as b;
+
+use crate::event::SOFT_REGS_MASK;
+
+/// IDENTIFIER | IP | TID | TIME | ADDR | CPU | PERIOD | REGS_USER. `ADDR` is 0 for cpu-clock
+/// and the watched address for breakpoints; regs on watch hits let the detector see the
+/// registers after the access too.
+pub const SAMPLE_TYPE: u64 = (b::PERF_SAMPLE_IDENTIFIER
+    | b::PERF_SAMPLE_IP
+    | b::PERF_SAMPLE_TID
+    | b::PERF_SAMPLE_TIME
+    | b::PERF_SAMPLE_ADDR
+    | b::PERF_SAMPLE_CPU
+    | b::PERF_SAMPLE_PERIOD
+    | b::PERF_SAMPLE_REGS_USER) as u64;
+
+/// Where a watchpoint points while it is not armed. Page 0 is never mapped in a user process,
+/// is 8-aligned (valid for every length) and lies in user space (no privilege needed).
+pub const PARKED_ADDR: u64 = 0x1000;
+
+/// Read/write direction of a data watchpoint. x86 debug registers cannot trap reads alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WatchKind {
+    Write,
+    ReadWrite,
+}
+
+/// How an event is bound to the target: the launch (per CPU, inherited, enabled at exec)
+/// or attach (per thread, enabled now) shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Binding {
+    Launch,
+    Attach,
+}
+
+fn base(binding: Binding) -> b::perf_event_attr {
+    let mut a = b::perf_event_attr {
+        size: std::mem::size_of::<b::perf_event_attr>() as u32,
+        sample_type: SAMPLE_TYPE,
+        sample_regs_user: SOFT_REGS_MASK,
+        ..Default::default()
+    };
+    a.set_exclude_kernel(1);
+    a.set_exclude_hv(1);
+    a.set_sample_id_all(1);
+    match binding {
+        Binding::Launch => {
+            // Counting starts at execve of the target, not in laser's forked child.
+            a.set_disabled(1);
+            a.set_enable_on_exec(1);
+            a.set_inherit(1);
+        }
+        Binding::Attach => {}
+    }
+    a
+}
+
+/// Asks for the side-band records the detector needs to follow the target: new mappings
+/// (dlopen, JIT), thread names, exec, thread creation and exit.
+fn set_tracking(a: &mut b::perf_event_attr, wakeup_bytes: u32) {
+    a.set_mmap(1);
+    a.set_mmap2(1);
+    a.set_mmap_data(1);
+    a.set_comm(1);
+    a.set_comm_exec(1);
+    a.set_task(1);
+    // Wake the reader when a quarter of the buffer is full rather than per record.
+    a.set_watermark(1);
+    a.__bindgen_anon_2.wakeup_watermark = wakeup_bytes;
+}
+
+/// `cpu-clock` sampling at `freq` Hz with user registers: the soft backend, and the owner of
+/// the ring buffer (tracking records ride on it).
+pub fn soft(binding: Binding, freq: u64, wakeup_bytes: u32) -> b::perf_event_attr {
+    let mut a = base(binding);
+    a.type_ = b::PERF_TYPE_SOFTWARE;
+    a.config = b::PERF_COUNT_SW_CPU_CLOCK as u64;
+    a.set_freq(1);
+    a.__bindgen_anon_1.sample_freq = freq;
+    set_tracking(&mut a, wakeup_bytes);
+    a
+}
+
+/// A `dummy` software event that only carries tracking records and owns the ring buffer when
+/// the session does not sample with cpu-clock (watch-only sessions).
+pub fn tracking(binding: Binding, wakeup_bytes: u32) -> b::perf_event_attr {
+    let mut a = base(binding);
+    a.type_ = b::PERF_TYPE_SOFTWARE;
+    a.config = b::PERF_COUNT_SW_DUMMY as u64;
+    a.__bindgen_anon_1.sample_period = 1;
+    set_tracking(&mut a, wakeup_bytes);
+    a
+}
+
+/// A hardware data watchpoint. Opened disabled (and, for launch, without enable_on_exec) at
+/// [`PARKED_ADDR`]; `arm` re-points it with `PERF_EVENT_IOC_MODIFY_ATTRIBUTES`, which demands
+/// that every field except bp_addr/bp_type/bp_len/disabled equal the opened attr — so
+/// [`repoint`] starts from the attr returned here.
+pub fn watch(binding: Binding, wakeup_events: u32) -> b::perf_event_attr {
+    let mut a = base(binding);
+    a.type_ = b::PERF_TYPE_BREAKPOINT;
+    a.set_disabled(1);
+    a.set_enable_on_exec(0);
+    a.__bindgen_anon_1.sample_period = 1;
+    a.bp_type = b::HW_BREAKPOINT_RW;
+    a.__bindgen_anon_3.bp_addr = PARKED_ADDR;
+    a.__bindgen_anon_4.bp_len = b::HW_BREAKPOINT_LEN_8 as u64;
+    a.__bindgen_anon_2.wakeup_events = wakeup_events.max(1);
+    a
+}
+
+/// The attr a MODIFY_ATTRIBUTES ioctl needs to point `opened` (from [`watch`]) at a new
+/// address, enabled (`disabled = false`) or not.
+pub fn repoint(
+    opened: &b::perf_event_attr,
+    addr: u64,
+    len: u8,
+    kind: WatchKind,
+    disabled: bool,
+) -> b::perf_event_attr {
+    let mut a = *opened;
+    a.__bindgen_anon_3.bp_addr = addr;
+    a.__bindgen_anon_4.bp_len = len as u64;
+    a.bp_type = match kind {
+        WatchKind::Write => b::HW_BREAKPOINT_W,
+        WatchKind::ReadWrite => b::HW_BREAKPOINT_RW,
+    };
+    a.set_disabled(disabled as u64);
+    a
+}
+
+/// The attr's bytes as the kernel reads them (`size` bytes, native endian).
+pub fn to_bytes(a: &b::perf_event_attr) -> Vec<u8> {
+    let n = std::mem::size_of::<b::perf_event_attr>();
+    // SAFETY: perf_event_attr is a plain-old-data #[repr(C)] struct (integers, unions of
+    // integers, bitfield bytes) with no padding holes the kernel does not also define; it is
+    // initialised from Default (all zero) so every byte is initialised.
+    let bytes = unsafe { std::slice::from_raw_parts(a as *const _ as *const u8, n) };
+    bytes.to_vec()
+}
+
+/// Parse info for records written by events with this attr (all of laser's events share
+/// [`SAMPLE_TYPE`], so any of them gives the same layout).
+pub fn parse_info(attr_bytes: &[u8]) -> Result<RecordParseInfo, std::io::Error> {
+    let (attr, _) = PerfEventAttr::parse::<_, byteorder::LittleEndian>(attr_bytes)?;
+    Ok(RecordParseInfo::new(&attr, Endianness::LittleEndian))
+}
+
+/// A one-line human description of an attr, for recording headers and `--verbose`.
+pub fn describe(a: &b::perf_event_attr) -> String {
+    // SAFETY: reading a u64 union member; every member of these unions is a plain u64 (or
+    // u32 at the same offset) so any bit pattern is a valid value.
+    let (period_or_freq, bp_len) =
+        unsafe { (a.__bindgen_anon_1.sample_period, a.__bindgen_anon_4.bp_len) };
+    let what = match (a.type_, a.config as u32) {
+        (b::PERF_TYPE_SOFTWARE, b::PERF_COUNT_SW_CPU_CLOCK) => "cpu-clock".to_string(),
+        (b::PERF_TYPE_SOFTWARE, b::PERF_COUNT_SW_DUMMY) => "dummy".to_string(),
+        (b::PERF_TYPE_BREAKPOINT, _) => format!(
+            "breakpoint {}{} len {bp_len}",
+            if a.bp_type & b::HW_BREAKPOINT_R != 0 {
+                "r"
+            } else {
+                ""
+            },
+            if a.bp_type & b::HW_BREAKPOINT_W != 0 {
+                "w"
+            } else {
+                ""
+            },
+        ),
+        (t, c) => format!("type {t} config {c:#x}"),
+    };
+    let rate = if a.freq() != 0 {
+        format!("freq {period_or_freq} Hz")
+    } else {
+        format!("period {period_or_freq}")
+    };
+    format!(
+        "{what}, {rate}, sample_type {:#x}, regs_user {:#x}, inherit {}, enable_on_exec {}, \
+         exclude_kernel {}, tracking {}",
+        a.sample_type,
+        a.sample_regs_user,
+        a.inherit(),
+        a.enable_on_exec(),
+        a.exclude_kernel(),
+        a.task()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use linux_perf_event_reader::SampleFormat;
+
+    #[test]
+    fn soft_attr_round_trips_through_the_parser() {
+        let a = soft(Binding::Launch, 999, 4096);
+        let bytes = to_bytes(&a);
+        assert_eq!(bytes.len(), a.size as usize);
+        let info = parse_info(&bytes).unwrap();
+        assert!(info.sample_format.contains(SampleFormat::REGS_USER));
+        assert!(info.sample_format.contains(SampleFormat::IDENTIFIER));
+        assert_eq!(info.sample_regs_user, SOFT_REGS_MASK);
+        assert_eq!(info.user_regs_count as u32, SOFT_REGS_MASK.count_ones());
+        assert_eq!(a.inherit(), 1);
+        assert_eq!(a.enable_on_exec(), 1);
+        assert!(describe(&a).contains("cpu-clock, freq 999 Hz"));
+    }
+
+    #[test]
+    fn repoint_changes_only_breakpoint_fields() {
+        let w = watch(Binding::Launch, 8);
+        let r = repoint(&w, 0x601040, 4, WatchKind::Write, false);
+        let (wb, rb) = (to_bytes(&w), to_bytes(&r));
+        let diff: Vec<usize> = (0..wb.len()).filter(|&i| wb[i] != rb[i]).collect();
+        // bp_type (offset 52), bp_addr (56), bp_len (64), and the disabled bit (flags, 40).
+        assert!(
+            diff.iter()
+                .all(|&i| i == 40 || (52..56).contains(&i) || (56..72).contains(&i)),
+            "{diff:?}"
+        );
+        assert_eq!(r.disabled(), 0);
+        assert_eq!(w.disabled(), 1);
+        assert!(describe(&r).contains("breakpoint w len 4"));
+    }
+}

@@ -1,0 +1,183 @@
+//! Turns raw ring records into [`Event`]s, using `linux-perf-event-reader` for the layouts.
+//! Which backend wrote a sample is told by its `PERF_SAMPLE_IDENTIFIER` id.
+
+use std::collections::HashMap;
+
+use linux_perf_event_reader::{
+    constants::PERF_RECORD_MISC_MMAP_BUILD_ID, EventRecord, Mmap2FileId, RawData, RawEventRecord,
+    RecordParseInfo, RecordType,
+};
+
+use crate::event::{BackendKind, Event, Mmap, Sample, UserRegs, NUM_REGS};
+use crate::ring::RawRecord;
+
+/// Which of laser's events an id belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Soft,
+    /// Watchpoint in slot `n` of the armed set.
+    Watch(u8),
+    /// The dummy tracking event: it never samples.
+    Tracking,
+}
+
+/// Decoder state: the record layout and the id → source map.
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    info: RecordParseInfo,
+    sources: HashMap<u64, Source>,
+    default_source: Source,
+    /// Records that failed to parse (kernel/parser mismatch or corruption).
+    pub malformed: u64,
+}
+
+impl Decoder {
+    /// `default_source` is used for samples whose id is unknown (e.g. synthetic input).
+    pub fn new(info: RecordParseInfo, default_source: Source) -> Self {
+        Decoder {
+            info,
+            sources: HashMap::new(),
+            default_source,
+            malformed: 0,
+        }
+    }
+
+    pub fn add_source(&mut self, id: u64, source: Source) {
+        self.sources.insert(id, source);
+    }
+
+    /// Decodes one record; `None` for record types laser does not use, or malformed ones
+    /// (counted in `malformed`).
+    pub fn decode(&mut self, raw: RawRecord<'_>) -> Option<Event> {
+        let r = self.decode_inner(raw);
+        if r.is_err() {
+            self.malformed += 1;
+        }
+        r.ok().flatten()
+    }
+
+    fn decode_inner(&self, raw: RawRecord<'_>) -> Result<Option<Event>, ()> {
+        let kind = RecordType(raw.kind);
+        if kind == RecordType::MMAP2
+            && raw.misc & PERF_RECORD_MISC_MMAP_BUILD_ID != 0
+            && raw.body.get(32).is_none_or(|&n| n > 20)
+        {
+            // The parser asserts build_id_len <= 20; refuse before it can panic.
+            return Err(());
+        }
+        let rec = RawEventRecord::new(kind, raw.misc, RawData::from(raw.body), self.info);
+        let time = rec.timestamp().unwrap_or(0);
+        let parsed = rec.parse().map_err(|_| ())?;
+        Ok(Some(match parsed {
+            EventRecord::Sample(s) => {
+                let source =
+                    s.id.and_then(|id| self.sources.get(&id).copied())
+                        .unwrap_or(self.default_source);
+                let (backend, slot) = match source {
+                    Source::Soft => (BackendKind::Soft, None),
+                    Source::Watch(n) => (BackendKind::Watch, Some(n)),
+                    Source::Tracking => return Ok(None),
+                };
+                let regs = s.user_regs.map(|r| {
+                    let mut u = UserRegs::default();
+                    for i in 0..NUM_REGS {
+                        if let Some(v) = r.get(i as u64) {
+                            u.mask |= 1 << i;
+                            u.values[i] = v;
+                        }
+                    }
+                    u
+                });
+                Event::Sample(Sample {
+                    backend,
+                    pid: s.pid.unwrap_or(-1) as u32,
+                    tid: s.tid.unwrap_or(-1) as u32,
+                    cpu: s.cpu.unwrap_or(0),
+                    time: s.timestamp.unwrap_or(time),
+                    ip: s.ip.unwrap_or(0),
+                    addr: if backend == BackendKind::Watch {
+                        s.addr
+                    } else {
+                        None
+                    },
+                    data_src: None,
+                    weight: match backend {
+                        BackendKind::Watch => 1,
+                        _ => s.period.unwrap_or(1),
+                    },
+                    regs,
+                    watch_slot: slot,
+                })
+            }
+            EventRecord::Mmap2(m) => Event::Mmap(Mmap {
+                pid: m.pid as u32,
+                tid: m.tid as u32,
+                time,
+                addr: m.address,
+                len: m.length,
+                pgoff: m.page_offset,
+                prot: m.protection,
+                flags: m.flags,
+                path: String::from_utf8_lossy(&m.path.as_slice()).into_owned(),
+                build_id: match m.file_id {
+                    Mmap2FileId::BuildId(b) => Some(b),
+                    Mmap2FileId::InodeAndVersion(_) => None,
+                },
+            }),
+            EventRecord::Mmap(m) => Event::Mmap(Mmap {
+                pid: m.pid as u32,
+                tid: m.tid as u32,
+                time,
+                addr: m.address,
+                len: m.length,
+                pgoff: m.page_offset,
+                prot: if m.is_executable {
+                    (libc::PROT_READ | libc::PROT_EXEC) as u32
+                } else {
+                    libc::PROT_READ as u32
+                },
+                flags: 0,
+                path: String::from_utf8_lossy(&m.path.as_slice()).into_owned(),
+                build_id: None,
+            }),
+            EventRecord::Comm(c) => Event::Comm {
+                pid: c.pid as u32,
+                tid: c.tid as u32,
+                time,
+                name: String::from_utf8_lossy(&c.name.as_slice()).into_owned(),
+                exec: c.is_execve,
+            },
+            EventRecord::Fork(f) => Event::Fork {
+                pid: f.pid as u32,
+                ppid: f.ppid as u32,
+                tid: f.tid as u32,
+                ptid: f.ptid as u32,
+                time: f.timestamp,
+            },
+            EventRecord::Exit(f) => Event::Exit {
+                pid: f.pid as u32,
+                ppid: f.ppid as u32,
+                tid: f.tid as u32,
+                ptid: f.ptid as u32,
+                time: f.timestamp,
+            },
+            EventRecord::Lost(l) => Event::Lost {
+                count: l.count,
+                time,
+            },
+            EventRecord::Throttle(t) => Event::Throttle {
+                time: t.timestamp,
+                throttled: true,
+            },
+            EventRecord::Unthrottle(t) => Event::Throttle {
+                time: t.timestamp,
+                throttled: false,
+            },
+            _ => return Ok(None),
+        }))
+    }
+}
+
+#[cfg(test)]
+#[path = "decode_tests.rs"]
+mod tests;

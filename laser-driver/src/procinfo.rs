@@ -1,0 +1,199 @@
+//! What a recording header and a late-attaching detector need from `/proc`: the target's
+//! mappings (as text and as synthesized [`Mmap`] events), the CPU model, and the GNU build-ids
+//! of mapped ELF files. Parsers take text/bytes; the `read_*` helpers do the I/O.
+
+use std::collections::BTreeMap;
+
+use object::{Object, ObjectKind};
+
+use crate::event::Mmap;
+
+/// One line of `/proc/PID/maps`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MapEntry {
+    pub start: u64,
+    pub end: u64,
+    /// `rwxp` / `r--s` …
+    pub perms: String,
+    pub offset: u64,
+    pub inode: u64,
+    /// File path, `[heap]`-style pseudo name, or empty for anonymous memory.
+    pub path: String,
+}
+
+impl MapEntry {
+    pub fn prot(&self) -> u32 {
+        let b = self.perms.as_bytes();
+        let mut p = 0;
+        if b.first() == Some(&b'r') {
+            p |= libc::PROT_READ;
+        }
+        if b.get(1) == Some(&b'w') {
+            p |= libc::PROT_WRITE;
+        }
+        if b.get(2) == Some(&b'x') {
+            p |= libc::PROT_EXEC;
+        }
+        p as u32
+    }
+
+    pub fn flags(&self) -> u32 {
+        if self.perms.as_bytes().get(3) == Some(&b's') {
+            libc::MAP_SHARED as u32
+        } else {
+            libc::MAP_PRIVATE as u32
+        }
+    }
+
+    /// A real file (not anonymous, not `[vdso]`-style, not deleted).
+    pub fn is_file(&self) -> bool {
+        self.path.starts_with('/') && !self.path.ends_with(" (deleted)")
+    }
+}
+
+/// Parses `/proc/PID/maps` text; malformed lines are skipped (the kernel never writes them,
+/// but a truncated read can cut the last one).
+pub fn parse_maps(text: &str) -> Vec<MapEntry> {
+    text.lines().filter_map(parse_line).collect()
+}
+
+fn parse_line(line: &str) -> Option<MapEntry> {
+    // 00400000-00452000 r-xp 00000000 08:02 173521      /usr/bin/dbus-daemon
+    let mut it = line.splitn(6, ' ');
+    let range = it.next()?;
+    let perms = it.next()?;
+    let offset = it.next()?;
+    let _dev = it.next()?;
+    let inode = it.next()?;
+    let path = it.next().unwrap_or("").trim_start();
+    let (s, e) = range.split_once('-')?;
+    Some(MapEntry {
+        start: u64::from_str_radix(s, 16).ok()?,
+        end: u64::from_str_radix(e, 16).ok()?,
+        perms: perms.to_string(),
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        inode: inode.parse().ok()?,
+        path: path.to_string(),
+    })
+}
+
+/// [`Mmap`] events for mappings that existed before laser attached, so the detector sees the
+/// same picture it would have built from kernel MMAP2 records. `build_id` is looked up once
+/// per path.
+pub fn mmap_events(
+    pid: u32,
+    maps: &[MapEntry],
+    build_ids: &BTreeMap<String, Vec<u8>>,
+) -> Vec<Mmap> {
+    maps.iter()
+        .map(|m| Mmap {
+            pid,
+            tid: pid,
+            time: 0,
+            addr: m.start,
+            len: m.end.saturating_sub(m.start),
+            pgoff: m.offset,
+            prot: m.prot(),
+            flags: m.flags(),
+            path: m.path.clone(),
+            build_id: build_ids.get(&m.path).cloned(),
+        })
+        .collect()
+}
+
+/// The `model name` of the first CPU in `/proc/cpuinfo` text.
+pub fn cpu_model(cpuinfo: &str) -> Option<String> {
+    cpuinfo.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k.trim() == "model name").then(|| v.trim().to_string())
+    })
+}
+
+/// The NT_GNU_BUILD_ID note of an ELF file's bytes, if it has one.
+pub fn elf_build_id(bytes: &[u8]) -> Option<Vec<u8>> {
+    let file = object::File::parse(bytes).ok()?;
+    if file.kind() == ObjectKind::Unknown {
+        return None;
+    }
+    file.build_id().ok().flatten().map(<[u8]>::to_vec)
+}
+
+/// Build-ids of every distinct file in `maps` (unreadable or non-ELF files are left out).
+pub fn read_build_ids(maps: &[MapEntry]) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    for m in maps.iter().filter(|m| m.is_file()) {
+        if out.contains_key(&m.path) {
+            continue;
+        }
+        if let Ok(bytes) = std::fs::read(&m.path) {
+            if let Some(id) = elf_build_id(&bytes) {
+                out.insert(m.path.clone(), id);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+55d0c8a00000-55d0c8a01000 r--p 00000000 08:01 131 /usr/bin/app
+55d0c8a01000-55d0c8a02000 r-xp 00001000 08:01 131 /usr/bin/app
+55d0c9000000-55d0c9021000 rw-p 00000000 00:00 0                          [heap]
+7f0000000000-7f0000001000 rw-s 00000000 00:05 77 /dev/shm/x (deleted)
+7f0000002000-7f0000003000 ---p 00000000 00:00 0 
+7ffd0000-
+";
+
+    #[test]
+    fn maps_lines_parse_and_bad_ones_are_skipped() {
+        let m = parse_maps(MAPS);
+        assert_eq!(m.len(), 5);
+        assert_eq!(m[1].start, 0x55d0c8a01000);
+        assert_eq!(m[1].offset, 0x1000);
+        assert_eq!(m[1].prot(), (libc::PROT_READ | libc::PROT_EXEC) as u32);
+        assert_eq!(m[1].path, "/usr/bin/app");
+        assert!(m[1].is_file());
+        assert_eq!(m[2].path, "[heap]");
+        assert!(!m[2].is_file());
+        assert_eq!(m[3].flags(), libc::MAP_SHARED as u32);
+        assert!(!m[3].is_file());
+        assert_eq!(m[4].path, "");
+        assert_eq!(m[4].prot(), 0);
+    }
+
+    #[test]
+    fn synthesized_mmaps_carry_build_ids() {
+        let m = parse_maps(MAPS);
+        let mut ids = BTreeMap::new();
+        ids.insert("/usr/bin/app".to_string(), vec![1, 2, 3]);
+        let ev = mmap_events(77, &m, &ids);
+        assert_eq!(ev.len(), 5);
+        assert_eq!(ev[1].len, 0x1000);
+        assert_eq!(ev[1].build_id, Some(vec![1, 2, 3]));
+        assert_eq!(ev[2].build_id, None);
+        assert_eq!(ev[0].pid, 77);
+    }
+
+    #[test]
+    fn cpu_model_from_cpuinfo() {
+        let t = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n";
+        assert_eq!(cpu_model(t).as_deref(), Some("AMD EPYC 7B13"));
+        assert_eq!(cpu_model("processor: 0\n"), None);
+    }
+
+    #[test]
+    fn build_id_of_a_real_elf_and_of_garbage() {
+        // The test binary itself: rustc passes --build-id to the linker on Linux by default
+        // only sometimes, so accept either, but it must not fail on garbage.
+        assert_eq!(elf_build_id(b"not an elf"), None);
+        assert_eq!(elf_build_id(&[0x7f, b'E', b'L', b'F', 2, 1, 1]), None);
+        if let Ok(bytes) = std::fs::read("/proc/self/exe") {
+            if let Some(id) = elf_build_id(&bytes) {
+                assert!((8..=64).contains(&id.len()), "{id:?}");
+            }
+        }
+    }
+}

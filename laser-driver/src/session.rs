@@ -1,0 +1,521 @@
+//! The facade the CLI uses: launch or attach, then `poll` in a loop until the target exits.
+//!
+//! One ring buffer per CPU (launch) or per thread (attach), owned by a *leader* event
+//! (cpu-clock for `soft`, a dummy tracking event for `watch`) that also carries the
+//! Mmap/Comm/Fork/Exit side-band records; watchpoint events write into the leader's ring
+//! (`PERF_EVENT_IOC_SET_OUTPUT`). `poll` must run continuously: two threads sampled at 10 kHz
+//! fill 64 pages in well under a second.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use perf_event_open_sys::bindings::perf_event_attr;
+
+use crate::attr::{self, Binding};
+use crate::decode::{Decoder, Source};
+use crate::error::DriverError;
+use crate::event::{BackendKind, Event, StreamStats};
+use crate::launch::{self, ExitStatus};
+use crate::mmap_ring::MmapRing;
+use crate::procinfo;
+use crate::ring;
+use crate::sys;
+use crate::threads;
+use crate::watch::{DutyCycle, Watcher};
+
+/// Default cpu-clock frequency of the soft backend. Chosen with
+/// `benchmarks/src/bin/soft_overhead.rs` to keep overhead ≤ 2 % (see benchmarks/RESULTS.md).
+pub const DEFAULT_SOFT_FREQ: u64 = 2000;
+
+/// Default data pages per ring (1 MiB with 4 KiB pages): at 2 kHz × 2 threads × 224-byte
+/// samples that is over a second of headroom between polls.
+pub const DEFAULT_BUFFER_PAGES: usize = 256;
+
+/// What to sample and how.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// `Soft` or `Watch` (resolve `auto` with [`crate::probe::probe`] first). `Pebs`/`Ibs`
+    /// give [`DriverError::BackendUnavailable`] until their backends exist.
+    pub backend: BackendKind,
+    /// cpu-clock samples per second per thread (soft).
+    pub frequency: u64,
+    /// Data pages per ring buffer (rounded up to a power of two).
+    pub buffer_pages: usize,
+    /// Open watchpoint events so `watch_mut().arm(…)` works. Implied by `backend = Watch`.
+    pub watch: bool,
+    pub duty_cycle: DutyCycle,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            backend: BackendKind::Soft,
+            frequency: DEFAULT_SOFT_FREQ,
+            buffer_pages: DEFAULT_BUFFER_PAGES,
+            watch: false,
+            duty_cycle: DutyCycle::default(),
+        }
+    }
+}
+
+/// Result of one [`Session::poll`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Running,
+    Exited(ExitStatus),
+}
+
+/// One opened `perf_event_attr`: raw bytes (as the kernel got them) and a description.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttrInfo {
+    pub bytes: Vec<u8>,
+    pub description: String,
+}
+
+/// What a recording header needs to be self-describing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderInfo {
+    pub backend: BackendKind,
+    pub pid: u32,
+    /// argv for launched targets; `/proc/PID/cmdline` for attached ones.
+    pub command: Vec<String>,
+    pub frequency: u64,
+    pub attrs: Vec<AttrInfo>,
+    pub cpu_model: Option<String>,
+    /// `/proc/PID/maps` text (re-read at the call; the last snapshot if the target is gone).
+    pub maps: String,
+    /// GNU build-id of each mapped ELF file, by path.
+    pub build_ids: BTreeMap<String, Vec<u8>>,
+}
+
+struct Leader {
+    key: i64,
+    fd: OwnedFd,
+    ring: MmapRing,
+    hup: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Launched,
+    Attached,
+}
+
+/// A target under observation.
+pub struct Session {
+    mode: Mode,
+    pid: i32,
+    command: Vec<String>,
+    config: Config,
+    leader_attr: perf_event_attr,
+    leaders: Vec<Leader>,
+    watcher: Option<Watcher>,
+    decoder: Decoder,
+    scratch: Vec<u8>,
+    batch: Vec<Event>,
+    pending: VecDeque<Event>,
+    stats: StreamStats,
+    ring_errors: u64,
+    known_tids: BTreeSet<i32>,
+    exited: Option<ExitStatus>,
+    maps_snapshot: String,
+}
+
+impl Session {
+    /// Starts `argv` with events on every CPU (inherited by all its threads) enabled at its
+    /// exec. Returns once the exec has happened.
+    pub fn launch(argv: &[OsString], config: &Config) -> Result<Session, DriverError> {
+        let config = checked(config)?;
+        let stopped = launch::spawn_stopped(argv)?;
+        let mut s = Session::new(Mode::Launched, stopped.pid, &config, Binding::Launch)?;
+        s.command = argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        for cpu in sys::online_cpus()? {
+            s.open_leader(stopped.pid, cpu as i32, cpu as i64)?;
+        }
+        stopped.release()?;
+        s.maps_snapshot = read_maps(s.pid).unwrap_or_default();
+        Ok(s)
+    }
+
+    /// Attaches to a running process: per-thread events for every current thread, new
+    /// threads picked up on each poll. The first poll delivers Mmap events synthesized from
+    /// `/proc/PID/maps` (and Comm events for existing threads) so the detector knows the
+    /// mappings that predate the attach.
+    pub fn attach(pid: i32, config: &Config) -> Result<Session, DriverError> {
+        let config = checked(config)?;
+        if pid <= 0 || !threads::is_alive(pid) {
+            return Err(DriverError::NoSuchProcess { pid });
+        }
+        let mut s = Session::new(Mode::Attached, pid, &config, Binding::Attach)?;
+        s.command = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| {
+                b.split(|&c| c == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        // Events first: a permission problem is reported with the perf_event_paranoid
+        // explanation rather than as an unreadable maps file.
+        s.rescan_threads()?;
+        if s.leaders.is_empty() {
+            return Err(DriverError::NoSuchProcess { pid });
+        }
+        s.maps_snapshot = read_maps(pid).map_err(|e| match e.raw_os_error() {
+            Some(errno @ (libc::EACCES | libc::EPERM)) => {
+                crate::error::permission_error(&format!("reading /proc/{pid}/maps"), errno)
+            }
+            _ => DriverError::NoSuchProcess { pid },
+        })?;
+        let maps = procinfo::parse_maps(&s.maps_snapshot);
+        let ids = procinfo::read_build_ids(&maps);
+        s.pending.extend(
+            procinfo::mmap_events(pid as u32, &maps, &ids)
+                .into_iter()
+                .map(Event::Mmap),
+        );
+        for &tid in &s.known_tids {
+            if let Ok(name) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")) {
+                s.pending.push_back(Event::Comm {
+                    pid: pid as u32,
+                    tid: tid as u32,
+                    time: 0,
+                    name: name.trim_end().to_string(),
+                    exec: false,
+                });
+            }
+        }
+        Ok(s)
+    }
+
+    fn new(
+        mode: Mode,
+        pid: i32,
+        config: &Config,
+        binding: Binding,
+    ) -> Result<Session, DriverError> {
+        let pages = config.buffer_pages.max(1).next_power_of_two();
+        let wake = (pages * 4096 / 4).min(u32::MAX as usize) as u32;
+        let (leader_attr, source) = match config.backend {
+            BackendKind::Watch => (attr::tracking(binding, wake), Source::Tracking),
+            _ => (attr::soft(binding, config.frequency, wake), Source::Soft),
+        };
+        let info = attr::parse_info(&attr::to_bytes(&leader_attr))
+            .map_err(|e| DriverError::io("parsing our own perf_event_attr", e))?;
+        let watch = config.watch || config.backend == BackendKind::Watch;
+        Ok(Session {
+            mode,
+            pid,
+            command: Vec::new(),
+            config: config.clone(),
+            leader_attr,
+            leaders: Vec::new(),
+            watcher: watch.then(|| Watcher::new(binding, config.duty_cycle)),
+            decoder: Decoder::new(info, source),
+            scratch: Vec::new(),
+            batch: Vec::new(),
+            pending: VecDeque::new(),
+            stats: StreamStats::default(),
+            ring_errors: 0,
+            known_tids: BTreeSet::new(),
+            exited: None,
+            maps_snapshot: String::new(),
+        })
+    }
+
+    /// Opens the leader (and watch events) for one CPU (`cpu >= 0`) or thread (`cpu = -1`).
+    fn open_leader(&mut self, pid: i32, cpu: i32, key: i64) -> Result<(), DriverError> {
+        let what = format!(
+            "{} on pid {pid} cpu {cpu}",
+            if self.config.backend == BackendKind::Watch {
+                "tracking event"
+            } else {
+                "cpu-clock sampling"
+            }
+        );
+        let fd = sys::open(&self.leader_attr, pid, cpu, &what)?;
+        let ring = MmapRing::new(&fd, self.config.buffer_pages)?;
+        let source = if self.config.backend == BackendKind::Watch {
+            Source::Tracking
+        } else {
+            Source::Soft
+        };
+        self.decoder.add_source(sys::event_id(&fd)?, source);
+        if let Some(w) = &mut self.watcher {
+            for (id, slot) in w.add(pid, cpu, key, fd.as_raw_fd())? {
+                self.decoder.add_source(id, Source::Watch(slot));
+            }
+        }
+        self.leaders.push(Leader {
+            key,
+            fd,
+            ring,
+            hup: false,
+        });
+        Ok(())
+    }
+
+    /// Attach mode: opens events for threads not yet covered.
+    ///
+    /// Race handling: a thread can be created between listing `/proc/PID/task` and opening
+    /// events, and a covered thread can spawn more while we open. So the directory is listed
+    /// again until two consecutive listings find nothing new (bounded at 64 rounds for
+    /// thread-spawning storms; the next poll continues). A thread that exits between listing
+    /// and `perf_event_open` gives ESRCH and is skipped. Threads created after the last
+    /// listing are found on the next poll (every poll rescans, and Fork records from covered
+    /// threads make the poll return early); their first few milliseconds are unobserved.
+    fn rescan_threads(&mut self) -> Result<(), DriverError> {
+        let mut quiet = 0;
+        for _ in 0..64 {
+            let Ok(tids) = threads::list_tids(self.pid) else {
+                return Ok(()); // process gone; poll reports the exit
+            };
+            let mut new = false;
+            for tid in tids {
+                if !self.known_tids.insert(tid) {
+                    continue;
+                }
+                new = true;
+                match self.open_leader(tid, -1, tid as i64) {
+                    Ok(()) => {}
+                    Err(DriverError::Open { source, .. })
+                        if source.raw_os_error() == Some(libc::ESRCH) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            quiet = if new { 0 } else { quiet + 1 };
+            if quiet >= 2 {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for records, hands every decoded event to `sink` (sorted by time
+    /// within one call), advances the watchpoint duty cycle, picks up new threads (attach),
+    /// and reports whether the target has exited. After `Exited`, further calls return
+    /// `Exited` again with nothing new.
+    pub fn poll(
+        &mut self,
+        timeout: Duration,
+        sink: &mut dyn FnMut(Event),
+    ) -> Result<Status, DriverError> {
+        while let Some(e) = self.pending.pop_front() {
+            self.stats.account(&e);
+            sink(e);
+        }
+        if let Some(st) = self.exited {
+            self.drain_all(sink)?;
+            return Ok(Status::Exited(st));
+        }
+        let now = Instant::now();
+        let mut deadline = now + timeout;
+        if let Some(d) = self.watcher.as_ref().and_then(Watcher::next_deadline) {
+            deadline = deadline.min(d.max(now));
+        }
+        self.wait_readable(deadline.saturating_duration_since(now))?;
+        self.drain_all(sink)?;
+
+        let exited = match self.mode {
+            Mode::Launched => launch::wait(self.pid, true)?,
+            Mode::Attached => {
+                if threads::is_alive(self.pid) {
+                    self.drop_exited_threads();
+                    self.rescan_threads()?;
+                    None
+                } else {
+                    Some(ExitStatus::Unknown)
+                }
+            }
+        };
+        if let Some(st) = exited {
+            self.exited = Some(st);
+            // Everything the target wrote is in the rings now.
+            self.drain_all(sink)?;
+            return Ok(Status::Exited(st));
+        }
+        Ok(Status::Running)
+    }
+
+    fn wait_readable(&mut self, timeout: Duration) -> Result<(), DriverError> {
+        let live: Vec<usize> = (0..self.leaders.len())
+            .filter(|&i| !self.leaders[i].hup)
+            .collect();
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        if live.is_empty() {
+            // Every leader hung up (launch: the main thread exited, other threads may still
+            // write through inherited events). Poll the rings on a short timer instead.
+            std::thread::sleep(timeout.min(Duration::from_millis(10)));
+            return Ok(());
+        }
+        let mut pfds: Vec<libc::pollfd> = live
+            .iter()
+            .map(|&i| libc::pollfd {
+                fd: self.leaders[i].fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: pfds is a live, correctly sized array of pollfd for the duration of the
+        // call; the descriptors stay open (owned by self.leaders).
+        let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(DriverError::io("poll on perf ring buffers", e));
+            }
+        }
+        for (p, &i) in pfds.iter().zip(&live) {
+            if p.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+                self.leaders[i].hup = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Attach mode: a thread whose event hung up has exited; its ring was just drained.
+    fn drop_exited_threads(&mut self) {
+        let gone: Vec<i64> = self
+            .leaders
+            .iter()
+            .filter(|l| l.hup)
+            .map(|l| l.key)
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        self.leaders.retain(|l| !l.hup);
+        if let Some(w) = &mut self.watcher {
+            gone.iter().for_each(|&k| w.remove(k));
+        }
+    }
+
+    fn drain_all(&mut self, sink: &mut dyn FnMut(Event)) -> Result<(), DriverError> {
+        let Session {
+            leaders,
+            decoder,
+            scratch,
+            batch,
+            ring_errors,
+            ..
+        } = self;
+        for l in leaders.iter_mut() {
+            let r = ring::drain(&mut l.ring, scratch, |raw| {
+                batch.extend(decoder.decode(raw));
+            });
+            if r.is_err() {
+                *ring_errors += 1;
+            }
+        }
+        // Rings are drained one after another; order the batch so the detector sees
+        // cross-CPU accesses in time order (stable: same-time records keep ring order).
+        batch.sort_by_key(Event::time);
+        let mut watch_hits = 0;
+        for e in batch.drain(..) {
+            if let Event::Sample(s) = &e {
+                watch_hits += s.watch_slot.is_some() as u64;
+            }
+            self.stats.account(&e);
+            sink(e);
+        }
+        if let Some(w) = &mut self.watcher {
+            w.tick(Instant::now(), watch_hits)?;
+        }
+        Ok(())
+    }
+
+    /// The watchpoints, if `Config::watch` (or `backend = Watch`) was set.
+    pub fn watch_mut(&mut self) -> Result<&mut Watcher, DriverError> {
+        self.watcher.as_mut().ok_or(DriverError::WatchNotEnabled)
+    }
+
+    /// Totals of everything delivered so far (samples, lost, throttles, records).
+    pub fn stats(&self) -> StreamStats {
+        self.stats
+    }
+
+    /// Records that could not be parsed or framed (should stay 0; reports should say so if
+    /// not).
+    pub fn malformed_records(&self) -> u64 {
+        self.decoder.malformed + self.ring_errors
+    }
+
+    /// The target's pid.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    pub fn backend(&self) -> BackendKind {
+        self.config.backend
+    }
+
+    /// Attach mode: the threads covered so far (launch mode: empty; inheritance covers all).
+    pub fn threads(&self) -> Vec<i32> {
+        self.known_tids.iter().copied().collect()
+    }
+
+    /// Everything a recording header needs. Re-reads `/proc/PID/maps` now (call it after the
+    /// first polls so a launched program's libraries are mapped).
+    pub fn header_info(&self) -> HeaderInfo {
+        let maps = read_maps(self.pid).unwrap_or_else(|_| self.maps_snapshot.clone());
+        let parsed = procinfo::parse_maps(&maps);
+        let mut attrs = vec![AttrInfo {
+            bytes: attr::to_bytes(&self.leader_attr),
+            description: attr::describe(&self.leader_attr),
+        }];
+        if self.watcher.is_some() {
+            let binding = match self.mode {
+                Mode::Launched => Binding::Launch,
+                Mode::Attached => Binding::Attach,
+            };
+            let w = attr::watch(binding, 1);
+            attrs.push(AttrInfo {
+                bytes: attr::to_bytes(&w),
+                description: attr::describe(&w),
+            });
+        }
+        HeaderInfo {
+            backend: self.config.backend,
+            pid: self.pid as u32,
+            command: self.command.clone(),
+            frequency: self.config.frequency,
+            attrs,
+            cpu_model: std::fs::read_to_string("/proc/cpuinfo")
+                .ok()
+                .and_then(|t| procinfo::cpu_model(&t)),
+            build_ids: procinfo::read_build_ids(&parsed),
+            maps,
+        }
+    }
+}
+
+fn checked(config: &Config) -> Result<Config, DriverError> {
+    match config.backend {
+        BackendKind::Soft | BackendKind::Watch => {}
+        b @ (BackendKind::Pebs | BackendKind::Ibs) => {
+            return Err(DriverError::BackendUnavailable {
+                backend: b,
+                reason: "the pebs and ibs backends are not implemented yet (issue \"PEBS and \
+                         IBS backends\"); use --backend soft"
+                    .into(),
+            })
+        }
+    }
+    if config.backend == BackendKind::Soft && config.frequency == 0 {
+        return Err(DriverError::io(
+            "soft backend",
+            io::Error::new(io::ErrorKind::InvalidInput, "frequency must be > 0 Hz"),
+        ));
+    }
+    Ok(config.clone())
+}
+
+fn read_maps(pid: i32) -> io::Result<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/maps"))
+}

@@ -1,0 +1,509 @@
+//! Live tests: really sample a child on this machine (soft backend: cpu-clock, works without
+//! a PMU) and really hit hardware watchpoints. The target is `fixtures/two_threads.c`,
+//! compiled with gcc at test time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use laser_driver::{
+    BackendKind, Config, DriverError, Event, ExitStatus, Reg, Sample, Session, Status, WatchKind,
+    WatchSpec, SOFT_REGS_MASK,
+};
+
+struct Target {
+    path: PathBuf,
+    shared_word: u64,
+    store_insn_end: u64,
+}
+
+/// Compiles the fixture once per test binary into a private temp directory.
+fn target() -> &'static Target {
+    static T: OnceLock<Target> = OnceLock::new();
+    T.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("laser-driver-live-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/two_threads.c");
+        let path = dir.join("two_threads");
+        let st = Command::new("gcc")
+            .args(["-O1", "-g", "-no-pie", "-pthread", "-o"])
+            .arg(&path)
+            .arg(&src)
+            .status()
+            .expect("gcc runs");
+        assert!(st.success(), "gcc failed");
+        let nm = Command::new("nm").arg(&path).output().expect("nm runs");
+        let syms: BTreeMap<String, u64> = String::from_utf8_lossy(&nm.stdout)
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                let a = u64::from_str_radix(f.next()?, 16).ok()?;
+                let _kind = f.next()?;
+                Some((f.next()?.to_string(), a))
+            })
+            .collect();
+        Target {
+            shared_word: syms["shared_word"],
+            store_insn_end: syms["store_insn_end"],
+            path,
+        }
+    })
+}
+
+fn argv(t: &Target, args: &[&str]) -> Vec<OsString> {
+    std::iter::once(t.path.clone().into_os_string())
+        .chain(args.iter().map(OsString::from))
+        .collect()
+}
+
+/// Polls until exit (or a generous deadline), collecting every event.
+fn run_to_exit(s: &mut Session) -> (Vec<Event>, ExitStatus) {
+    let mut events = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let st = s
+            .poll(Duration::from_millis(50), &mut |e| events.push(e))
+            .unwrap();
+        if let Status::Exited(x) = st {
+            return (events, x);
+        }
+        assert!(Instant::now() < deadline, "target did not exit");
+    }
+}
+
+fn samples(events: &[Event]) -> impl Iterator<Item = &Sample> {
+    events.iter().filter_map(|e| match e {
+        Event::Sample(s) => Some(s),
+        _ => None,
+    })
+}
+
+/// Executable mappings of `path` from Mmap events.
+fn text_ranges(events: &[Event], path: &Path) -> Vec<(u64, u64)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Mmap(m)
+                if Path::new(&m.path) == path && m.prot & libc::PROT_EXEC as u32 != 0 =>
+            {
+                Some((m.addr, m.addr + m.len))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn launch_samples_both_threads_with_registers_inside_program_text() {
+    let t = target();
+    let cfg = Config {
+        frequency: 2000,
+        ..Config::default()
+    };
+    let mut s = Session::launch(&argv(t, &["0.6", "3"]), &cfg).unwrap();
+    let pid = s.pid() as u32;
+    let (events, status) = run_to_exit(&mut s);
+    assert_eq!(status, ExitStatus::Code(3));
+
+    let text = text_ranges(&events, &t.path);
+    assert!(!text.is_empty(), "no exec Mmap for the program");
+
+    let worker_samples: Vec<&Sample> = samples(&events)
+        .filter(|x| x.pid == pid && x.tid != pid)
+        .collect();
+    let tids: BTreeSet<u32> = worker_samples.iter().map(|x| x.tid).collect();
+    eprintln!(
+        "launch: {} events, {} worker samples from {tids:?}, stats {:?}",
+        events.len(),
+        worker_samples.len(),
+        s.stats()
+    );
+    assert_eq!(tids.len(), 2, "samples from both worker threads: {tids:?}");
+    for x in &worker_samples {
+        assert_eq!(x.backend, BackendKind::Soft);
+        let regs = x.regs.expect("user registers on every soft sample");
+        assert_eq!(regs.mask, SOFT_REGS_MASK);
+        assert_eq!(regs.get(Reg::Ip), Some(x.ip));
+        assert!(x.weight > 0);
+    }
+    let in_text = worker_samples
+        .iter()
+        .filter(|x| text.iter().any(|&(a, b)| (a..b).contains(&x.ip)))
+        .count();
+    // The workers spend nearly all their time in the counting loop of the program itself.
+    assert!(
+        in_text * 2 > worker_samples.len(),
+        "{in_text} of {} worker samples inside the program's text {text:x?}",
+        worker_samples.len()
+    );
+
+    let exec_comm = events.iter().any(
+        |e| matches!(e, Event::Comm { pid: p, exec: true, name, .. } if *p == pid && name == "two_threads"),
+    );
+    assert!(exec_comm, "Comm(exec) for the program");
+    for tid in &tids {
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, Event::Fork { tid: x, pid: p, .. } if x == tid && *p == pid)),
+            "Fork for worker {tid}"
+        );
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, Event::Exit { tid: x, .. } if x == tid)),
+            "Exit for worker {tid}"
+        );
+    }
+    let st = s.stats();
+    assert_eq!(st.samples as usize, samples(&events).count());
+    assert_eq!(st.records as usize, events.len());
+    assert_eq!(s.malformed_records(), 0);
+    // Sorted within each poll batch, and the stream as a whole is nearly ordered; at least
+    // the timestamps are real CLOCK_MONOTONIC-like nanoseconds.
+    assert!(worker_samples.iter().all(|x| x.time > 0));
+
+    let h = s.header_info();
+    assert_eq!(h.backend, BackendKind::Soft);
+    assert_eq!(h.pid, pid);
+    assert!(h.attrs[0].description.contains("cpu-clock, freq 2000 Hz"));
+    assert!(h.attrs[0].bytes.len() >= 128);
+}
+
+#[test]
+fn launch_reports_exit_status_and_missing_program() {
+    let t = target();
+    let mut s = Session::launch(&argv(t, &["0.05", "0"]), &Config::default()).unwrap();
+    assert_eq!(run_to_exit(&mut s).1, ExitStatus::Code(0));
+
+    let bad = [OsString::from("/nonexistent/laser-test-prog")];
+    match Session::launch(&bad, &Config::default()) {
+        Err(DriverError::ProgramNotFound { program, .. }) => {
+            assert!(program.contains("laser-test-prog"))
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("launched a nonexistent program"),
+    }
+    let unavailable = Config {
+        backend: BackendKind::Pebs,
+        ..Config::default()
+    };
+    assert!(matches!(
+        Session::launch(&argv(t, &["0.01", "0"]), &unavailable),
+        Err(DriverError::BackendUnavailable { .. })
+    ));
+}
+
+#[test]
+fn attach_sees_existing_threads_and_one_created_later() {
+    let t = target();
+    let mut child = Command::new(&t.path)
+        .args(["0.8", "0", "late"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    // Wait until the first worker exists (main + worker 1).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count()) < 2 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut s = Session::attach(pid, &Config::default()).unwrap();
+    let before: BTreeSet<i32> = s.threads().into_iter().collect();
+    assert!(before.contains(&pid) && before.len() == 2, "{before:?}");
+
+    let mut events = Vec::new();
+    for _ in 0..4 {
+        s.poll(Duration::from_millis(25), &mut |e| events.push(e))
+            .unwrap();
+    }
+    // Let the program create its second worker now.
+    child.stdin.take().unwrap().write_all(b"x").unwrap();
+    let (rest, status) = run_to_exit(&mut s);
+    events.extend(rest);
+    assert_eq!(
+        status,
+        ExitStatus::Unknown,
+        "not our child: status unknowable"
+    );
+    child.wait().unwrap();
+
+    let after: BTreeSet<i32> = s.threads().into_iter().collect();
+    let late: Vec<i32> = after.difference(&before).copied().collect();
+    assert_eq!(late.len(), 1, "one thread created after attach: {after:?}");
+    let sampled: BTreeSet<u32> = samples(&events).map(|x| x.tid).collect();
+    eprintln!("attach: before {before:?} after {after:?} sampled {sampled:?}");
+    assert!(
+        sampled.contains(&(late[0] as u32)),
+        "samples from the late thread {late:?}: {sampled:?}"
+    );
+    let early_worker = *before.iter().find(|&&x| x != pid).unwrap() as u32;
+    assert!(sampled.contains(&early_worker), "{sampled:?}");
+    // Mappings that predate the attach were synthesized from /proc/PID/maps.
+    assert!(!text_ranges(&events, &t.path).is_empty());
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, Event::Fork { tid, .. } if *tid == late[0] as u32)));
+}
+
+#[test]
+fn watchpoints_hit_in_both_threads_at_the_watched_address() {
+    let t = target();
+    let cfg = Config {
+        backend: BackendKind::Watch,
+        ..Config::default()
+    };
+    let mut s = Session::launch(&argv(t, &["0.6", "0"]), &cfg).unwrap();
+    let pid = s.pid() as u32;
+    let spec = WatchSpec {
+        addr: t.shared_word,
+        len: 8,
+        kind: WatchKind::Write,
+    };
+    s.watch_mut().unwrap().arm(&[spec]).unwrap();
+    let (events, status) = run_to_exit(&mut s);
+    assert_eq!(status, ExitStatus::Code(0));
+
+    let hits: Vec<&Sample> = samples(&events).collect();
+    assert!(!hits.is_empty(), "no watchpoint hits");
+    for h in &hits {
+        assert_eq!(h.backend, BackendKind::Watch);
+        assert_eq!(h.addr, Some(t.shared_word));
+        assert_eq!(h.watch_slot, Some(0));
+        // The trap fires after the store retires: ip is the next instruction.
+        assert_eq!(h.ip, t.store_insn_end, "ip {:#x}", h.ip);
+        assert_eq!(h.weight, 1);
+        assert!(h.time > 0);
+    }
+    let tids: BTreeSet<u32> = hits.iter().map(|h| h.tid).filter(|&x| x != pid).collect();
+    assert_eq!(
+        tids.len(),
+        2,
+        "hits from both (inherited) threads — MODIFY_ATTRIBUTES reached the children"
+    );
+    let w = s.watch_mut().unwrap().stats();
+    eprintln!("watch: {} hits from {tids:?}, {w:?}", hits.len());
+    assert_eq!(w.hits as usize, hits.len());
+    // The duty cycle bounded the traps: ≤ 5 % of wall time on average (+ one window of slack).
+    let traps = Duration::from_nanos(4500) * hits.len() as u32;
+    let wall = w.armed_time + w.cooldown_time;
+    assert!(
+        traps.as_secs_f64() <= 0.05 * wall.as_secs_f64() + 0.001 + 0.05 * 0.02,
+        "{} hits in {wall:?}",
+        hits.len()
+    );
+    assert!(w.windows >= 2, "{w:?}");
+}
+
+#[test]
+fn watchpoints_rearm_and_disarm_while_running() {
+    let t = target();
+    let cfg = Config {
+        watch: true,
+        frequency: 500,
+        ..Config::default()
+    };
+    let mut s = Session::launch(&argv(t, &["0.8", "0"]), &cfg).unwrap();
+    let mut events = Vec::new();
+    // Armed on a word nobody touches first, then on shared_word, then disarmed.
+    let quiet = WatchSpec {
+        addr: t.shared_word + 8,
+        len: 8,
+        kind: WatchKind::ReadWrite,
+    };
+    s.watch_mut().unwrap().arm(&[quiet]).unwrap();
+    for _ in 0..4 {
+        s.poll(Duration::from_millis(25), &mut |e| events.push(e))
+            .unwrap();
+    }
+    let on_quiet = samples(&events).filter(|x| x.watch_slot.is_some()).count();
+    assert_eq!(on_quiet, 0, "hits on a word no one touches");
+    let busy = WatchSpec {
+        addr: t.shared_word,
+        len: 8,
+        kind: WatchKind::ReadWrite,
+    };
+    s.watch_mut().unwrap().arm(&[quiet, busy]).unwrap();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(150) {
+        s.poll(Duration::from_millis(25), &mut |e| events.push(e))
+            .unwrap();
+    }
+    s.watch_mut().unwrap().disarm().unwrap();
+    let hits_slot1 = samples(&events).filter(|x| x.watch_slot == Some(1)).count();
+    assert!(hits_slot1 > 0, "re-pointed slot 1 never hit");
+    // Drain what was in flight, then nothing new may arrive while disarmed.
+    s.poll(Duration::from_millis(10), &mut |e| events.push(e))
+        .unwrap();
+    let n_watch = samples(&events).filter(|x| x.watch_slot.is_some()).count();
+    let mut later = Vec::new();
+    let (rest, _) = run_to_exit(&mut s);
+    later.extend(rest);
+    assert_eq!(
+        samples(&later).filter(|x| x.watch_slot.is_some()).count(),
+        0,
+        "hits after disarm (had {n_watch} before)"
+    );
+    // Soft samples kept flowing alongside.
+    assert!(samples(&events)
+        .chain(samples(&later))
+        .any(|x| x.backend == BackendKind::Soft));
+}
+
+#[test]
+fn header_info_has_build_ids_maps_and_cpu_model() {
+    let t = target();
+    let mut s = Session::launch(&argv(t, &["0.2", "0"]), &Config::default()).unwrap();
+    let mut events = Vec::new();
+    s.poll(Duration::from_millis(50), &mut |e| events.push(e))
+        .unwrap();
+    let h = s.header_info();
+    assert!(h.maps.contains(t.path.to_str().unwrap()), "{}", h.maps);
+    let want = Command::new("readelf")
+        .args(["-n"])
+        .arg(&t.path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&want.stdout);
+    let hex = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .expect("gcc emits a build-id")
+        .trim()
+        .to_string();
+    let got = &h.build_ids[t.path.to_str().unwrap()];
+    let got_hex: String = got.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(got_hex, hex);
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+    if cpuinfo.contains("model name") {
+        assert!(h.cpu_model.is_some());
+    }
+    assert_eq!(h.command[1], "0.2");
+    run_to_exit(&mut s);
+}
+
+#[test]
+fn a_full_small_ring_loses_records_and_says_so() {
+    let t = target();
+    let cfg = Config {
+        frequency: 20_000,
+        buffer_pages: 1,
+        ..Config::default()
+    };
+    let mut s = Session::launch(&argv(t, &["0.5", "0"]), &cfg).unwrap();
+    // Do not read for a while: a 4 KiB ring holds ~18 samples.
+    std::thread::sleep(Duration::from_millis(300));
+    let (events, _) = run_to_exit(&mut s);
+    let lost_events: u64 = events
+        .iter()
+        .map(|e| match e {
+            Event::Lost { count, .. } => *count,
+            _ => 0,
+        })
+        .sum();
+    eprintln!("lost: {lost_events} lost, stats {:?}", s.stats());
+    assert!(
+        lost_events > 0,
+        "no PERF_RECORD_LOST from an overflowing ring"
+    );
+    assert_eq!(s.stats().lost, lost_events);
+}
+
+#[test]
+fn attach_arms_watchpoints_in_every_thread() {
+    let t = target();
+    let mut child = Command::new(&t.path)
+        .args(["1.0", "0"])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count()) < 3 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let cfg = Config {
+        backend: BackendKind::Watch,
+        ..Config::default()
+    };
+    let mut s = Session::attach(pid, &cfg).unwrap();
+    let spec = WatchSpec {
+        addr: t.shared_word,
+        len: 8,
+        kind: WatchKind::Write,
+    };
+    s.watch_mut().unwrap().arm(&[spec]).unwrap();
+    let (events, status) = run_to_exit(&mut s);
+    child.wait().unwrap();
+    assert_eq!(status, ExitStatus::Unknown);
+    let hits: Vec<&Sample> = samples(&events).collect();
+    let tids: BTreeSet<u32> = hits.iter().map(|h| h.tid).collect();
+    eprintln!("attach watch: {} hits from {tids:?}", hits.len());
+    assert_eq!(tids.len(), 2, "hits from both workers: {tids:?}");
+    assert!(hits
+        .iter()
+        .all(|h| h.addr == Some(t.shared_word) && h.ip == t.store_insn_end));
+}
+
+/// Run as `nobody` (re-executing this test binary), attaching to a root-owned process must
+/// fail with the explained permission error, not a bare errno.
+#[test]
+fn permission_denied_explains_itself() {
+    use std::os::unix::process::CommandExt;
+    if let Ok(pid) = std::env::var("LASER_TEST_ATTACH_AS_NOBODY") {
+        let pid: i32 = pid.parse().unwrap();
+        match Session::attach(pid, &Config::default()) {
+            Err(e @ DriverError::PermissionDenied { .. }) => println!("DENIED: {e}"),
+            Err(e) => println!("OTHER ERROR: {e}"),
+            Ok(_) => println!("ATTACHED"),
+        }
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // Not root: attach to init (another user's process) directly.
+        let e = Session::attach(1, &Config::default()).err().unwrap();
+        assert!(e.to_string().contains("perf_event_paranoid"), "{e}");
+        return;
+    }
+    let t = target();
+    let mut victim = Command::new(&t.path).args(["3", "0"]).spawn().unwrap();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "permission_denied_explains_itself",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("LASER_TEST_ATTACH_AS_NOBODY", victim.id().to_string());
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
+    // syscalls (setgroups/setgid/setuid) to drop to nobody.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(65534) != 0
+                || libc::setuid(65534) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let _ = victim.kill();
+    let _ = victim.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    assert!(text.contains("DENIED:"), "{text}");
+    assert!(
+        text.contains("/proc/sys/kernel/perf_event_paranoid is"),
+        "{text}"
+    );
+    assert!(text.contains("CAP_SYS_PTRACE"), "{text}");
+}
