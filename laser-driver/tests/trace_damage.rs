@@ -132,6 +132,18 @@ fn drain<I: Iterator<Item = Result<Event, TraceError>>>(it: I) -> (Vec<Event>, b
     (got, false)
 }
 
+/// `drain` through the lending API.
+fn drain_ref(r: &mut Reader<'_>) -> (Vec<Event>, bool) {
+    let mut got = Vec::new();
+    while let Some(e) = r.next_ref() {
+        match e {
+            Ok(e) => got.push(e.clone()),
+            Err(_) => return (got, true),
+        }
+    }
+    (got, false)
+}
+
 #[test]
 fn fixture_covers_every_variant() {
     let evs = events();
@@ -183,7 +195,10 @@ fn every_cut_point_reads_a_clean_prefix() {
             }
             s => panic!("cut {cut}: {s:?}"),
         }
-        // The streaming reader must agree.
+        // The lending path and the streaming reader must agree.
+        let mut l = Reader::new(part).unwrap();
+        assert_eq!(drain_ref(&mut l), (got.clone(), false), "lend, cut {cut}");
+        assert_eq!(l.end_state(), r.end_state(), "lend, cut {cut}");
         let mut s = StreamReader::new(part).unwrap();
         let (sgot, serr) = drain(s.by_ref());
         assert!(!serr);
@@ -314,6 +329,11 @@ proptest! {
             prop_assert!(got.len() <= evs.len());
             prop_assert_eq!(&got[..], &evs[..got.len()]);
             prop_assert!(!r.end_state().unwrap().is_complete(), "damage at {:?} went unnoticed", offsets);
+        }
+        if let Ok(mut l) = Reader::new(&bytes) {
+            let (got, _) = drain_ref(&mut l);
+            prop_assert_eq!(&got[..], &evs[..got.len()]);
+            prop_assert!(!l.end_state().unwrap().is_complete());
         }
         if let Ok(mut s) = StreamReader::new(&bytes[..]) {
             let (got, _) = drain(s.by_ref());

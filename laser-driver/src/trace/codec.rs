@@ -273,14 +273,35 @@ fn encode_mmap(m: &Mmap, out: &mut Vec<u8>) -> Result<(), TraceError> {
     put_blob32(out, m.path.as_bytes())
 }
 
-/// Decodes the payload of a record of kind `k`. `Ok(None)` for kinds this version does not
-/// know (a newer writer's): the frame's length lets the reader skip them. Bytes after the
-/// fields a kind defines are ignored, so later versions may append fields.
-#[inline]
-pub(crate) fn decode_event(k: u8, p: &[u8]) -> Result<Option<Event>, Why> {
+/// Whether this version can decode records of kind `k`. Others (a newer writer's) are
+/// skipped using the frame's length.
+#[inline(always)]
+pub(crate) fn is_known(k: u8) -> bool {
+    (kind::SAMPLE..=kind::THROTTLE).contains(&k)
+}
+
+/// Decodes the payload of a record of kind `k` (one [`is_known`]) that starts at byte
+/// `offset`. Bytes after the fields a kind defines are ignored, so later versions may append
+/// fields. Returns the iterator's item type directly: every extra `Option`/`Result` layer
+/// around a 280-byte `Event` costs a copy on the hot path.
+#[inline(always)]
+pub(crate) fn decode_event(k: u8, p: &[u8], offset: u64) -> Result<Event, TraceError> {
+    let r = if k == kind::SAMPLE {
+        decode_sample(p)
+    } else {
+        decode_other(k, p)
+    };
+    r.map_err(|why| TraceError::BadRecord {
+        offset,
+        kind: k,
+        why: why.to_owned(),
+    })
+}
+
+#[inline(never)]
+fn decode_other(k: u8, p: &[u8]) -> Result<Event, Why> {
     let mut c = Cur::new(p);
     let e = match k {
-        kind::SAMPLE => Event::Sample(decode_sample(p)?),
         kind::MMAP => Event::Mmap(decode_mmap(&mut c).ok_or(SHORT)??),
         kind::COMM => {
             let (pid, tid, time, exec) =
@@ -326,15 +347,40 @@ pub(crate) fn decode_event(k: u8, p: &[u8]) -> Result<Option<Event>, Why> {
                 throttled: bool_of(t)?,
             }
         }
-        _ => return Ok(None),
+        _ => return Err("unknown record kind"),
     };
-    Ok(Some(e))
+    Ok(e)
 }
 
-#[inline]
-fn decode_sample(p: &[u8]) -> Result<Sample, Why> {
+/// A sample's fields, parsed and checked but not yet placed in an `Event` (which is 280
+/// bytes: where it is built decides how often it is copied).
+struct RawSample<'a> {
+    backend: BackendKind,
+    pid: u32,
+    tid: u32,
+    cpu: u32,
+    time: u64,
+    ip: u64,
+    weight: u64,
+    addr: Option<u64>,
+    data_src: Option<u64>,
+    watch_slot: Option<u8>,
+    mask: Option<u64>,
+    /// One LE u64 per bit of `mask & REG_SLOTS`, ascending.
+    vals: &'a [u8],
+}
+
+#[inline(always)]
+fn parse_sample(p: &[u8]) -> Result<RawSample<'_>, Why> {
     let (fx, rest) = p.split_first_chunk::<SAMPLE_FIXED>().ok_or(SHORT)?;
-    let backend = BackendKind::from_code(fx[0]).ok_or("unknown backend code")?;
+    let backend = match fx[0] {
+        1 => BackendKind::Pebs,
+        2 => BackendKind::Ibs,
+        3 => BackendKind::Soft,
+        4 => BackendKind::Watch,
+        _ => return Err("unknown backend code"),
+    };
+    debug_assert_eq!(Some(backend), BackendKind::from_code(fx[0]));
     let flags = fx[1];
     let le32 = |o: usize| u32::from_le_bytes([fx[o], fx[o + 1], fx[o + 2], fx[o + 3]]);
     let le64 = |o: usize| {
@@ -365,30 +411,14 @@ fn decode_sample(p: &[u8]) -> Result<Sample, Why> {
     } else {
         None
     };
-    let regs = if flags & F_REGS != 0 {
+    let (mask, vals) = if flags & F_REGS != 0 {
         let mask = c.u64().ok_or(SHORT)?;
-        let mut r = UserRegs {
-            mask,
-            values: [0; NUM_REGS],
-        };
-        let slots = mask & REG_SLOTS;
-        let vals = c.bytes(slots.count_ones() as usize * 8).ok_or(SHORT)?;
-        let mut m = slots;
-        for v in vals.chunks_exact(8) {
-            let i = m.trailing_zeros() as usize;
-            let mut b = [0u8; 8];
-            b.copy_from_slice(v);
-            // `i` < NUM_REGS because `m` ⊆ REG_SLOTS and has one bit per chunk.
-            if let Some(slot) = r.values.get_mut(i) {
-                *slot = u64::from_le_bytes(b);
-            }
-            m &= m.wrapping_sub(1);
-        }
-        Some(r)
+        let n = (mask & REG_SLOTS).count_ones() as usize;
+        (Some(mask), c.bytes(n * 8).ok_or(SHORT)?)
     } else {
-        None
+        (None, &[][..])
     };
-    Ok(Sample {
+    Ok(RawSample {
         backend,
         pid: le32(2),
         tid: le32(6),
@@ -398,9 +428,118 @@ fn decode_sample(p: &[u8]) -> Result<Sample, Why> {
         weight: le64(30),
         addr,
         data_src,
-        regs,
         watch_slot,
+        mask,
+        vals,
     })
+}
+
+#[inline(always)]
+fn decode_sample(p: &[u8]) -> Result<Event, Why> {
+    let r = parse_sample(p)?;
+    let mut values = [0u64; NUM_REGS];
+    if let Some(mask) = r.mask {
+        fill_regs(&mut values, mask & REG_SLOTS, r.vals);
+    }
+    Ok(Event::Sample(Sample {
+        backend: r.backend,
+        pid: r.pid,
+        tid: r.tid,
+        cpu: r.cpu,
+        time: r.time,
+        ip: r.ip,
+        weight: r.weight,
+        addr: r.addr,
+        data_src: r.data_src,
+        regs: r.mask.map(|mask| UserRegs { mask, values }),
+        watch_slot: r.watch_slot,
+    }))
+}
+
+/// Decodes into `slot`, overwriting fields in place when it already holds a sample: no
+/// `Event` is built or moved. Slots outside a register mask stay 0 (as `UserRegs` promises)
+/// because the array is cleared whenever the mask changes.
+#[inline(always)]
+pub(crate) fn decode_event_into(
+    k: u8,
+    p: &[u8],
+    offset: u64,
+    slot: &mut Event,
+) -> Result<(), TraceError> {
+    let bad = |why: Why| TraceError::BadRecord {
+        offset,
+        kind: k,
+        why: why.to_owned(),
+    };
+    if k != kind::SAMPLE {
+        *slot = decode_other(k, p).map_err(bad)?;
+        return Ok(());
+    }
+    let r = parse_sample(p).map_err(bad)?;
+    if !matches!(slot, Event::Sample(_)) {
+        *slot = Event::Sample(Sample {
+            backend: r.backend,
+            pid: 0,
+            tid: 0,
+            cpu: 0,
+            time: 0,
+            ip: 0,
+            addr: None,
+            data_src: None,
+            weight: 0,
+            regs: None,
+            watch_slot: None,
+        });
+    }
+    if let Event::Sample(s) = slot {
+        s.backend = r.backend;
+        s.pid = r.pid;
+        s.tid = r.tid;
+        s.cpu = r.cpu;
+        s.time = r.time;
+        s.ip = r.ip;
+        s.weight = r.weight;
+        s.addr = r.addr;
+        s.data_src = r.data_src;
+        s.watch_slot = r.watch_slot;
+        match (r.mask, &mut s.regs) {
+            (None, regs) => *regs = None,
+            (Some(mask), Some(regs)) => {
+                if regs.mask & REG_SLOTS != mask & REG_SLOTS {
+                    regs.values = [0; NUM_REGS];
+                }
+                regs.mask = mask;
+                fill_regs(&mut regs.values, mask & REG_SLOTS, r.vals);
+            }
+            (Some(mask), regs) => {
+                let mut values = [0u64; NUM_REGS];
+                fill_regs(&mut values, mask & REG_SLOTS, r.vals);
+                *regs = Some(UserRegs { mask, values });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Stores `vals` (one LE u64 per set bit of `slots`, ascending) into `values`. Copies runs
+/// of adjacent registers at once: the soft backend's mask is two runs (ax…flags, r8…r15).
+#[inline(always)]
+fn fill_regs(values: &mut [u64; NUM_REGS], slots: u64, mut vals: &[u8]) {
+    let mut m = slots;
+    while m != 0 {
+        let start = m.trailing_zeros() as usize;
+        let run = (m >> start).trailing_ones() as usize;
+        let (chunk, rest) = vals.split_at(run.min(vals.len() / 8) * 8);
+        if let Some(dst) = values.get_mut(start..start + run) {
+            for (d, s) in dst.iter_mut().zip(chunk.chunks_exact(8)) {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(s);
+                *d = u64::from_le_bytes(b);
+            }
+        }
+        vals = rest;
+        m &= !(((1u64 << run) - 1) << start);
+    }
 }
 
 fn decode_mmap(c: &mut Cur<'_>) -> Option<Result<Mmap, Why>> {

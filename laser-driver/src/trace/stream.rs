@@ -4,7 +4,7 @@
 
 use std::io::{ErrorKind, Read};
 
-use super::codec::{decode_event, split_frame, Frame};
+use super::codec::{decode_event, is_known, split_frame, Frame};
 use super::header::{self, TraceHeader};
 use super::reader::{check_footer, FooterCheck};
 use super::{
@@ -119,7 +119,7 @@ impl<R: Read> Iterator for StreamReader<R> {
                 Err(e) => return self.corrupt(e),
             }
             let offset = self.offset;
-            let (kind, len, event) = match split_frame(&self.buf) {
+            let (kind, len, payload) = match split_frame(&self.buf) {
                 Frame::Ok {
                     kind: kind::FOOTER,
                     payload,
@@ -144,7 +144,7 @@ impl<R: Read> Iterator for StreamReader<R> {
                         Err(e) => self.corrupt(e),
                     };
                 }
-                Frame::Ok { kind, payload, len } => (kind, len, decode_event(kind, payload)),
+                Frame::Ok { kind, payload, len } => (kind, len, payload),
                 // `fill_frame` read the whole frame, so only the checksum can fail here.
                 Frame::Short => return self.truncated(),
                 Frame::TooLarge(len) => {
@@ -162,24 +162,25 @@ impl<R: Read> Iterator for StreamReader<R> {
                     })
                 }
             };
-            match event {
-                Ok(Some(e)) => {
+            if !is_known(kind) {
+                self.offset += len as u64;
+                self.records += 1;
+                continue;
+            }
+            let r = decode_event(kind, payload, offset);
+            match &r {
+                Ok(_) => {
                     self.offset += len as u64;
                     self.records += 1;
-                    return Some(Ok(e));
                 }
-                Ok(None) => {
-                    self.offset += len as u64;
-                    self.records += 1;
-                }
-                Err(why) => {
-                    return self.corrupt(TraceError::BadRecord {
+                Err(e) => {
+                    self.end = Some(EndState::Corrupt {
                         offset,
-                        kind,
-                        why: why.to_owned(),
+                        why: e.to_string(),
                     })
                 }
             }
+            return Some(r);
         }
     }
 }
