@@ -188,6 +188,84 @@ fn documented_layout_of_a_lost_record() {
     );
 }
 
+#[test]
+fn documented_layout_of_a_soft_sample() {
+    // CRC-32 as the document names it.
+    assert_eq!(crc32fast::hash(b"123456789"), 0xcbf4_3926);
+    let mut regs = UserRegs::default();
+    for i in 0..NUM_REGS {
+        if laser_driver::SOFT_REGS_MASK & (1 << i) != 0 {
+            regs.values[i] = 0x1000 + i as u64;
+        }
+    }
+    regs.mask = laser_driver::SOFT_REGS_MASK;
+    let s = Sample {
+        backend: BackendKind::Watch,
+        pid: 11,
+        tid: 12,
+        cpu: 1,
+        time: 99,
+        ip: 0x401000,
+        addr: Some(0x5000),
+        data_src: None,
+        weight: 3,
+        regs: Some(regs),
+        watch_slot: Some(2),
+    };
+    let bytes = write(
+        &TraceHeader::new(BackendKind::Watch),
+        &[Event::Sample(s)],
+        0,
+    );
+    let (_, first) = header_span(&bytes);
+    // Built from TRACE_FORMAT.md, field by field.
+    let mut p = vec![4u8, 0b1101];
+    for v in [11u32, 12, 1] {
+        p.extend_from_slice(&v.to_le_bytes());
+    }
+    for v in [99u64, 0x401000, 3, 0x5000] {
+        p.extend_from_slice(&v.to_le_bytes());
+    }
+    p.push(2);
+    p.extend_from_slice(&laser_driver::SOFT_REGS_MASK.to_le_bytes());
+    for i in (0..10).chain(16..24) {
+        p.extend_from_slice(&(0x1000u64 + i).to_le_bytes());
+    }
+    let f = frame(1, &p);
+    assert_eq!(&bytes[first..first + f.len()], &f[..]);
+    // Without addr and watch_slot this is the document's 199-byte soft sample frame.
+    assert_eq!(f.len() - 9, 199);
+}
+
+#[test]
+fn record_removed_whole_is_caught_by_the_footer_count() {
+    let evs: Vec<Event> = (0..5).map(|i| Event::Lost { count: i, time: i }).collect();
+    let bytes = write(&TraceHeader::new(BackendKind::Soft), &evs, 0);
+    let (_, first) = header_span(&bytes);
+    let lost_frame = 9 + 16;
+    // Splice out the second record and fix the trailer so only the count can tell.
+    let mut cut = bytes[..first + lost_frame].to_vec();
+    cut.extend_from_slice(&bytes[first + 2 * lost_frame..]);
+    let n = cut.len();
+    let foot = u64::from_le_bytes(cut[n - 16..n - 8].try_into().unwrap()) - lost_frame as u64;
+    cut[n - 16..n - 8].copy_from_slice(&foot.to_le_bytes());
+    let mut r = Reader::new(&cut).unwrap();
+    let mut got = Vec::new();
+    let mut err = None;
+    for e in r.by_ref() {
+        match e {
+            Ok(e) => got.push(e),
+            Err(e) => err = Some(e.to_string()),
+        }
+    }
+    assert_eq!(got.len(), 4);
+    let err = err.expect("a missing record must be reported");
+    assert!(
+        err.ends_with("footer counts 5 records but the file holds 4"),
+        "{err}"
+    );
+}
+
 /// (TLV length, offset of the first record) read from the fixed file head.
 fn header_span(bytes: &[u8]) -> (usize, usize) {
     assert_eq!(bytes[..8], MAGIC);

@@ -6,10 +6,11 @@
 //! The byte layout is specified in `laser-driver/TRACE_FORMAT.md`. In short:
 //!
 //! ```text
-//! ┌──────────┬─────────┬────────┬──────────────┬───────┐┌──────┬─────┬─────────┬───────┐     ┌────────┬─────────┐
-//! │ magic[8] │ ver u16 │ rsv u16│ hdr_len u32  │ TLVs… ││ kind │ len │ payload │ crc32 │ ... │ footer │ trailer │
-//! └──────────┴─────────┴────────┴──────────────┴─crc32─┘└──────┴─────┴─────────┴───────┘     └────────┴─────────┘
-//!            file header (self-describing)                 one framed record per Event
+//!  magic, version, hdr_len │ tagged header fields │ crc     file head: what was recorded, where
+//!  kind │ len │ payload │ crc                              one frame per Event
+//!  kind │ len │ payload │ crc                              …
+//!  0xff │ len │ totals  │ crc                              footer
+//!  footer offset │ "LASEREND"                             trailer
 //! ```
 //!
 //! Every record carries its own length and CRC-32, so a file cut off at any byte (laser killed,
