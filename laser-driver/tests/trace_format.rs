@@ -266,6 +266,31 @@ fn record_removed_whole_is_caught_by_the_footer_count() {
     );
 }
 
+#[test]
+fn writer_dropped_without_finish_leaves_every_event_readable() {
+    let evs: Vec<Event> = (0..100)
+        .map(|i| Event::Lost { count: i, time: i })
+        .collect();
+    let mut file = Vec::new();
+    {
+        let mut w = Writer::new(&mut file, &TraceHeader::new(BackendKind::Soft)).unwrap();
+        for e in &evs {
+            w.write(e).unwrap();
+        }
+        // Dropped here, as on an error path: no footer.
+    }
+    let mut r = Reader::new(&file).unwrap();
+    let got: Vec<_> = r.by_ref().collect::<Result<_, _>>().unwrap();
+    assert_eq!(got, evs);
+    assert_eq!(
+        r.end_state(),
+        Some(&EndState::Truncated {
+            offset: file.len() as u64
+        })
+    );
+    assert_eq!(r.quick_footer(), None);
+}
+
 /// (TLV length, offset of the first record) read from the fixed file head.
 fn header_span(bytes: &[u8]) -> (usize, usize) {
     assert_eq!(bytes[..8], MAGIC);
@@ -447,6 +472,10 @@ fn full_disk_leaves_a_readable_prefix() {
         assert!(written < 100_000, "the full disk must surface as an error");
     };
     assert!(err.to_string().contains("disk full"), "{err}");
+    // After a failed write the writer refuses more: appending could follow a torn record.
+    let again = w.write(&s).err().expect("refused after a failure");
+    assert!(matches!(again, TraceError::WriterFailed { .. }), "{again}");
+    drop(w);
     let bytes = sink.borrow().clone();
     assert_eq!(bytes.len(), 200_000);
     let mut r = Reader::new(&bytes).unwrap();

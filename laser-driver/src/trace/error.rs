@@ -56,6 +56,9 @@ pub enum TraceError {
     #[error("a field of {len} bytes does not fit the format's {max}-byte limit")]
     FieldTooLarge { len: usize, max: usize },
 
+    #[error("an earlier write to the recording failed; it ends at or after byte {offset}")]
+    WriterFailed { offset: u64 },
+
     #[error("I/O error on the recording: {0}")]
     Io(#[from] std::io::Error),
 }

@@ -12,12 +12,20 @@ use crate::event::{Event, StreamStats};
 const BATCH: usize = 64 * 1024;
 
 /// Writes a recording to `W` (no need to wrap it in a `BufWriter`: this batches).
+///
+/// Dropping a `Writer` without [`Writer::finish`] (an error path, Ctrl-C handling) still
+/// pushes the buffered records out, best effort: the file then reads as truncated, with
+/// every event written so far.
 pub struct Writer<W: Write> {
-    out: W,
+    /// `None` only after `finish` has taken it back.
+    out: Option<W>,
     buf: Vec<u8>,
     /// Bytes already handed to `out`.
     written: u64,
     stats: StreamStats,
+    /// A write to `out` failed: it may hold part of a batch, and appending more would put
+    /// records after a torn one. Everything after the failure is refused.
+    failed: bool,
 }
 
 impl<W: Write> Writer<W> {
@@ -28,15 +36,19 @@ impl<W: Write> Writer<W> {
         out.write_all(&head)?;
         out.flush()?;
         Ok(Writer {
-            out,
+            out: Some(out),
             buf: Vec::with_capacity(BATCH + 4096),
             written: head.len() as u64,
             stats: StreamStats::default(),
+            failed: false,
         })
     }
 
     /// Appends one event.
     pub fn write(&mut self, e: &Event) -> Result<(), TraceError> {
+        if self.failed {
+            return Err(self.refused());
+        }
         let mark = self.buf.len();
         if let Err(err) = encode_event(e, &mut self.buf) {
             // Leave no half-encoded frame behind.
@@ -67,16 +79,37 @@ impl<W: Write> Writer<W> {
     /// so a killed laser loses at most that much).
     pub fn flush(&mut self) -> Result<(), TraceError> {
         self.flush_buf()?;
-        self.out.flush()?;
+        if let Some(out) = self.out.as_mut() {
+            if let Err(e) = out.flush() {
+                self.failed = true;
+                return Err(e.into());
+            }
+        }
         Ok(())
     }
 
-    fn flush_buf(&mut self) -> Result<(), TraceError> {
-        if !self.buf.is_empty() {
-            self.out.write_all(&self.buf)?;
-            self.written += self.buf.len() as u64;
-            self.buf.clear();
+    fn refused(&self) -> TraceError {
+        TraceError::WriterFailed {
+            offset: self.written,
         }
+    }
+
+    fn flush_buf(&mut self) -> Result<(), TraceError> {
+        if self.failed {
+            return Err(self.refused());
+        }
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let Some(out) = self.out.as_mut() else {
+            return Err(self.refused());
+        };
+        if let Err(e) = out.write_all(&self.buf) {
+            self.failed = true;
+            return Err(e.into());
+        }
+        self.written += self.buf.len() as u64;
+        self.buf.clear();
         Ok(())
     }
 
@@ -95,7 +128,17 @@ impl<W: Write> Writer<W> {
         self.buf.extend_from_slice(&footer_offset.to_le_bytes());
         self.buf.extend_from_slice(&END_MAGIC);
         self.flush()?;
-        Ok(self.out)
+        self.out.take().ok_or(TraceError::WriterFailed {
+            offset: self.written,
+        })
+    }
+}
+
+impl<W: Write> Drop for Writer<W> {
+    fn drop(&mut self) {
+        // Best effort: an error here has nowhere to go, and the file reads as truncated
+        // either way.
+        let _ = self.flush();
     }
 }
 
