@@ -473,7 +473,7 @@ fn full_disk_leaves_a_readable_prefix() {
     };
     assert!(err.to_string().contains("disk full"), "{err}");
     // After a failed write the writer refuses more: appending could follow a torn record.
-    let again = w.write(&s).err().expect("refused after a failure");
+    let again = w.write(&s).expect_err("refused after a failure");
     assert!(matches!(again, TraceError::WriterFailed { .. }), "{again}");
     drop(w);
     let bytes = sink.borrow().clone();
