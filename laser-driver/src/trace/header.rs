@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use super::codec::{put_blob32, Cur};
+use super::codec::put_blob32;
+use super::cursor::Cur;
 use super::{TraceError, FILE_HEAD, MAGIC, MAX_HEADER_LEN, VERSION};
 use crate::event::BackendKind;
 

@@ -18,9 +18,11 @@
 //! than turned into an event that never happened.
 
 mod codec;
+mod cursor;
 mod error;
 mod header;
 mod reader;
+mod sample;
 mod stream;
 mod writer;
 
