@@ -3,7 +3,7 @@
 //! unaligned loads, no varint loops. The layout of each kind is in `TRACE_FORMAT.md`.
 
 use super::cursor::Cur;
-use super::sample::{decode_sample, decode_sample_into, encode_sample};
+use super::sample::{decode_sample_into, encode_sample};
 use super::{kind, TraceError, TraceFooter, FRAME_HEAD, FRAME_TAIL, MAX_RECORD_LEN};
 use crate::event::{Event, Mmap, StreamStats};
 
@@ -160,24 +160,9 @@ pub(crate) fn is_known(k: u8) -> bool {
 }
 
 /// Decodes the payload of a record of kind `k` (one [`is_known`]) that starts at byte
-/// `offset`. Bytes after the fields a kind defines are ignored, so later versions may append
-/// fields. Returns the iterator's item type directly: every extra `Option`/`Result` layer
-/// around a 280-byte `Event` costs a copy on the hot path.
-#[inline(always)]
-pub(crate) fn decode_event(k: u8, p: &[u8], offset: u64) -> Result<Event, TraceError> {
-    let r = if k == kind::SAMPLE {
-        decode_sample(p)
-    } else {
-        decode_other(k, p)
-    };
-    r.map_err(|why| TraceError::BadRecord {
-        offset,
-        kind: k,
-        why: why.to_owned(),
-    })
-}
-
-/// [`decode_event`] into a slot the caller owns (see `Reader::next_ref`).
+/// `offset` into `slot`. Bytes after the fields a kind defines are ignored, so later versions
+/// may append fields. Decoding into a slot the caller keeps (rather than returning an
+/// `Event`, 280 bytes) lets a sample overwrite the previous one in place.
 #[inline(always)]
 pub(crate) fn decode_event_into(
     k: u8,

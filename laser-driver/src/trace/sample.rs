@@ -143,28 +143,6 @@ fn parse_sample(p: &[u8]) -> Result<RawSample<'_>, Why> {
     })
 }
 
-#[inline(always)]
-pub(crate) fn decode_sample(p: &[u8]) -> Result<Event, Why> {
-    let r = parse_sample(p)?;
-    let mut values = [0u64; NUM_REGS];
-    if let Some(mask) = r.mask {
-        fill_regs(&mut values, mask & REG_SLOTS, r.vals);
-    }
-    Ok(Event::Sample(Sample {
-        backend: r.backend,
-        pid: r.pid,
-        tid: r.tid,
-        cpu: r.cpu,
-        time: r.time,
-        ip: r.ip,
-        weight: r.weight,
-        addr: r.addr,
-        data_src: r.data_src,
-        regs: r.mask.map(|mask| UserRegs { mask, values }),
-        watch_slot: r.watch_slot,
-    }))
-}
-
 /// Stores `vals` (one LE u64 per set bit of `slots`, ascending) into `values`. Copies runs
 /// of adjacent registers at once: the soft backend's mask is two runs (ax…flags, r8…r15).
 #[inline(always)]

@@ -4,7 +4,7 @@
 
 use std::io::{ErrorKind, Read};
 
-use super::codec::{decode_event, is_known, split_frame, Frame};
+use super::codec::{decode_event_into, is_known, split_frame, Frame};
 use super::header::{self, TraceHeader};
 use super::reader::{check_footer, FooterCheck};
 use super::{
@@ -19,6 +19,8 @@ pub struct StreamReader<R: Read> {
     offset: u64,
     records: u64,
     end: Option<EndState>,
+    /// Decode target, reused (see `Reader::next`).
+    slot: Event,
 }
 
 /// Reads until `buf` is full or EOF; returns how many bytes were read.
@@ -52,6 +54,7 @@ impl<R: Read> StreamReader<R> {
             offset: used as u64,
             records: 0,
             end: None,
+            slot: Event::Lost { count: 0, time: 0 },
         })
     }
 
@@ -167,20 +170,14 @@ impl<R: Read> Iterator for StreamReader<R> {
                 self.records += 1;
                 continue;
             }
-            let r = decode_event(kind, payload, offset);
-            match &r {
-                Ok(_) => {
+            return match decode_event_into(kind, payload, offset, &mut self.slot) {
+                Ok(()) => {
                     self.offset += len as u64;
                     self.records += 1;
+                    Some(Ok(self.slot.clone()))
                 }
-                Err(e) => {
-                    self.end = Some(EndState::Corrupt {
-                        offset,
-                        why: e.to_string(),
-                    })
-                }
-            }
-            return Some(r);
+                Err(e) => self.corrupt(e),
+            };
         }
     }
 }
