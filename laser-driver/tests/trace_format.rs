@@ -484,3 +484,45 @@ fn full_disk_leaves_a_readable_prefix() {
     assert!(got.iter().all(|e| *e == s));
     assert!(matches!(r.end_state(), Some(EndState::Truncated { .. })));
 }
+
+#[test]
+fn stream_reader_copes_with_short_reads_and_interruptions() {
+    // A pipe hands data over in arbitrary pieces and may be interrupted by a signal.
+    struct Trickle<'a> {
+        data: &'a [u8],
+        calls: usize,
+    }
+    impl std::io::Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.calls += 1;
+            if self.calls % 7 == 0 {
+                return Err(std::io::ErrorKind::Interrupted.into());
+            }
+            let n = buf.len().min(self.data.len()).min(1 + self.calls % 3);
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+    let mut h = TraceHeader::new(BackendKind::Soft);
+    h.maps = "x".repeat(300);
+    let evs: Vec<Event> = (0..50)
+        .map(|i| Event::Comm {
+            pid: i,
+            tid: i,
+            time: u64::from(i),
+            name: format!("t{i}"),
+            exec: i % 2 == 0,
+        })
+        .collect();
+    let bytes = write(&h, &evs, 1);
+    let mut s = StreamReader::new(Trickle {
+        data: &bytes,
+        calls: 0,
+    })
+    .unwrap();
+    assert_eq!(s.header(), &h);
+    let got: Vec<_> = s.by_ref().collect::<Result<_, _>>().unwrap();
+    assert_eq!(got, evs);
+    assert!(s.end_state().unwrap().is_complete());
+}
