@@ -495,7 +495,7 @@ fn stream_reader_copes_with_short_reads_and_interruptions() {
     impl std::io::Read for Trickle<'_> {
         fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
             self.calls += 1;
-            if self.calls % 7 == 0 {
+            if self.calls.is_multiple_of(7) {
                 return Err(std::io::ErrorKind::Interrupted.into());
             }
             let n = buf.len().min(self.data.len()).min(1 + self.calls % 3);
@@ -512,7 +512,7 @@ fn stream_reader_copes_with_short_reads_and_interruptions() {
             tid: i,
             time: u64::from(i),
             name: format!("t{i}"),
-            exec: i % 2 == 0,
+            exec: i.is_multiple_of(2),
         })
         .collect();
     let bytes = write(&h, &evs, 1);
