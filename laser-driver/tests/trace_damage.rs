@@ -342,3 +342,62 @@ proptest! {
         }
     }
 }
+
+/// A frame with a valid CRC around any payload, as a buggy or hostile writer could produce.
+fn frame(kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![kind];
+    f.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    f.extend_from_slice(payload);
+    let crc = crc32fast::hash(&f);
+    f.extend_from_slice(&crc.to_le_bytes());
+    f
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// Checksummed garbage reaches the payload decoders: they must return an error or an
+    /// event, never panic, and stop the read at the first error.
+    #[test]
+    fn checksummed_garbage_payloads_never_panic(
+        frames in prop::collection::vec((0u8..9, prop::collection::vec(any::<u8>(), 0..300)), 1..8)
+    ) {
+        let mut bytes = Writer::new(Vec::new(), &header()).unwrap().finish(Default::default()).unwrap();
+        // Keep only the header; append the garbage frames.
+        let first = Reader::new(&bytes).unwrap().offset() as usize;
+        bytes.truncate(first);
+        for (k, p) in &frames {
+            bytes.extend(frame(*k, p));
+        }
+        let mut r = Reader::new(&bytes).unwrap();
+        let mut errors = 0;
+        let mut items = 0;
+        for e in r.by_ref() {
+            items += 1;
+            errors += usize::from(e.is_err());
+        }
+        prop_assert!(errors <= 1);
+        prop_assert!(items <= frames.len());
+        prop_assert!(r.end_state().is_some());
+        let mut l = Reader::new(&bytes).unwrap();
+        let (lent, lerr) = drain_ref(&mut l);
+        let mut s = StreamReader::new(&bytes[..]).unwrap();
+        let (streamed, serr) = drain(s.by_ref());
+        prop_assert_eq!(&lent, &streamed);
+        prop_assert_eq!(lerr, serr);
+        prop_assert_eq!(l.end_state(), s.end_state());
+    }
+
+    /// Arbitrary bytes after a valid magic: `Reader::new` and iteration never panic.
+    #[test]
+    fn arbitrary_bytes_never_panic(tail in prop::collection::vec(any::<u8>(), 0..400)) {
+        let mut bytes = laser_driver::trace::MAGIC.to_vec();
+        bytes.extend_from_slice(&tail);
+        if let Ok(mut r) = Reader::new(&bytes) {
+            for _ in r.by_ref() {}
+        }
+        if let Ok(mut s) = StreamReader::new(&bytes[..]) {
+            for _ in s.by_ref() {}
+        }
+    }
+}
