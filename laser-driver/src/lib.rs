@@ -4,7 +4,9 @@
 //! Live use: [`probe::probe`] picks a backend, [`Session::launch`] / [`Session::attach`] start
 //! observing, [`Session::poll`] delivers [`Event`]s until the target exits.
 
+pub mod datasrc;
 pub mod event;
+pub mod trace;
 
 pub mod attr;
 pub mod decode;
