@@ -121,7 +121,13 @@ pub fn resolve(s: &Sample, info: &PcInfo, out: &mut Accesses) -> Result<(), Drop
     })
 }
 
-fn push_operand(s: &Sample, pc: u64, m: &MemOperand, addr: Result<u64, NoAddr>, out: &mut Accesses) {
+fn push_operand(
+    s: &Sample,
+    pc: u64,
+    m: &MemOperand,
+    addr: Result<u64, NoAddr>,
+    out: &mut Accesses,
+) {
     if m.is_stack() {
         out.stack += 1;
         return;
@@ -136,7 +142,11 @@ fn push_operand(s: &Sample, pc: u64, m: &MemOperand, addr: Result<u64, NoAddr>, 
             op: m.op,
             // A timer sample says nothing about how many memory events it stands for: each
             // resolved access counts once (see `detector` on why the counts are lower bounds).
-            weight: if s.backend == BackendKind::Soft { 1 } else { s.weight.max(1) },
+            weight: if s.backend == BackendKind::Soft {
+                1
+            } else {
+                s.weight.max(1)
+            },
         }),
         Err(NoAddr::ThreadLocal) => out.tls += 1,
         Err(NoAddr::MissingRegister) => out.missing += 1,
@@ -300,8 +310,15 @@ mod tests {
         let (r, v) = run(&m, &soft_sample(pcs[1]));
         assert_eq!(r, Ok(()));
         assert_eq!(v.len(), 1);
-        assert_eq!((v[0].pc, v[0].addr, v[0].op, v[0].size), (pcs[0], 0x60_0000, Op::Load, 8));
-        assert_eq!((v[0].tid, v[0].time, v[0].weight), (11, 100, 1), "soft counts once");
+        assert_eq!(
+            (v[0].pc, v[0].addr, v[0].op, v[0].size),
+            (pcs[0], 0x60_0000, Op::Load, 8)
+        );
+        assert_eq!(
+            (v[0].tid, v[0].time, v[0].weight),
+            (11, 100, 1),
+            "soft counts once"
+        );
     }
 
     #[test]
@@ -316,7 +333,10 @@ mod tests {
         let got: Vec<_> = v.iter().map(|a| (a.pc, a.addr, a.op)).collect();
         assert_eq!(
             got,
-            vec![(pcs[3], 0x70_0000, Op::Load), (pcs[2], 0x60_0008, Op::Store)]
+            vec![
+                (pcs[3], 0x70_0000, Op::Load),
+                (pcs[2], 0x60_0008, Op::Store)
+            ]
         );
     }
 
@@ -332,7 +352,10 @@ mod tests {
     #[test]
     fn tls_and_stack_are_dropped_with_reasons() {
         let (m, pcs) = setup();
-        assert_eq!(run(&m, &soft_sample(pcs[5])).0, Err(DropReason::ThreadLocal));
+        assert_eq!(
+            run(&m, &soft_sample(pcs[5])).0,
+            Err(DropReason::ThreadLocal)
+        );
         assert_eq!(run(&m, &soft_sample(pcs[6])).0, Err(DropReason::Stack));
         // After `push`, rsp has moved: the push's address is not recomputable (and is stack anyway).
         assert_eq!(run(&m, &soft_sample(pcs[7])).0, Err(DropReason::NoMemory));
@@ -356,7 +379,10 @@ mod tests {
         s.regs = None;
         let (_, v) = run(&m, &s);
         assert_eq!(v.len(), 1);
-        assert_eq!((v[0].pc, v[0].addr, v[0].op, v[0].size), (pcs[2], 0x60_0008, Op::Store, 8));
+        assert_eq!(
+            (v[0].pc, v[0].addr, v[0].op, v[0].size),
+            (pcs[2], 0x60_0008, Op::Store, 8)
+        );
     }
 
     #[test]
@@ -368,7 +394,10 @@ mod tests {
         s.data_src = Some(0x2 | (1 << 5));
         s.weight = 1000;
         let (_, v) = run(&m, &s);
-        assert_eq!((v[0].op, v[0].size, v[0].weight, v[0].pc), (Op::Load, 8, 1000, pcs[0]));
+        assert_eq!(
+            (v[0].op, v[0].size, v[0].weight, v[0].pc),
+            (Op::Load, 8, 1000, pcs[0])
+        );
         assert_eq!(op_from_data_src(0x4), Some(Op::Store));
         assert_eq!(op_from_data_src(0x1), None);
     }

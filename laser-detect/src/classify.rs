@@ -229,7 +229,10 @@ impl Classifier {
         for r in info.used_registers() {
             let writes = matches!(
                 r.access(),
-                OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
+                OpAccess::Write
+                    | OpAccess::CondWrite
+                    | OpAccess::ReadWrite
+                    | OpAccess::ReadCondWrite
             );
             if writes {
                 if let Some(p) = perf_reg(r.register()) {
@@ -319,7 +322,10 @@ mod tests {
         assert!(ld.address_survives(&ld.mem[0]));
 
         let st = one(|a| a.mov(dword_ptr(rdi + 4), edx));
-        assert_eq!((st.mem[0].op, st.mem[0].size, st.mem[0].disp), (Op::Store, 4, 4));
+        assert_eq!(
+            (st.mem[0].op, st.mem[0].size, st.mem[0].disp),
+            (Op::Store, 4, 4)
+        );
         assert_eq!(st.writes_regs, 0);
 
         let b = one(|a| a.mov(byte_ptr(rax), 1));
@@ -349,7 +355,11 @@ mod tests {
         assert!(cas.mem[0].op.writes() && cas.mem[0].op.reads());
         assert_ne!(cas.writes_regs & bit(Reg::Ax), 0, "cmpxchg writes rax");
         let xchg = one(|a| a.xchg(qword_ptr(rdx), rax));
-        assert_eq!((xchg.mem[0].op, xchg.locked), (Op::Rmw, true), "xchg is implicitly locked");
+        assert_eq!(
+            (xchg.mem[0].op, xchg.locked),
+            (Op::Rmw, true),
+            "xchg is implicitly locked"
+        );
     }
 
     #[test]
@@ -382,7 +392,10 @@ mod tests {
     fn base_index_scale() {
         let i = one(|a| a.mov(qword_ptr(rbx + r12 * 8 + 0x20), rcx));
         let m = i.mem[0];
-        assert_eq!((m.base, m.index, m.scale, m.disp), (Some(Reg::Bx), Some(Reg::R12), 8, 0x20));
+        assert_eq!(
+            (m.base, m.index, m.scale, m.disp),
+            (Some(Reg::Bx), Some(Reg::R12), 8, 0x20)
+        );
         assert_eq!(m.address_regs(), bit(Reg::Bx) | bit(Reg::R12));
         let neg = one(|a| a.mov(eax, dword_ptr(rbp - 4)));
         assert_eq!(neg.mem[0].disp, (-4i64) as u64);
@@ -396,7 +409,10 @@ mod tests {
         let ops: Vec<_> = m.mem().iter().map(|o| (o.op, o.base)).collect();
         assert!(ops.contains(&(Op::Load, Some(Reg::Si))));
         assert!(ops.contains(&(Op::Store, Some(Reg::Di))));
-        assert!(m.mem().iter().all(|o| !m.address_survives(o)), "rsi/rdi advance");
+        assert!(
+            m.mem().iter().all(|o| !m.address_survives(o)),
+            "rsi/rdi advance"
+        );
         let r = one(|a| a.rep().stosb());
         assert!(r.string && r.rep);
         assert_eq!((r.mem[0].op, r.mem[0].base), (Op::Store, Some(Reg::Di)));
@@ -421,7 +437,10 @@ mod tests {
     #[test]
     fn no_memory_and_tls() {
         let lea = one(|a| a.lea(rax, qword_ptr(rcx + 8)));
-        assert_eq!(lea.n_mem, 0, "lea computes an address but touches no memory");
+        assert_eq!(
+            lea.n_mem, 0,
+            "lea computes an address but touches no memory"
+        );
         let tls = one(|a| a.mov(rax, qword_ptr(0x28).fs()));
         assert_eq!(tls.mem[0].segment, Segment::Fs);
         let jmp = one(|a| a.jmp(BASE + 0x40));

@@ -133,7 +133,10 @@ impl ElfImage {
         };
         let off = (s.offset + (vaddr - s.vaddr)) as usize;
         let avail = (s.vaddr + s.filesz - vaddr) as usize;
-        let n = buf.len().min(avail).min(self.data.len().saturating_sub(off));
+        let n = buf
+            .len()
+            .min(avail)
+            .min(self.data.len().saturating_sub(off));
         buf[..n].copy_from_slice(&self.data[off..off + n]);
         n
     }
@@ -261,7 +264,11 @@ mod tests {
         assert_eq!(c.read_code(0x2008, &mut b), 8);
         assert_eq!(c.function_bounds(0x1003), Some((0x1000, 0x1004)));
         assert_eq!(c.function_bounds(0x1004), None);
-        assert_eq!(c.function_bounds(0x2000), None, "no bounds for plain chunks");
+        assert_eq!(
+            c.function_bounds(0x2000),
+            None,
+            "no bounds for plain chunks"
+        );
     }
 
     #[test]

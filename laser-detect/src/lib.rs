@@ -5,7 +5,9 @@ pub mod access;
 pub mod classify;
 pub mod code;
 pub mod effaddr;
+pub mod estimate;
 pub mod findings;
+pub mod line_model;
 pub mod maps;
 pub mod pccache;
 

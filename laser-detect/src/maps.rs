@@ -123,7 +123,10 @@ pub struct Module {
 /// Where an address lies, as the filter decides it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Class {
-    Module { module: u32, vaddr: u64 },
+    Module {
+        module: u32,
+        vaddr: u64,
+    },
     Heap,
     Stack,
     /// vdso/vvar/vsyscall or kernel: dropped.
@@ -211,14 +214,25 @@ impl AddressSpace {
                 continue;
             }
             if m.start < start {
-                out.push(Mapping { end: start, ..m.clone() });
+                out.push(Mapping {
+                    end: start,
+                    ..m.clone()
+                });
             }
             if m.end > end {
                 out.push(Mapping { start: end, ..m });
             }
         }
         let pos = out.partition_point(|m| m.start < start);
-        out.insert(pos, Mapping { start, end, exec, owner });
+        out.insert(
+            pos,
+            Mapping {
+                start,
+                end,
+                exec,
+                owner,
+            },
+        );
         self.maps = out;
     }
 
@@ -373,7 +387,10 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         assert_eq!(s.classify(0x1000), Class::Unknown);
         match s.classify(0x7f00ab030000) {
             Class::Module { module, vaddr } => {
-                assert_eq!(s.modules[module as usize].path, "/usr/lib/x86_64-linux-gnu/libc.so.6");
+                assert_eq!(
+                    s.modules[module as usize].path,
+                    "/usr/lib/x86_64-linux-gnu/libc.so.6"
+                );
                 assert_eq!(vaddr, 0x30000);
             }
             c => panic!("{c:?}"),
@@ -385,14 +402,32 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         let mut s = space();
         // The app's PT_LOAD segments: data segment memsz reaches into the anonymous page.
         let segs = [
-            LoadSegment { offset: 0, vaddr: 0, filesz: 0x1000, memsz: 0x1000 },
-            LoadSegment { offset: 0x1000, vaddr: 0x1000, filesz: 0x1000, memsz: 0x1000 },
-            LoadSegment { offset: 0x2000, vaddr: 0x3000, filesz: 0x800, memsz: 0x1800 },
+            LoadSegment {
+                offset: 0,
+                vaddr: 0,
+                filesz: 0x1000,
+                memsz: 0x1000,
+            },
+            LoadSegment {
+                offset: 0x1000,
+                vaddr: 0x1000,
+                filesz: 0x1000,
+                memsz: 0x1000,
+            },
+            LoadSegment {
+                offset: 0x2000,
+                vaddr: 0x3000,
+                filesz: 0x800,
+                memsz: 0x1800,
+            },
         ];
         s.set_module_layout(0, &segs);
         assert_eq!(
             s.classify(0x55d0c0a04010),
-            Class::Module { module: 0, vaddr: 0x4010 }
+            Class::Module {
+                module: 0,
+                vaddr: 0x4010
+            }
         );
     }
 
@@ -400,15 +435,29 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
     fn bias_from_program_headers() {
         // A non-PIE-like layout: the data segment's vaddr is 0x1000 above its file offset.
         let segs = [
-            LoadSegment { offset: 0, vaddr: 0x400000, filesz: 0x2000, memsz: 0x2000 },
-            LoadSegment { offset: 0x2e10, vaddr: 0x403e10, filesz: 0x220, memsz: 0x300 },
+            LoadSegment {
+                offset: 0,
+                vaddr: 0x400000,
+                filesz: 0x2000,
+                memsz: 0x2000,
+            },
+            LoadSegment {
+                offset: 0x2e10,
+                vaddr: 0x403e10,
+                filesz: 0x220,
+                memsz: 0x300,
+            },
         ];
         assert_eq!(load_bias(0x400000, 0, &segs), 0);
         assert_eq!(load_bias(0x403000, 0x2000, &segs), 0);
         // PIE: same file mapped at 0x5555_0000_0000 - 0x400000.
         let b = 0x5555_0000_0000u64;
         assert_eq!(load_bias(b + 0x403000, 0x2000, &segs), b);
-        assert_eq!(load_bias(0x7000, 0x3000, &[]), 0x4000, "fallback start − pgoff");
+        assert_eq!(
+            load_bias(0x7000, 0x3000, &[]),
+            0x4000,
+            "fallback start − pgoff"
+        );
     }
 
     #[test]

@@ -188,7 +188,11 @@ mod tests {
         let (m, pcs) = code();
         let mut c = PcCache::new();
         let at_add = c.get(pcs[2], &m);
-        assert_eq!(at_add.at.unwrap().mem().len(), 0, "add rdx,1 has no memory operand");
+        assert_eq!(
+            at_add.at.unwrap().mem().len(),
+            0,
+            "add rdx,1 has no memory operand"
+        );
         let prev = at_add.prev.expect("the load before add");
         assert_eq!(prev.pc, pcs[1]);
         assert_eq!(prev.mem[0].op, Op::Load);
