@@ -1,6 +1,37 @@
 //! laser-detect: turns the driver's [`laser_driver::Event`] stream into contention findings.
 //! No syscalls beyond reading files; every parser takes bytes or text.
+//!
+//! Pipeline: [`maps`] (filter by address space) → [`pccache`]/[`classify`] (decode each PC
+//! once) → [`access`] + [`effaddr`] (sample → exact accesses) → [`line_model`] (LASER
+//! contention events) → [`detector`] (rates, ranking, [`findings::Analysis`]); [`candidates`]
+//! and [`estimate`] turn soft-sample findings into watchpoint windows and honest rates.
 
+pub mod access;
+pub mod candidates;
+pub mod classify;
+pub mod code;
+pub mod detector;
+pub mod effaddr;
+pub mod estimate;
 pub mod findings;
+pub mod line_model;
+pub mod maps;
+pub mod pccache;
 
+pub use code::{CodeSource, ElfCode, MemoryCode};
+pub use detector::{Config, Detector, FilterStats, WatchCandidate};
+pub use estimate::{Estimator, LineEstimate};
 pub use findings::{Analysis, Kind, LineFinding, Location, ModuleInfo, Op, SourceAccess};
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    /// Start addresses of the instructions in `bytes` (assembled at `ip`).
+    pub fn starts(ip: u64, bytes: &[u8]) -> Vec<u64> {
+        let mut d = iced_x86::Decoder::with_ip(64, bytes, ip, iced_x86::DecoderOptions::NONE);
+        let mut v = Vec::new();
+        while d.can_decode() {
+            v.push(d.decode().ip());
+        }
+        v
+    }
+}

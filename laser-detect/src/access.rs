@@ -1,0 +1,404 @@
+//! From one sample to the memory accesses it proves, per backend.
+//!
+//! - `soft` (timer, registers): the instruction AT the sampled IP has not executed; its address
+//!   is exact from the registers. Timer samples skid, so the instruction BEFORE the IP (the one
+//!   that just retired) is also used when its address registers survived its execution:
+//!   ```text
+//!     mov (%rcx),%rsi    ◀ prev: executed, rcx unchanged → address exact  ✓
+//!     add $1,%rsi        ◀ sampled IP (no memory operand)
+//!     mov (%rax),%rax    ◀ prev of the next IP: overwrote rax → address lost  ✗
+//!   ```
+//!   Both are real accesses by that thread at (about) the sample time.
+//! - `watch`: `addr` is given; the IP is the instruction after the access (traps fire after
+//!   retirement), so op and size come from the previous instruction.
+//! - `pebs`/`ibs`: `addr` and `data_src` given at the precise IP; load/store from the
+//!   `mem_op` field of `data_src` (bits 0–4: 0x2 load, 0x4 store), size from decoding the IP.
+
+use laser_driver::{BackendKind, Sample};
+
+use crate::classify::{Insn, MemOperand, Segment};
+use crate::effaddr::{effective_address, NoAddr};
+use crate::findings::Op;
+use crate::pccache::PcInfo;
+
+/// One memory access by one thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Access {
+    pub tid: u32,
+    pub time: u64,
+    pub pc: u64,
+    pub addr: u64,
+    pub size: u8,
+    pub op: Op,
+    /// Events this access stands for (see `detector` on weights).
+    pub weight: u64,
+}
+
+/// Why a sample (or one of its operands) yielded no access.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// Undecodable or unknown code at the PC.
+    Undecodable,
+    /// The instructions touch no memory (arithmetic, branches).
+    NoMemory,
+    /// Stack-pointer-relative or in a stack mapping.
+    Stack,
+    /// `%fs`/`%gs`-relative: thread-local.
+    ThreadLocal,
+    /// A needed register is missing from the sample.
+    MissingRegs,
+}
+
+/// Fixed-capacity output (no allocation per sample): at most two operands at the IP and two
+/// before it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Accesses {
+    buf: [Option<Access>; 4],
+    n: usize,
+    /// Operands skipped as stack / TLS / missing registers (for the filter statistics).
+    pub stack: u8,
+    pub tls: u8,
+    pub missing: u8,
+}
+
+impl Accesses {
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
+    fn push(&mut self, a: Access) {
+        if self.n < self.buf.len() {
+            self.buf[self.n] = Some(a);
+            self.n += 1;
+        }
+    }
+    pub fn len(&self) -> usize {
+        self.n
+    }
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+    pub fn iter(&self) -> impl Iterator<Item = &Access> {
+        self.buf[..self.n].iter().flatten()
+    }
+}
+
+const MEM_OP_LOAD: u64 = 0x2;
+const MEM_OP_STORE: u64 = 0x4;
+
+/// Load or store from a `perf_mem_data_src` word (`mem_op`, bits 0–4).
+pub fn op_from_data_src(data_src: u64) -> Option<Op> {
+    let mem_op = data_src & 0x1f;
+    match (mem_op & MEM_OP_LOAD != 0, mem_op & MEM_OP_STORE != 0) {
+        (true, true) => Some(Op::Rmw),
+        (true, false) => Some(Op::Load),
+        (false, true) => Some(Op::Store),
+        _ => None,
+    }
+}
+
+/// Resolve a sample into accesses. `info` is the decode of `s.ip`. Returns the reason when
+/// nothing was produced.
+pub fn resolve(s: &Sample, info: &PcInfo, out: &mut Accesses) -> Result<(), DropReason> {
+    out.clear();
+    match s.backend {
+        BackendKind::Soft => soft(s, info, out),
+        BackendKind::Watch => watch(s, info, out),
+        BackendKind::Pebs | BackendKind::Ibs => precise(s, info, out),
+    }
+    if !out.is_empty() {
+        return Ok(());
+    }
+    Err(if out.stack > 0 {
+        DropReason::Stack
+    } else if out.tls > 0 {
+        DropReason::ThreadLocal
+    } else if out.missing > 0 {
+        DropReason::MissingRegs
+    } else if info.at.is_none() && info.prev.is_none() {
+        DropReason::Undecodable
+    } else {
+        DropReason::NoMemory
+    })
+}
+
+fn push_operand(
+    s: &Sample,
+    pc: u64,
+    m: &MemOperand,
+    addr: Result<u64, NoAddr>,
+    out: &mut Accesses,
+) {
+    if m.is_stack() {
+        out.stack += 1;
+        return;
+    }
+    match addr {
+        Ok(addr) => out.push(Access {
+            tid: s.tid,
+            time: s.time,
+            pc,
+            addr,
+            size: m.size,
+            op: m.op,
+            // A timer sample says nothing about how many memory events it stands for: each
+            // resolved access counts once (see `detector` on why the counts are lower bounds).
+            weight: if s.backend == BackendKind::Soft {
+                1
+            } else {
+                s.weight.max(1)
+            },
+        }),
+        Err(NoAddr::ThreadLocal) => out.tls += 1,
+        Err(NoAddr::MissingRegister) => out.missing += 1,
+    }
+}
+
+fn soft(s: &Sample, info: &PcInfo, out: &mut Accesses) {
+    let Some(regs) = s.regs.as_ref() else {
+        out.missing += 1;
+        return;
+    };
+    if let Some(at) = &info.at {
+        for m in at.mem() {
+            push_operand(s, at.pc, m, effective_address(m, regs), out);
+        }
+    }
+    if info.join {
+        return; // the predecessor in the code may not be what ran just before
+    }
+    if let Some(prev) = &info.prev {
+        for m in prev.mem() {
+            if prev.address_survives(m) {
+                push_operand(s, prev.pc, m, effective_address(m, regs), out);
+            }
+        }
+    }
+}
+
+/// The operand of `insn` that a hardware-given `addr` most likely belongs to: the one whose
+/// computable address matches, else the first non-stack operand.
+fn pick_operand<'a>(insn: &'a Insn, s: &Sample, addr: u64) -> Option<&'a MemOperand> {
+    let ops = insn.mem();
+    if let Some(regs) = s.regs.as_ref() {
+        let hit = ops.iter().find(|m| {
+            effective_address(m, regs)
+                .is_ok_and(|a| a <= addr && addr < a.wrapping_add(m.size as u64))
+        });
+        if hit.is_some() {
+            return hit;
+        }
+    }
+    ops.iter()
+        .find(|m| !m.is_stack() && m.segment == Segment::Flat)
+        .or(ops.first())
+}
+
+fn watch(s: &Sample, info: &PcInfo, out: &mut Accesses) {
+    let (Some(addr), Some(prev)) = (s.addr, info.prev.as_ref()) else {
+        return;
+    };
+    if let Some(m) = pick_operand(prev, s, addr) {
+        push_operand(s, prev.pc, m, Ok(addr), out);
+    }
+}
+
+fn precise(s: &Sample, info: &PcInfo, out: &mut Accesses) {
+    let Some(addr) = s.addr else {
+        return;
+    };
+    let decoded = info.at.as_ref().and_then(|i| pick_operand(i, s, addr));
+    let op = match (decoded.map(|m| m.op), s.data_src.and_then(op_from_data_src)) {
+        // Decoding knows RMW; the PMU reports an RMW as its load or its store half.
+        (Some(Op::Rmw), _) => Op::Rmw,
+        (_, Some(op)) => op,
+        (Some(op), None) => op,
+        (None, None) => return,
+    };
+    let size = decoded.map_or(8, |m| m.size);
+    let m = MemOperand {
+        op,
+        size,
+        ..decoded.copied().unwrap_or(crate::classify::EMPTY_MEM)
+    };
+    if m.is_stack() {
+        out.stack += 1;
+        return;
+    }
+    out.push(Access {
+        tid: s.tid,
+        time: s.time,
+        pc: s.ip,
+        addr,
+        size,
+        op,
+        weight: s.weight.max(1),
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::code::MemoryCode;
+    use crate::pccache::PcCache;
+    use iced_x86::code_asm::*;
+    use laser_driver::{Reg, UserRegs};
+
+    const F: u64 = 0x40_1000;
+
+    /// ```text
+    ///  i0: mov rsi,[rcx]     load, rcx survives
+    ///  i1: add rsi,1         no memory
+    ///  i2: mov [rcx+8],rsi   store
+    ///  i3: mov rax,[rax]     load that overwrites its base
+    ///  i4: nop
+    ///  i5: mov rdx,fs:[0x28] TLS
+    ///  i6: push rbx          stack
+    ///  i7: nop
+    ///  i8: ret
+    /// ```
+    fn setup() -> (MemoryCode, Vec<u64>) {
+        let mut a = CodeAssembler::new(64).unwrap();
+        a.mov(rsi, qword_ptr(rcx)).unwrap();
+        a.add(rsi, 1).unwrap();
+        a.mov(qword_ptr(rcx + 8), rsi).unwrap();
+        a.mov(rax, qword_ptr(rax)).unwrap();
+        a.nop().unwrap();
+        a.mov(rdx, qword_ptr(0x28).fs()).unwrap();
+        a.push(rbx).unwrap();
+        a.nop().unwrap();
+        a.ret().unwrap();
+        let bytes = a.assemble(F).unwrap();
+        let offs = crate::test_util::starts(F, &bytes);
+        let mut m = MemoryCode::new();
+        m.add_function(F, bytes);
+        (m, offs)
+    }
+
+    fn soft_sample(ip: u64) -> Sample {
+        let mut r = UserRegs::default();
+        r.set(Reg::Cx, 0x60_0000);
+        r.set(Reg::Ax, 0x70_0000);
+        r.set(Reg::Bx, 0);
+        r.set(Reg::Si, 5);
+        r.set(Reg::Sp, 0x7fff_0000);
+        Sample {
+            backend: BackendKind::Soft,
+            pid: 1,
+            tid: 11,
+            cpu: 0,
+            time: 100,
+            ip,
+            addr: None,
+            data_src: None,
+            weight: 100_000,
+            regs: Some(r),
+            watch_slot: None,
+        }
+    }
+
+    fn run(m: &MemoryCode, s: &Sample) -> (Result<(), DropReason>, Vec<Access>) {
+        let mut c = PcCache::new();
+        let info = c.get(s.ip, m);
+        let mut out = Accesses::default();
+        let r = resolve(s, &info, &mut out);
+        (r, out.iter().copied().collect())
+    }
+
+    #[test]
+    fn soft_uses_previous_load_when_its_base_survives() {
+        let (m, pcs) = setup();
+        let (r, v) = run(&m, &soft_sample(pcs[1]));
+        assert_eq!(r, Ok(()));
+        assert_eq!(v.len(), 1);
+        assert_eq!(
+            (v[0].pc, v[0].addr, v[0].op, v[0].size),
+            (pcs[0], 0x60_0000, Op::Load, 8)
+        );
+        assert_eq!(
+            (v[0].tid, v[0].time, v[0].weight),
+            (11, 100, 1),
+            "soft counts once"
+        );
+    }
+
+    #[test]
+    fn soft_uses_the_instruction_at_ip_and_before() {
+        let (m, pcs) = setup();
+        // At i2 (store [rcx+8]); before it i1 has no memory.
+        let (_, v) = run(&m, &soft_sample(pcs[2]));
+        assert_eq!(v.len(), 1);
+        assert_eq!((v[0].addr, v[0].op), (0x60_0008, Op::Store));
+        // At i3 (load [rax]), prev i2 store [rcx+8]: both.
+        let (_, v) = run(&m, &soft_sample(pcs[3]));
+        let got: Vec<_> = v.iter().map(|a| (a.pc, a.addr, a.op)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (pcs[3], 0x70_0000, Op::Load),
+                (pcs[2], 0x60_0008, Op::Store)
+            ]
+        );
+    }
+
+    #[test]
+    fn previous_instruction_writing_its_address_register_is_not_used() {
+        let (m, pcs) = setup();
+        // At i4 (nop), prev i3 = mov rax,[rax]: rax now holds the loaded value, not the address.
+        let (r, v) = run(&m, &soft_sample(pcs[4]));
+        assert!(v.is_empty(), "{v:?}");
+        assert_eq!(r, Err(DropReason::NoMemory));
+    }
+
+    #[test]
+    fn tls_and_stack_are_dropped_with_reasons() {
+        let (m, pcs) = setup();
+        assert_eq!(
+            run(&m, &soft_sample(pcs[5])).0,
+            Err(DropReason::ThreadLocal)
+        );
+        assert_eq!(run(&m, &soft_sample(pcs[6])).0, Err(DropReason::Stack));
+        // After `push`, rsp has moved: the push's address is not recomputable (and is stack anyway).
+        assert_eq!(run(&m, &soft_sample(pcs[7])).0, Err(DropReason::NoMemory));
+    }
+
+    #[test]
+    fn soft_without_registers() {
+        let (m, pcs) = setup();
+        let mut s = soft_sample(pcs[0]);
+        s.regs = None;
+        assert_eq!(run(&m, &s).0, Err(DropReason::MissingRegs));
+    }
+
+    #[test]
+    fn watch_decodes_the_previous_instruction() {
+        let (m, pcs) = setup();
+        let mut s = soft_sample(pcs[3]); // trap after the store at i2
+        s.backend = BackendKind::Watch;
+        s.addr = Some(0x60_0008);
+        s.weight = 1;
+        s.regs = None;
+        let (_, v) = run(&m, &s);
+        assert_eq!(v.len(), 1);
+        assert_eq!(
+            (v[0].pc, v[0].addr, v[0].op, v[0].size),
+            (pcs[2], 0x60_0008, Op::Store, 8)
+        );
+    }
+
+    #[test]
+    fn precise_uses_data_src_and_decoded_size() {
+        let (m, pcs) = setup();
+        let mut s = soft_sample(pcs[0]);
+        s.backend = BackendKind::Pebs;
+        s.addr = Some(0x60_0000);
+        s.data_src = Some(0x2 | (1 << 5));
+        s.weight = 1000;
+        let (_, v) = run(&m, &s);
+        assert_eq!(
+            (v[0].op, v[0].size, v[0].weight, v[0].pc),
+            (Op::Load, 8, 1000, pcs[0])
+        );
+        assert_eq!(op_from_data_src(0x4), Some(Op::Store));
+        assert_eq!(op_from_data_src(0x1), None);
+    }
+}

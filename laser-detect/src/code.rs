@@ -1,0 +1,293 @@
+//! The seam through which the detector reads code bytes (STYLE.md item 3): the detector is
+//! generic over [`CodeSource`], so unit tests hand it assembled bytes in memory and a live run
+//! hands it the ELF files the target mapped.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::Path;
+
+use memmap2::Mmap;
+use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+
+use crate::maps::{load_bias, LoadSegment};
+
+/// A file mapping the detector saw (from maps text or an `Mmap` event).
+#[derive(Clone, Copy, Debug)]
+pub struct FileMapping<'a> {
+    pub path: &'a str,
+    pub start: u64,
+    pub end: u64,
+    pub pgoff: u64,
+    pub exec: bool,
+}
+
+/// What a code source learned about a mapped file: its load bias and segments (for `.bss`
+/// extents) and build-id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleLayout {
+    pub bias: u64,
+    pub segments: Vec<LoadSegment>,
+    pub build_id: Option<Vec<u8>>,
+}
+
+/// Reads the target's code at run-time addresses.
+pub trait CodeSource {
+    /// Copy up to `buf.len()` code bytes at run-time address `addr` into `buf`; returns how many
+    /// were available (0: no code known there).
+    fn read_code(&self, addr: u64, buf: &mut [u8]) -> usize;
+
+    /// `[start, end)` of the function containing `addr`, for the linear sweep that finds the
+    /// instruction before a sampled IP. `None` when unknown (stripped code).
+    fn function_bounds(&self, _addr: u64) -> Option<(u64, u64)> {
+        None
+    }
+
+    /// The target mapped a file. Sources backed by files open it here. Returns the file's
+    /// layout if the source could read it.
+    fn map_file(&mut self, _m: &FileMapping<'_>) -> Option<ModuleLayout> {
+        None
+    }
+}
+
+/// Code bytes held in memory: for tests, and for code copied out of a process.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryCode {
+    chunks: BTreeMap<u64, Vec<u8>>,
+    functions: Vec<(u64, u64)>,
+}
+
+impl MemoryCode {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes at `addr` (not overlapping other chunks).
+    pub fn add(&mut self, addr: u64, bytes: Vec<u8>) {
+        self.chunks.insert(addr, bytes);
+    }
+
+    /// Bytes of one function at `addr`: also records its bounds.
+    pub fn add_function(&mut self, addr: u64, bytes: Vec<u8>) {
+        let end = addr + bytes.len() as u64;
+        self.add(addr, bytes);
+        let pos = self.functions.partition_point(|f| f.0 < addr);
+        self.functions.insert(pos, (addr, end));
+    }
+}
+
+impl CodeSource for MemoryCode {
+    fn read_code(&self, addr: u64, buf: &mut [u8]) -> usize {
+        let Some((&start, bytes)) = self.chunks.range(..=addr).next_back() else {
+            return 0;
+        };
+        let off = (addr - start) as usize;
+        if off >= bytes.len() {
+            return 0;
+        }
+        let n = buf.len().min(bytes.len() - off);
+        buf[..n].copy_from_slice(&bytes[off..off + n]);
+        n
+    }
+
+    fn function_bounds(&self, addr: u64) -> Option<(u64, u64)> {
+        let i = self.functions.partition_point(|f| f.0 <= addr);
+        let f = *self.functions.get(i.checked_sub(1)?)?;
+        (addr < f.1).then_some(f)
+    }
+}
+
+/// A parsed ELF file: the facts the detector needs, owned, plus the mapped bytes.
+pub struct ElfImage {
+    data: Mmap,
+    /// `PT_LOAD` segments.
+    pub segments: Vec<LoadSegment>,
+    /// Function symbols `[start, end)` in ELF vaddrs, sorted.
+    pub functions: Vec<(u64, u64)>,
+    pub build_id: Option<Vec<u8>>,
+}
+
+impl ElfImage {
+    pub fn open(path: &Path) -> Option<Self> {
+        let file = File::open(path).ok()?;
+        // SAFETY: the file is mapped read-only and only read through slices. Another process
+        // truncating it while mapped would fault; every profiler reading a target's binaries
+        // accepts that, and the target itself has the same file mapped.
+        let data = unsafe { Mmap::map(&file) }.ok()?;
+        let (segments, functions, build_id) = parse_elf(&data)?;
+        Some(Self {
+            data,
+            segments,
+            functions,
+            build_id,
+        })
+    }
+
+    /// Bytes at ELF vaddr `vaddr`, from the file-backed part of a segment.
+    pub fn read_vaddr(&self, vaddr: u64, buf: &mut [u8]) -> usize {
+        let Some(s) = self
+            .segments
+            .iter()
+            .find(|s| s.vaddr <= vaddr && vaddr < s.vaddr + s.filesz)
+        else {
+            return 0;
+        };
+        let off = (s.offset + (vaddr - s.vaddr)) as usize;
+        let avail = (s.vaddr + s.filesz - vaddr) as usize;
+        let n = buf
+            .len()
+            .min(avail)
+            .min(self.data.len().saturating_sub(off));
+        buf[..n].copy_from_slice(&self.data[off..off + n]);
+        n
+    }
+}
+
+type ElfFacts = (Vec<LoadSegment>, Vec<(u64, u64)>, Option<Vec<u8>>);
+
+/// Parse an ELF image's segments, function symbols and build-id from its bytes.
+pub fn parse_elf(data: &[u8]) -> Option<ElfFacts> {
+    let f = object::File::parse(data).ok()?;
+    let segments: Vec<LoadSegment> = f
+        .segments()
+        .map(|s| {
+            let (offset, filesz) = s.file_range();
+            LoadSegment {
+                offset,
+                vaddr: s.address(),
+                filesz,
+                memsz: s.size(),
+            }
+        })
+        .collect();
+    let mut functions: Vec<(u64, u64)> = f
+        .symbols()
+        .chain(f.dynamic_symbols())
+        .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.is_definition())
+        .map(|s| (s.address(), s.address() + s.size()))
+        .collect();
+    functions.sort_unstable();
+    functions.dedup();
+    let build_id = f.build_id().ok().flatten().map(<[u8]>::to_vec);
+    Some((segments, functions, build_id))
+}
+
+struct LoadedModule {
+    path: String,
+    bias: u64,
+    /// Run-time extent of the module's segments.
+    lo: u64,
+    hi: u64,
+    image: ElfImage,
+}
+
+/// Code read from the ELF files the target mapped, at the bias its mappings imply.
+///
+/// One instance serves one address space: files are keyed by path, so a second process with the
+/// same library at another address needs its own source.
+#[derive(Default)]
+pub struct ElfCode {
+    modules: Vec<LoadedModule>,
+}
+
+impl ElfCode {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn module(&self, addr: u64) -> Option<&LoadedModule> {
+        self.modules.iter().find(|m| m.lo <= addr && addr < m.hi)
+    }
+}
+
+impl CodeSource for ElfCode {
+    fn read_code(&self, addr: u64, buf: &mut [u8]) -> usize {
+        self.module(addr)
+            .map_or(0, |m| m.image.read_vaddr(addr.wrapping_sub(m.bias), buf))
+    }
+
+    fn function_bounds(&self, addr: u64) -> Option<(u64, u64)> {
+        let m = self.module(addr)?;
+        let v = addr.wrapping_sub(m.bias);
+        let f = &m.image.functions;
+        // Symbols may nest (aliases); take the last start ≤ v that still covers it.
+        let i = f.partition_point(|s| s.0 <= v);
+        f[..i]
+            .iter()
+            .rev()
+            .take(8)
+            .find(|s| v < s.1)
+            .map(|&(s, e)| (s.wrapping_add(m.bias), e.wrapping_add(m.bias)))
+    }
+
+    fn map_file(&mut self, m: &FileMapping<'_>) -> Option<ModuleLayout> {
+        if let Some(l) = self.modules.iter().find(|l| l.path == m.path) {
+            return Some(ModuleLayout {
+                bias: l.bias,
+                segments: l.image.segments.clone(),
+                build_id: l.image.build_id.clone(),
+            });
+        }
+        let image = ElfImage::open(Path::new(m.path))?;
+        let bias = load_bias(m.start, m.pgoff, &image.segments);
+        let lo = image.segments.iter().map(|s| s.vaddr).min()?;
+        let hi = image.segments.iter().map(|s| s.vaddr + s.memsz).max()?;
+        let layout = ModuleLayout {
+            bias,
+            segments: image.segments.clone(),
+            build_id: image.build_id.clone(),
+        };
+        self.modules.push(LoadedModule {
+            path: m.path.to_string(),
+            bias,
+            lo: lo.wrapping_add(bias),
+            hi: hi.wrapping_add(bias),
+            image,
+        });
+        Some(layout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_code_reads_within_chunks() {
+        let mut c = MemoryCode::new();
+        c.add_function(0x1000, vec![1, 2, 3, 4]);
+        c.add(0x2000, vec![9; 16]);
+        let mut b = [0u8; 8];
+        assert_eq!(c.read_code(0x1001, &mut b), 3);
+        assert_eq!(&b[..3], &[2, 3, 4]);
+        assert_eq!(c.read_code(0x1004, &mut b), 0);
+        assert_eq!(c.read_code(0xfff, &mut b), 0);
+        assert_eq!(c.read_code(0x2008, &mut b), 8);
+        assert_eq!(c.function_bounds(0x1003), Some((0x1000, 0x1004)));
+        assert_eq!(c.function_bounds(0x1004), None);
+        assert_eq!(
+            c.function_bounds(0x2000),
+            None,
+            "no bounds for plain chunks"
+        );
+    }
+
+    #[test]
+    fn parse_elf_rejects_garbage() {
+        assert!(parse_elf(b"not an elf").is_none());
+        assert!(parse_elf(&[]).is_none());
+    }
+
+    #[test]
+    fn reads_own_test_binary() {
+        // This test binary is an ELF with symbols: its segments and functions parse, and the
+        // bytes at a function's vaddr match the file.
+        let exe = std::env::current_exe().unwrap();
+        let img = ElfImage::open(&exe).expect("own executable parses");
+        assert!(!img.segments.is_empty());
+        assert!(!img.functions.is_empty());
+        let (f, e) = img.functions[img.functions.len() / 2];
+        let mut b = [0u8; 4];
+        let n = img.read_vaddr(f, &mut b);
+        assert_eq!(n, 4.min((e - f) as usize));
+    }
+}

@@ -1,0 +1,528 @@
+//! The detector: one `Event` stream in, one [`Analysis`] out. It does not know whether events
+//! come from perf, watchpoints or a recording (STYLE.md item 2).
+//!
+//! # Weights: what an event count means per backend
+//! - `pebs`/`ibs`: each sample stands for `weight` (= the sampling period) events of its kind;
+//!   a contention event found between two sampled accesses is counted with the later sample's
+//!   weight, an estimate of the real number.
+//! - `watch`: every access to the watched bytes is seen; weight 1, counts exact for those bytes
+//!   over the armed windows; rates come from [`crate::estimate`] (armed time, trap correction).
+//! - `soft`: a timer sample counts time, not memory events, so it carries no event weight. Each
+//!   contention event the line model finds between two sampled accesses of different threads
+//!   proves at least one real line transfer in between, and those intervals are disjoint: the
+//!   count is a LOWER BOUND of the real transfers ("sampled events"), counted with weight 1.
+//!   Real rates for soft runs come from watch windows on the candidates (`candidates`).
+
+use hashbrown::HashMap;
+use laser_driver::{BackendKind, Event, Mmap, Sample, StreamStats};
+
+use crate::access::{resolve, Accesses, DropReason};
+use crate::code::{CodeSource, FileMapping};
+use crate::estimate::{Estimator, LineEstimate, DEFAULT_TRAP_COST_NS};
+use crate::findings::{Analysis, Kind, LineFinding, Location, ModuleInfo, SourceAccess};
+use crate::line_model::{LineModel, LineStat};
+use crate::maps::{self, AddressSpace, Class, KERNEL_START};
+use crate::pccache::PcCache;
+
+pub use crate::candidates::WatchCandidate;
+
+/// Detector settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// 64, or 128 to group adjacent-line pairs (adjacent-line prefetch).
+    pub line_size: u32,
+    /// Run duration when the caller knows it better than the first-to-last sample span.
+    pub duration_s: Option<f64>,
+    /// Cost of one watchpoint trap, for the estimator's slowdown correction.
+    pub trap_cost_ns: u64,
+    /// Lines with fewer events are left out (noise floor; the rate threshold is the report's).
+    pub min_events: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            line_size: 64,
+            duration_s: None,
+            trap_cost_ns: DEFAULT_TRAP_COST_NS,
+            min_events: 1,
+        }
+    }
+}
+
+/// Why samples produced no access, for the summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FilterStats {
+    /// Samples whose IP is in the kernel.
+    pub kernel_pc: u64,
+    /// Samples whose IP is in vdso/vvar/vsyscall.
+    pub special_pc: u64,
+    pub undecodable: u64,
+    /// Samples at instructions that touch no memory (not an error: most instructions).
+    pub no_memory: u64,
+    pub stack: u64,
+    pub thread_local: u64,
+    pub missing_regs: u64,
+    /// Accesses dropped because their data address is stack, vdso or kernel.
+    pub stack_data: u64,
+    /// Accesses that reached the line model.
+    pub accesses: u64,
+}
+
+impl FilterStats {
+    /// Samples dropped by the filter (everything but "touches no memory").
+    pub fn dropped(&self) -> u64 {
+        self.kernel_pc
+            + self.special_pc
+            + self.undecodable
+            + self.stack
+            + self.thread_local
+            + self.missing_regs
+    }
+}
+
+pub struct Detector<C: CodeSource> {
+    config: Config,
+    code: C,
+    pcs: PcCache,
+    spaces: HashMap<u32, AddressSpace>,
+    main_pid: Option<u32>,
+    model: LineModel,
+    estimator: Estimator,
+    stats: StreamStats,
+    filter: FilterStats,
+    first_time: u64,
+    last_time: u64,
+    backends: [u64; 4],
+    stacks: HashMap<u32, (u64, u64)>,
+    out: Accesses,
+}
+
+fn backend_index(b: BackendKind) -> usize {
+    match b {
+        BackendKind::Pebs => 0,
+        BackendKind::Ibs => 1,
+        BackendKind::Soft => 2,
+        BackendKind::Watch => 3,
+    }
+}
+
+impl<C: CodeSource> Detector<C> {
+    pub fn new(config: Config, code: C) -> Self {
+        let model = LineModel::new(config.line_size);
+        let estimator = Estimator::new(config.line_size).with_trap_cost(config.trap_cost_ns);
+        Self {
+            config,
+            code,
+            pcs: PcCache::new(),
+            spaces: HashMap::new(),
+            main_pid: None,
+            model,
+            estimator,
+            stats: StreamStats::default(),
+            filter: FilterStats::default(),
+            first_time: u64::MAX,
+            last_time: 0,
+            backends: [0; 4],
+            stacks: HashMap::new(),
+            out: Accesses::default(),
+        }
+    }
+
+    pub fn code_source(&self) -> &C {
+        &self.code
+    }
+
+    pub fn filter_stats(&self) -> FilterStats {
+        self.filter
+    }
+
+    /// Lines the model tracks (its memory is proportional to this).
+    pub fn lines_tracked(&self) -> usize {
+        self.model.lines_tracked()
+    }
+
+    /// Seed a process's address space from `/proc/PID/maps` text (what a recording's header
+    /// or `attach` captured before any `Mmap` event).
+    pub fn add_maps(&mut self, pid: u32, text: &str) {
+        for r in maps::parse(text) {
+            self.map_region(pid, &r, None);
+        }
+    }
+
+    fn map_region(&mut self, pid: u32, r: &maps::Region, build_id: Option<&[u8]>) {
+        let space = self.spaces.entry(pid).or_default();
+        let is_file = r.path.starts_with('/');
+        let layout = if is_file {
+            self.code.map_file(&FileMapping {
+                path: &r.path,
+                start: r.start,
+                end: r.end,
+                pgoff: r.offset,
+                exec: r.exec,
+            })
+        } else {
+            None
+        };
+        let bias = layout
+            .as_ref()
+            .map_or(r.start.wrapping_sub(r.offset), |l| l.bias);
+        if let Some(m) = space.insert_region(r, bias) {
+            if let Some(l) = &layout {
+                space.set_module_layout(m, &l.segments);
+            }
+            let module = &mut space.modules[m as usize];
+            if module.build_id.is_none() {
+                module.build_id = build_id
+                    .map(<[u8]>::to_vec)
+                    .or_else(|| layout.and_then(|l| l.build_id));
+            }
+        }
+    }
+
+    fn on_mmap(&mut self, m: &Mmap) {
+        let r = maps::Region {
+            start: m.addr,
+            end: m.addr.saturating_add(m.len),
+            read: m.prot & 1 != 0,
+            write: m.prot & 2 != 0,
+            exec: m.prot & 4 != 0,
+            offset: m.pgoff,
+            inode: 0,
+            path: m.path.clone(),
+        };
+        self.map_region(m.pid, &r, m.build_id.as_deref());
+    }
+
+    /// Watchpoints on `line_addr`'s line were armed at `time` (the CLI calls this when it arms
+    /// a window; see [`crate::estimate`]).
+    pub fn watch_window_begin(&mut self, line_addr: u64, time: u64) {
+        self.estimator.begin_window(line_addr, time);
+    }
+
+    pub fn watch_window_end(&mut self, line_addr: u64, time: u64) {
+        self.estimator.end_window(line_addr, time);
+    }
+
+    pub fn estimates(&self) -> Vec<LineEstimate> {
+        self.estimator.estimates()
+    }
+
+    /// Consume one event.
+    pub fn feed(&mut self, e: &Event) {
+        self.stats.account(e);
+        match e {
+            Event::Sample(s) => self.sample(s),
+            Event::Mmap(m) => self.on_mmap(m),
+            Event::Comm {
+                pid, exec: true, ..
+            } => {
+                // New program image: old mappings and decoded code are gone.
+                self.spaces.insert(*pid, AddressSpace::new());
+                self.pcs.clear();
+            }
+            Event::Fork { pid, ppid, .. } if pid != ppid => {
+                if let Some(parent) = self.spaces.get(ppid).cloned() {
+                    self.spaces.insert(*pid, parent);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn sample(&mut self, s: &Sample) {
+        self.backends[backend_index(s.backend)] += 1;
+        self.first_time = self.first_time.min(s.time);
+        self.last_time = self.last_time.max(s.time);
+        if s.ip >= KERNEL_START {
+            self.filter.kernel_pc += 1;
+            return;
+        }
+        self.main_pid.get_or_insert(s.pid);
+        let space = self.spaces.entry(s.pid).or_default();
+        if space.classify(s.ip) == Class::Special {
+            self.filter.special_pc += 1;
+            return;
+        }
+        if let Some(sp) = s.regs.as_ref().and_then(|r| r.get(laser_driver::Reg::Sp)) {
+            let known = self
+                .stacks
+                .get(&s.tid)
+                .is_some_and(|&(lo, hi)| lo <= sp && sp < hi);
+            if !known {
+                if let Some(range) = space.note_stack_pointer(sp) {
+                    self.stacks.insert(s.tid, range);
+                }
+            }
+        }
+        let info = self.pcs.get(s.ip, &self.code);
+        if let Err(why) = resolve(s, &info, &mut self.out) {
+            match why {
+                DropReason::Undecodable => self.filter.undecodable += 1,
+                DropReason::NoMemory => self.filter.no_memory += 1,
+                DropReason::Stack => self.filter.stack += 1,
+                DropReason::ThreadLocal => self.filter.thread_local += 1,
+                DropReason::MissingRegs => self.filter.missing_regs += 1,
+            }
+            return;
+        }
+        let space = &self.spaces[&s.pid];
+        for a in self.out.iter() {
+            match space.classify(a.addr) {
+                Class::Stack | Class::Special => {
+                    self.filter.stack_data += 1;
+                    continue;
+                }
+                _ => {}
+            }
+            self.filter.accesses += 1;
+            self.model.access(a);
+            if s.backend == BackendKind::Watch {
+                self.estimator.observe(a);
+            }
+        }
+    }
+
+    fn location(&self, addr: u64) -> Location {
+        let Some(space) = self.main_pid.and_then(|p| self.spaces.get(&p)) else {
+            return Location::Unknown;
+        };
+        match space.classify(addr) {
+            Class::Module { module, vaddr } => Location::Module {
+                path: space.modules[module as usize].path.clone(),
+                vaddr,
+            },
+            Class::Heap => Location::Heap,
+            Class::Stack => Location::Stack,
+            Class::Special | Class::Unknown => Location::Unknown,
+        }
+    }
+
+    /// The stream's main backend: the most frequent, preferring sampling backends over watch
+    /// (a soft run with watch windows is a soft run).
+    fn backend(&self) -> BackendKind {
+        let sampling = [BackendKind::Pebs, BackendKind::Ibs, BackendKind::Soft];
+        sampling
+            .into_iter()
+            .filter(|b| self.backends[backend_index(*b)] > 0)
+            .max_by_key(|b| self.backends[backend_index(*b)])
+            .unwrap_or(if self.backends[3] > 0 {
+                BackendKind::Watch
+            } else {
+                BackendKind::Soft
+            })
+    }
+
+    pub fn duration_s(&self) -> f64 {
+        self.config.duration_s.unwrap_or_else(|| {
+            if self.last_time > self.first_time {
+                (self.last_time - self.first_time) as f64 * 1e-9
+            } else {
+                0.0
+            }
+        })
+    }
+
+    fn finding(&self, l: &LineStat, est: Option<&LineEstimate>, duration: f64) -> LineFinding {
+        let (events, true_events, false_events, rate) = match est {
+            Some(e) => (
+                e.transfers,
+                e.true_transfers,
+                e.false_transfers,
+                e.rate_per_s,
+            ),
+            None => {
+                let r = if duration > 0.0 {
+                    l.events as f64 / duration
+                } else {
+                    0.0
+                };
+                (l.events, l.true_events, l.false_events, r)
+            }
+        };
+        let kind = if events > 0 && true_events as f64 >= 0.9 * events as f64 {
+            Kind::TrueSharing
+        } else if events > 0 && false_events as f64 >= 0.9 * events as f64 {
+            Kind::FalseSharing
+        } else {
+            Kind::Mixed
+        };
+        let mut sources: Vec<SourceAccess> = l
+            .sources
+            .iter()
+            .map(|s| {
+                let mut threads = s.threads.clone();
+                threads.sort_unstable();
+                let ev = match est {
+                    Some(e) => e.per_pc.iter().find(|p| p.0 == s.pc).map_or(0, |p| p.1),
+                    None => s.events,
+                };
+                SourceAccess {
+                    pc: s.pc,
+                    code: match self.location(s.pc) {
+                        m @ Location::Module { .. } => m,
+                        _ => Location::Unknown,
+                    },
+                    op: s.op,
+                    offsets: s.offsets,
+                    events: ev,
+                    threads,
+                }
+            })
+            .collect();
+        sources.sort_by(|a, b| b.events.cmp(&a.events).then(a.pc.cmp(&b.pc)));
+        let mut threads: Vec<u32> = l.threads.iter().map(|t| t.0).collect();
+        threads.sort_unstable();
+        LineFinding {
+            line_addr: l.line_addr,
+            line_size: self.model.line_size(),
+            kind,
+            events,
+            true_events,
+            false_events,
+            rate_per_s: rate,
+            share: 0.0,
+            threads,
+            data: self.location(l.line_addr),
+            sources,
+        }
+    }
+
+    /// The analysis so far: every contended line with at least `min_events`, ranked by rate.
+    pub fn finish(&self) -> Analysis {
+        let duration = self.duration_s();
+        let estimates = self.estimator.estimates();
+        let est_of = |line: u64| estimates.iter().find(|e| e.line_addr == line);
+        let mut findings: Vec<LineFinding> = self
+            .model
+            .contended()
+            .iter()
+            .map(|l| self.finding(l, est_of(l.line_addr), duration))
+            .filter(|f| f.events >= self.config.min_events.max(1))
+            .collect();
+        let total: u64 = findings.iter().map(|f| f.events).sum();
+        for f in &mut findings {
+            f.share = if total > 0 {
+                f.events as f64 / total as f64
+            } else {
+                0.0
+            };
+        }
+        findings.sort_by(|a, b| {
+            b.rate_per_s
+                .total_cmp(&a.rate_per_s)
+                .then(b.events.cmp(&a.events))
+                .then(a.line_addr.cmp(&b.line_addr))
+        });
+        let backend = self.backend();
+        Analysis {
+            backend,
+            duration_s: duration,
+            samples: self.stats.samples,
+            lost: self.stats.lost,
+            throttles: self.stats.throttles,
+            filtered: self.filter.dropped(),
+            line_size: self.model.line_size(),
+            modules: self.modules(),
+            notes: self.notes(backend, &findings, &estimates),
+            findings,
+        }
+    }
+
+    fn modules(&self) -> Vec<ModuleInfo> {
+        let mut out: Vec<ModuleInfo> = Vec::new();
+        let mut pids: Vec<&u32> = self.spaces.keys().collect();
+        pids.sort_unstable_by_key(|p| (Some(**p) != self.main_pid, **p));
+        for p in pids {
+            for m in &self.spaces[p].modules {
+                if !out.iter().any(|o| o.path == m.path) {
+                    out.push(ModuleInfo {
+                        path: m.path.clone(),
+                        bias: m.bias,
+                        build_id: m.build_id.clone(),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    fn notes(
+        &self,
+        backend: BackendKind,
+        findings: &[LineFinding],
+        estimates: &[LineEstimate],
+    ) -> Vec<String> {
+        let mut notes = Vec::new();
+        let rated = findings
+            .iter()
+            .filter(|f| estimates.iter().any(|e| e.line_addr == f.line_addr))
+            .count();
+        if backend == BackendKind::Soft && rated < findings.len() {
+            notes.push(format!(
+                "soft backend: {} line(s) counted from timer-sampled accesses; each counted \
+                 event is a real line transfer but most transfers fall between samples, so \
+                 their events and rates are lower bounds (sampled events), not totals",
+                findings.len() - rated
+            ));
+        }
+        if rated > 0 {
+            let armed: f64 = estimates.iter().map(|e| e.armed_s).sum();
+            let transfers: u64 = estimates.iter().map(|e| e.transfers).sum();
+            let err = if transfers > 0 {
+                100.0 / (transfers as f64).sqrt()
+            } else {
+                100.0
+            };
+            notes.push(format!(
+                "{rated} line(s) rated from watchpoint windows: exact access history of the \
+                 watched words over {:.1} ms armed, {transfers} transfers, ±{err:.0}% \
+                 statistical; bytes not watched are not counted",
+                armed * 1e3
+            ));
+            if estimates.iter().any(|e| e.clamped) {
+                notes.push(
+                    "watchpoint trap time exceeded 90% of a window: its rate is unreliable"
+                        .to_string(),
+                );
+            }
+        }
+        if self.stats.lost > 0 {
+            notes.push(format!(
+                "{} samples lost by the kernel (ring buffer full): counts are low",
+                self.stats.lost
+            ));
+        }
+        if self.stats.throttles > 0 {
+            notes.push(format!(
+                "sampling throttled {} time(s) by the kernel",
+                self.stats.throttles
+            ));
+        }
+        let f = &self.filter;
+        notes.push(format!(
+            "filter: {} accesses analysed; samples dropped: kernel {}, vdso {}, undecodable {}, \
+             stack {}, thread-local {}, missing registers {}; {} at instructions without \
+             memory operands; {} stack data accesses",
+            f.accesses,
+            f.kernel_pc,
+            f.special_pc,
+            f.undecodable,
+            f.stack,
+            f.thread_local,
+            f.missing_regs,
+            f.no_memory,
+            f.stack_data
+        ));
+        if self.duration_s() <= 0.0 {
+            notes.push("run duration unknown (one timestamp): rates are 0".to_string());
+        }
+        notes
+    }
+
+    /// The top `max_lines` contended lines and, per line, up to 4 naturally aligned words
+    /// different threads touched: where to arm watchpoints.
+    pub fn candidates(&self, max_lines: usize) -> Vec<WatchCandidate> {
+        crate::candidates::candidates(self.model.contended(), max_lines)
+    }
+}

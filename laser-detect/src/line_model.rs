@@ -1,0 +1,392 @@
+//! The LASER per-line model.
+//!
+//! Per cache line, the previous access: thread, read/write, byte bitmap, PC. A new access by
+//! another thread where either access writes is a contention event; if the two accesses'
+//! bytes overlap it is true sharing, if disjoint false sharing:
+//!
+//! ```text
+//!   line 0x1000 (64 B)     bytes 0..8        bytes 8..16
+//!   T1  ──W──────────────────W──────────▶
+//!   T2  ──────────W─────────────────W───▶
+//!          event: T1 W[0..8) then T2 W[8..16): disjoint → false sharing
+//! ```
+//!
+//! Threads stand in for cores (the paper used cores): with threads pinned or few, they agree,
+//! and a thread is what a programmer can act on.
+//!
+//! Memory: one small entry per line ever touched, and per *contended* line a list of its
+//! source PCs and threads; nothing per sample.
+
+use hashbrown::HashMap;
+
+use crate::access::Access;
+use crate::findings::Op;
+
+/// Bytes `[off, off+len)` of a line as a bitmap (bit N = byte N).
+#[inline]
+pub fn byte_mask(off: u32, len: u32) -> u128 {
+    debug_assert!(off + len <= 128);
+    let m = if len >= 128 {
+        u128::MAX
+    } else {
+        (1u128 << len) - 1
+    };
+    m << off
+}
+
+/// Per (line, PC) statistics of a contended line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SourceStat {
+    pub pc: u64,
+    pub op: Op,
+    pub offsets: u128,
+    pub events: u64,
+    pub true_events: u64,
+    pub false_events: u64,
+    pub threads: Vec<u32>,
+}
+
+/// Statistics of one contended line.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LineStat {
+    pub line_addr: u64,
+    pub events: u64,
+    pub true_events: u64,
+    pub false_events: u64,
+    pub sources: Vec<SourceStat>,
+    /// Per thread, the bytes it touched in contending accesses (both sides of each event).
+    pub threads: Vec<(u32, u128)>,
+}
+
+impl LineStat {
+    fn source(&mut self, pc: u64, op: Op) -> &mut SourceStat {
+        let i = match self.sources.iter().position(|s| s.pc == pc) {
+            Some(i) => i,
+            None => {
+                self.sources.push(SourceStat {
+                    pc,
+                    op,
+                    offsets: 0,
+                    events: 0,
+                    true_events: 0,
+                    false_events: 0,
+                    threads: Vec::new(),
+                });
+                self.sources.len() - 1
+            }
+        };
+        let s = &mut self.sources[i];
+        if s.op != op {
+            s.op = Op::Rmw; // one PC seen both reading and writing (decoded as RMW elsewhere)
+        }
+        s
+    }
+
+    fn participant(&mut self, tid: u32, pc: u64, op: Op, bytes: u128) {
+        let s = self.source(pc, op);
+        s.offsets |= bytes;
+        if !s.threads.contains(&tid) {
+            s.threads.push(tid);
+        }
+        match self.threads.iter_mut().find(|t| t.0 == tid) {
+            Some(t) => t.1 |= bytes,
+            None => self.threads.push((tid, bytes)),
+        }
+    }
+}
+
+/// 24 bytes: the byte range is kept as offset + length (an access is contiguous), not as a
+/// 16-byte bitmap, to keep the per-line table small.
+#[derive(Clone, Copy)]
+struct LastAccess {
+    pc: u64,
+    tid: u32,
+    /// Index + 1 into `contended`, 0 when the line has had no event.
+    contended: u32,
+    off: u8,
+    len: u8,
+    op: Op,
+}
+
+impl LastAccess {
+    fn bytes(&self) -> u128 {
+        byte_mask(self.off as u32, self.len as u32)
+    }
+}
+
+/// What one access did to the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    None,
+    TrueSharing,
+    FalseSharing,
+}
+
+pub struct LineModel {
+    line_size: u32,
+    lines: HashMap<u64, LastAccess>,
+    contended: Vec<LineStat>,
+}
+
+impl LineModel {
+    /// `line_size` is 64 or 128 (adjacent-line pairs); other values are rounded to those.
+    pub fn new(line_size: u32) -> Self {
+        Self {
+            line_size: if line_size > 64 { 128 } else { 64 },
+            lines: HashMap::new(),
+            contended: Vec::new(),
+        }
+    }
+
+    pub fn line_size(&self) -> u32 {
+        self.line_size
+    }
+
+    pub fn line_of(&self, addr: u64) -> u64 {
+        addr & !(self.line_size as u64 - 1)
+    }
+
+    /// Lines ever touched (the model's memory is proportional to this).
+    pub fn lines_tracked(&self) -> usize {
+        self.lines.len()
+    }
+
+    pub fn contended(&self) -> &[LineStat] {
+        &self.contended
+    }
+
+    /// Feed one access; an access straddling lines is split. Returns the last event caused.
+    pub fn access(&mut self, a: &Access) -> Event {
+        let ls = self.line_size as u64;
+        let mut addr = a.addr;
+        let end = a.addr.saturating_add(a.size.max(1) as u64);
+        let mut ev = Event::None;
+        while addr < end {
+            let line = addr & !(ls - 1);
+            let off = (addr - line) as u32;
+            let len = (end.min(line + ls) - addr) as u32;
+            let e = self.one_line(a, line, off, len);
+            if e != Event::None {
+                ev = e;
+            }
+            addr = line + ls;
+        }
+        ev
+    }
+
+    #[inline]
+    fn one_line(&mut self, a: &Access, line: u64, off: u32, len: u32) -> Event {
+        let new = LastAccess {
+            pc: a.pc,
+            tid: a.tid,
+            contended: 0,
+            off: off as u8,
+            len: len as u8,
+            op: a.op,
+        };
+        let bytes = new.bytes();
+        let prev = match self.lines.entry(line) {
+            hashbrown::hash_map::Entry::Vacant(v) => {
+                v.insert(new);
+                return Event::None;
+            }
+            hashbrown::hash_map::Entry::Occupied(mut o) => {
+                let p = *o.get();
+                *o.get_mut() = LastAccess {
+                    contended: p.contended,
+                    ..new
+                };
+                p
+            }
+        };
+        if prev.tid == a.tid || !(prev.op.writes() || a.op.writes()) {
+            return Event::None;
+        }
+        let prev_bytes = prev.bytes();
+        let is_true = prev_bytes & bytes != 0;
+        let idx = if prev.contended == 0 {
+            self.contended.push(LineStat {
+                line_addr: line,
+                events: 0,
+                true_events: 0,
+                false_events: 0,
+                sources: Vec::new(),
+                threads: Vec::new(),
+            });
+            let i = self.contended.len() as u32;
+            if let Some(l) = self.lines.get_mut(&line) {
+                l.contended = i;
+            }
+            i - 1
+        } else {
+            prev.contended - 1
+        };
+        let st = &mut self.contended[idx as usize];
+        let w = a.weight;
+        st.events += w;
+        if is_true {
+            st.true_events += w;
+        } else {
+            st.false_events += w;
+        }
+        st.participant(prev.tid, prev.pc, prev.op, prev_bytes);
+        st.participant(a.tid, a.pc, a.op, bytes);
+        let s = st.source(a.pc, a.op);
+        s.events += w;
+        if is_true {
+            s.true_events += w;
+            Event::TrueSharing
+        } else {
+            s.false_events += w;
+            Event::FalseSharing
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A timeline step: thread, op, byte range, pc.
+    fn acc(tid: u32, op: Op, off: u64, len: u8, pc: u64) -> Access {
+        Access {
+            tid,
+            time: 0,
+            pc,
+            addr: 0x1000 + off,
+            size: len,
+            op,
+            weight: 1,
+        }
+    }
+
+    fn run(steps: &[Access]) -> (LineModel, Vec<Event>) {
+        let mut m = LineModel::new(64);
+        let ev = steps.iter().map(|a| m.access(a)).collect();
+        (m, ev)
+    }
+
+    use Event::{FalseSharing as F, None as N, TrueSharing as T};
+    use Op::{Load as R, Store as W};
+
+    #[test]
+    fn writes_to_neighbouring_words_are_false_sharing() {
+        // T1:  W[0..8)          W[0..8)
+        // T2:         W[8..16)          → 2 false-sharing events
+        let (m, ev) = run(&[
+            acc(1, W, 0, 8, 0xa),
+            acc(2, W, 8, 8, 0xb),
+            acc(1, W, 0, 8, 0xa),
+        ]);
+        assert_eq!(ev, vec![N, F, F]);
+        let l = &m.contended()[0];
+        assert_eq!(
+            (l.line_addr, l.events, l.false_events, l.true_events),
+            (0x1000, 2, 2, 0)
+        );
+        let a = l.sources.iter().find(|s| s.pc == 0xa).unwrap();
+        let b = l.sources.iter().find(|s| s.pc == 0xb).unwrap();
+        assert_eq!((a.offsets, b.offsets), (0xff, 0xff00));
+        assert_eq!((a.events, b.events), (1, 1));
+        assert_eq!((a.threads.clone(), b.threads.clone()), (vec![1], vec![2]));
+    }
+
+    #[test]
+    fn same_bytes_are_true_sharing() {
+        // T1:  W[0..8)         R[0..8)
+        // T2:         R[4..8)          → 2 true-sharing events (overlap)
+        let (m, ev) = run(&[acc(1, W, 0, 8, 1), acc(2, R, 4, 4, 2), acc(1, R, 0, 8, 1)]);
+        assert_eq!(ev, vec![N, T, N]);
+        // The second read follows a read: no write on either side, no event.
+        assert_eq!(m.contended()[0].true_events, 1);
+    }
+
+    #[test]
+    fn reads_only_never_contend() {
+        // T1:  R[0..8)         R[8..16)
+        // T2:         R[0..8)          R[8..16)   → read-only sharing: nothing
+        let (m, ev) = run(&[
+            acc(1, R, 0, 8, 1),
+            acc(2, R, 0, 8, 2),
+            acc(1, R, 8, 8, 1),
+            acc(2, R, 8, 8, 2),
+        ]);
+        assert_eq!(ev, vec![N, N, N, N]);
+        assert!(m.contended().is_empty());
+    }
+
+    #[test]
+    fn one_thread_alone_never_contends() {
+        // T1:  W[0..8) W[8..16) R[0..8) W[0..8)   → private line
+        let (m, _) = run(&[
+            acc(1, W, 0, 8, 1),
+            acc(1, W, 8, 8, 1),
+            acc(1, R, 0, 8, 1),
+            acc(1, W, 0, 8, 1),
+        ]);
+        assert!(m.contended().is_empty());
+    }
+
+    #[test]
+    fn read_after_remote_write_is_an_event() {
+        // T1:  W[0..4)
+        // T2:         R[32..40)   → false sharing (reader of other bytes pays the transfer)
+        let (_, ev) = run(&[acc(1, W, 0, 4, 1), acc(2, R, 32, 8, 2)]);
+        assert_eq!(ev, vec![N, F]);
+    }
+
+    #[test]
+    fn different_lines_do_not_interact() {
+        // T1: W line 0x1000;  T2: W line 0x1040  → no event
+        let (m, ev) = run(&[acc(1, W, 0, 8, 1), acc(2, W, 64, 8, 2)]);
+        assert_eq!(ev, vec![N, N]);
+        assert_eq!(m.lines_tracked(), 2);
+    }
+
+    #[test]
+    fn line_128_groups_adjacent_pair() {
+        // With --line 128, bytes 0 and 64 are one (prefetch-pair) line: false sharing.
+        let mut m = LineModel::new(128);
+        m.access(&acc(1, W, 0, 8, 1));
+        assert_eq!(m.access(&acc(2, W, 64, 8, 2)), F);
+        assert_eq!(m.contended()[0].sources[1].offsets, byte_mask(64, 8));
+    }
+
+    #[test]
+    fn straddling_access_touches_both_lines() {
+        // T1 writes [60..68): bytes 60..64 of line 0x1000 and 0..4 of 0x1040.
+        let mut m = LineModel::new(64);
+        m.access(&acc(1, W, 60, 8, 1));
+        assert_eq!(m.lines_tracked(), 2);
+        assert_eq!(
+            m.access(&acc(2, W, 64, 1, 2)),
+            T,
+            "byte 64 was written by T1"
+        );
+    }
+
+    #[test]
+    fn mixed_line_counts_both_kinds_and_weights() {
+        let mut m = LineModel::new(64);
+        let mut a = acc(1, W, 0, 8, 1);
+        a.weight = 10;
+        m.access(&a);
+        let mut b = acc(2, W, 0, 8, 2);
+        b.weight = 10;
+        m.access(&b); // true, weight 10
+        let mut c = acc(1, W, 8, 8, 3);
+        c.weight = 5;
+        m.access(&c); // false, weight 5
+        let l = &m.contended()[0];
+        assert_eq!((l.events, l.true_events, l.false_events), (15, 10, 5));
+        assert_eq!(l.threads.len(), 2);
+    }
+
+    #[test]
+    fn byte_masks() {
+        assert_eq!(byte_mask(0, 8), 0xff);
+        assert_eq!(byte_mask(8, 8), 0xff00);
+        assert_eq!(byte_mask(0, 128), u128::MAX);
+        assert_eq!(byte_mask(120, 8), 0xffu128 << 120);
+    }
+}

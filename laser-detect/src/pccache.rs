@@ -1,0 +1,234 @@
+//! Decode each PC once: the instruction at the PC and, found by a linear sweep of the enclosing
+//! function, the instruction that ends at it (the one a skidded timer sample or a watchpoint
+//! trap really refers to).
+//!
+//! ```text
+//!   function start ─▶ i0 │ i1 │ i2 │ pc │ …      linear sweep: instruction starts
+//!                                └─ prev(pc) = i2, if i2 falls through to pc
+//! ```
+//!
+//! `prev` is only kept when it is the unique way execution reaches `pc` by fall-through: when
+//! `pc` is also the target of a direct branch in the function (a loop head, a join), the
+//! instruction executed just before the sample may have been the branch, and registers may
+//! have changed since `i2` ran, so its address would not be exact. Indirect jumps into `pc`
+//! cannot be seen; that residual risk is the linear sweep's.
+
+use hashbrown::HashMap;
+use iced_x86::{Decoder, DecoderOptions};
+
+use crate::classify::{Classifier, Insn};
+use crate::code::CodeSource;
+
+/// Longest function swept (bytes); larger ones are assumed to be mis-sized symbols.
+const MAX_SWEEP: u64 = 1 << 20;
+
+/// Everything known about one PC.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PcInfo {
+    /// The instruction at the PC (`None`: no code there or undecodable).
+    pub at: Option<Insn>,
+    /// The instruction ending at the PC that falls through to it.
+    pub prev: Option<Insn>,
+    /// Whether `pc` is the target of a direct branch inside its function.
+    pub join: bool,
+}
+
+struct Sweep {
+    starts: Vec<u64>,
+    targets: Vec<u64>,
+}
+
+/// Per-PC decode cache (hashbrown: the hot path is one lookup per sample).
+pub struct PcCache {
+    pcs: HashMap<u64, PcInfo>,
+    sweeps: HashMap<u64, Sweep>,
+    classifier: Classifier,
+    buf: Vec<u8>,
+}
+
+impl Default for PcCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PcCache {
+    pub fn new() -> Self {
+        Self {
+            pcs: HashMap::new(),
+            sweeps: HashMap::new(),
+            classifier: Classifier::new(),
+            buf: Vec::new(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.pcs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pcs.is_empty()
+    }
+
+    /// Forget everything (after `exec`, code at the same addresses is different).
+    pub fn clear(&mut self) {
+        self.pcs.clear();
+        self.sweeps.clear();
+    }
+
+    /// The decoded facts for `pc`, decoding on first sight.
+    #[inline]
+    pub fn get<C: CodeSource + ?Sized>(&mut self, pc: u64, code: &C) -> PcInfo {
+        if let Some(p) = self.pcs.get(&pc) {
+            return *p;
+        }
+        let info = self.decode(pc, code);
+        self.pcs.insert(pc, info);
+        info
+    }
+
+    fn decode<C: CodeSource + ?Sized>(&mut self, pc: u64, code: &C) -> PcInfo {
+        let mut b = [0u8; 16];
+        let n = code.read_code(pc, &mut b);
+        let at = self.classifier.classify(pc, &b[..n]);
+        let mut info = PcInfo {
+            at,
+            prev: None,
+            join: false,
+        };
+        let Some((fs, fe)) = code.function_bounds(pc.wrapping_sub(1)) else {
+            return info;
+        };
+        if !self.sweeps.contains_key(&fs) {
+            let s = self.sweep(fs, fe, code);
+            self.sweeps.insert(fs, s);
+        }
+        let s = &self.sweeps[&fs];
+        info.join = s.targets.binary_search(&pc).is_ok();
+        let i = s.starts.partition_point(|&x| x < pc);
+        // pc must itself be an instruction boundary (or the function's end, for a trap after
+        // its last instruction) and have a predecessor.
+        let on_boundary = s.starts.get(i) == Some(&pc) || pc == fe;
+        if on_boundary && i > 0 {
+            let p = s.starts[i - 1];
+            let n = code.read_code(p, &mut b);
+            if let Some(prev) = self.classifier.classify(p, &b[..n]) {
+                if prev.falls_through && prev.next_ip() == pc {
+                    info.prev = Some(prev);
+                }
+            }
+        }
+        info
+    }
+
+    fn sweep<C: CodeSource + ?Sized>(&mut self, start: u64, end: u64, code: &C) -> Sweep {
+        let len = end.saturating_sub(start).min(MAX_SWEEP) as usize;
+        self.buf.resize(len, 0);
+        let n = code.read_code(start, &mut self.buf);
+        let mut d = Decoder::with_ip(64, &self.buf[..n], start, DecoderOptions::NONE);
+        let mut starts = Vec::new();
+        let mut targets = Vec::new();
+        while d.can_decode() {
+            let ins = d.decode();
+            if ins.is_invalid() {
+                break; // data or padding: later boundaries are unreliable
+            }
+            starts.push(ins.ip());
+            let c = self.classifier.classify_decoded(&ins);
+            if let Some(t) = c.branch_target {
+                if t >= start && t < end {
+                    targets.push(t);
+                }
+            }
+        }
+        targets.sort_unstable();
+        targets.dedup();
+        Sweep { starts, targets }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::code::MemoryCode;
+    use crate::findings::Op;
+    use iced_x86::code_asm::*;
+
+    const F: u64 = 0x40_1000;
+
+    /// ```text
+    ///  F+0:  mov rsi,[rcx]       ; i0
+    ///  top:  mov rdx,[rcx]       ; i1  (branch target)
+    ///        add rdx,1           ; i2
+    ///        mov [rcx],rdx       ; i3
+    ///        dec rax             ; i4
+    ///        jnz top             ; i5
+    ///        ret
+    /// ```
+    fn code() -> (MemoryCode, Vec<u64>) {
+        let mut a = CodeAssembler::new(64).unwrap();
+        let mut top = a.create_label();
+        a.mov(rsi, qword_ptr(rcx)).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(rdx, qword_ptr(rcx)).unwrap();
+        a.add(rdx, 1).unwrap();
+        a.mov(qword_ptr(rcx), rdx).unwrap();
+        a.dec(rax).unwrap();
+        a.jnz(top).unwrap();
+        a.ret().unwrap();
+        let bytes = a.assemble(F).unwrap();
+        let offs = crate::test_util::starts(F, &bytes);
+        let mut m = MemoryCode::new();
+        m.add_function(F, bytes);
+        (m, offs)
+    }
+
+    #[test]
+    fn prev_found_by_sweep() {
+        let (m, pcs) = code();
+        let mut c = PcCache::new();
+        let at_add = c.get(pcs[2], &m);
+        assert_eq!(
+            at_add.at.unwrap().mem().len(),
+            0,
+            "add rdx,1 has no memory operand"
+        );
+        let prev = at_add.prev.expect("the load before add");
+        assert_eq!(prev.pc, pcs[1]);
+        assert_eq!(prev.mem[0].op, Op::Load);
+        assert!(!at_add.join);
+        assert_eq!(c.len(), 1);
+        // Cached: the same answer without decoding again.
+        assert_eq!(c.get(pcs[2], &m).prev.unwrap().pc, pcs[1]);
+        assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn loop_head_is_a_join_and_branches_do_not_fall_through() {
+        let (m, pcs) = code();
+        let mut c = PcCache::new();
+        let head = c.get(pcs[1], &m);
+        assert!(head.join, "jnz targets it");
+        // After `ret` (end of function) there is no fall-through predecessor.
+        let after_ret = c.get(pcs[6] + 1, &m);
+        assert!(after_ret.prev.is_none());
+        // `jnz` falls through to `ret`.
+        assert_eq!(c.get(pcs[6], &m).prev.unwrap().pc, pcs[5]);
+    }
+
+    #[test]
+    fn mid_instruction_pc_has_no_prev() {
+        let (m, pcs) = code();
+        let mut c = PcCache::new();
+        let p = c.get(pcs[3] + 1, &m);
+        assert!(p.prev.is_none());
+    }
+
+    #[test]
+    fn unknown_code() {
+        let m = MemoryCode::new();
+        let mut c = PcCache::new();
+        let p = c.get(0x1234, &m);
+        assert!(p.at.is_none() && p.prev.is_none());
+    }
+}

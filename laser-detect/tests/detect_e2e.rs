@@ -1,0 +1,279 @@
+//! End to end on synthetic event streams: assembled code in memory, samples with registers as
+//! the soft backend would take them, and watch samples with armed windows.
+
+use iced_x86::code_asm::{qword_ptr, rax, rcx, rdx, rsi, CodeAssembler};
+use laser_detect::{Config, Detector, Kind, Location, MemoryCode, Op};
+use laser_driver::{BackendKind, Event, Mmap, Reg, Sample, UserRegs};
+
+const CODE: u64 = 0x40_1000;
+const HEAP: u64 = 0x60_0000;
+const LINE: u64 = HEAP + 0x1000; // the falsely shared line
+const RO_LINE: u64 = HEAP + 0x2000; // read-only control line
+const PID: u32 = 100;
+
+const MAPS: &str = "\
+00400000-00401000 r--p 00000000 08:01 1 /app
+00401000-00402000 r-xp 00001000 08:01 1 /app
+00600000-00621000 rw-p 00000000 00:00 0  [heap]
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]
+";
+
+/// ```text
+/// counter:  mov rsi,[rcx] ; add rsi,1 ; mov [rcx],rsi ; dec rax ; jnz counter ; ret
+/// reader:   mov rsi,[rcx] ; add rdx,rsi ; dec rax ; jnz reader ; ret
+/// ```
+/// Returns the code and the instruction addresses of each function.
+fn program() -> (MemoryCode, Vec<u64>, Vec<u64>) {
+    let mut a = CodeAssembler::new(64).unwrap();
+    let mut top = a.create_label();
+    a.set_label(&mut top).unwrap();
+    a.mov(rsi, qword_ptr(rcx)).unwrap();
+    a.add(rsi, 1).unwrap();
+    a.mov(qword_ptr(rcx), rsi).unwrap();
+    a.dec(rax).unwrap();
+    a.jnz(top).unwrap();
+    a.ret().unwrap();
+    let counter = a.assemble(CODE).unwrap();
+    let mut b = CodeAssembler::new(64).unwrap();
+    let mut top = b.create_label();
+    b.set_label(&mut top).unwrap();
+    b.mov(rsi, qword_ptr(rcx)).unwrap();
+    b.add(rdx, rsi).unwrap();
+    b.dec(rax).unwrap();
+    b.jnz(top).unwrap();
+    b.ret().unwrap();
+    let reader_at = CODE + 0x100;
+    let reader = b.assemble(reader_at).unwrap();
+    let starts = |ip, bytes: &[u8]| {
+        let mut d = iced_x86::Decoder::with_ip(64, bytes, ip, iced_x86::DecoderOptions::NONE);
+        let mut v = Vec::new();
+        while d.can_decode() {
+            v.push(d.decode().ip());
+        }
+        v
+    };
+    let c = starts(CODE, &counter);
+    let r = starts(reader_at, &reader);
+    let mut m = MemoryCode::new();
+    m.add_function(CODE, counter);
+    m.add_function(reader_at, reader);
+    (m, c, r)
+}
+
+fn soft(tid: u32, time: u64, ip: u64, cx: u64) -> Event {
+    let mut regs = UserRegs::default();
+    regs.set(Reg::Cx, cx);
+    regs.set(Reg::Ax, 1000);
+    regs.set(Reg::Si, 1);
+    regs.set(Reg::Sp, 0x7ffd_0001_0000);
+    regs.set(Reg::Ip, ip);
+    Event::Sample(Sample {
+        backend: BackendKind::Soft,
+        pid: PID,
+        tid,
+        cpu: tid % 2,
+        time,
+        ip,
+        addr: None,
+        data_src: None,
+        weight: 100_000,
+        regs: Some(regs),
+        watch_slot: None,
+    })
+}
+
+/// Two counter threads on offsets 0 and 8 of LINE, two reader threads on RO_LINE, sampled
+/// round-robin at the instructions after the load and after the store (where skid puts them).
+fn stream(c: &[u64], r: &[u64], n: u64) -> Vec<Event> {
+    let mut v = Vec::new();
+    let mut t = 1_000_000_000u64;
+    for i in 0..n {
+        let ip = if i % 2 == 0 { c[1] } else { c[3] };
+        for (tid, off) in [(1, 0), (2, 8)] {
+            t += 100_000;
+            v.push(soft(tid, t, ip, LINE + off));
+        }
+        for (tid, off) in [(3, 0), (4, 16)] {
+            t += 100_000;
+            v.push(soft(tid, t, r[1], RO_LINE + off));
+        }
+    }
+    v
+}
+
+#[test]
+fn false_sharing_found_and_read_only_control_is_not() {
+    let (code, c, r) = program();
+    let mut d = Detector::new(Config::default(), code);
+    d.add_maps(PID, MAPS);
+    let events = stream(&c, &r, 200);
+    for e in &events {
+        d.feed(e);
+    }
+    let a = d.finish();
+    assert_eq!(a.backend, BackendKind::Soft);
+    assert_eq!(a.samples, events.len() as u64);
+    assert_eq!(a.findings.len(), 1, "{:#?}", a.findings);
+    let f = &a.findings[0];
+    assert_eq!(f.line_addr, LINE);
+    assert_eq!(f.kind, Kind::FalseSharing);
+    assert_eq!(f.true_events, 0);
+    assert!(f.events > 100, "{}", f.events);
+    assert_eq!(f.threads, vec![1, 2]);
+    assert_eq!(f.data, Location::Heap);
+    assert!((f.share - 1.0).abs() < 1e-12);
+    // Rate: events over the stream's duration.
+    assert!((f.rate_per_s - f.events as f64 / a.duration_s).abs() < 1e-6);
+    // Both the load (before `add`) and the store (before `dec`) contend.
+    let pcs: Vec<(u64, Op)> = f.sources.iter().map(|s| (s.pc, s.op)).collect();
+    assert!(pcs.contains(&(c[0], Op::Load)), "{pcs:x?}");
+    assert!(pcs.contains(&(c[2], Op::Store)), "{pcs:x?}");
+    let offsets = f.sources.iter().fold(0u128, |m, s| m | s.offsets);
+    assert_eq!(offsets, 0xffff, "two 8-byte words: offsets 0 and 8");
+    for s in &f.sources {
+        assert_eq!(
+            s.code,
+            Location::Module {
+                path: "/app".into(),
+                vaddr: s.pc - 0x40_0000
+            }
+        );
+    }
+    assert!(
+        a.notes.iter().any(|n| n.contains("lower bound")),
+        "{:?}",
+        a.notes
+    );
+    assert_eq!(a.modules.len(), 1);
+    assert_eq!(a.modules[0].path, "/app");
+
+    // Watch candidates: one word per thread.
+    let cand = d.candidates(4);
+    assert_eq!(cand.len(), 1);
+    assert_eq!(cand[0].line_addr, LINE);
+    assert_eq!(cand[0].words, vec![(LINE, 8), (LINE + 8, 8)]);
+}
+
+#[test]
+fn stack_data_and_kernel_samples_are_filtered() {
+    let (code, c, _) = program();
+    let mut d = Detector::new(Config::default(), code);
+    d.add_maps(PID, MAPS);
+    // A thread stack in an anonymous mapping announced by an Mmap event: the sampled rsp
+    // falls in it, so accesses there are stack data.
+    d.feed(&Event::Mmap(Mmap {
+        pid: PID,
+        tid: 5,
+        time: 1,
+        addr: 0x7f00_0000_0000,
+        len: 0x80_0000,
+        pgoff: 0,
+        prot: 3,
+        flags: 0x22,
+        path: String::new(),
+        build_id: None,
+    }));
+    let stack_var = 0x7f00_007f_f000;
+    for i in 0..50u64 {
+        for tid in [5, 6] {
+            let Event::Sample(mut s) = soft(tid, 10 + i * 2 + tid as u64, c[1], stack_var) else {
+                unreachable!()
+            };
+            s.regs.as_mut().unwrap().set(Reg::Sp, 0x7f00_007f_e000);
+            d.feed(&Event::Sample(s));
+        }
+    }
+    let Event::Sample(mut k) = soft(5, 500, 0xffff_ffff_8100_0000, 0) else {
+        unreachable!()
+    };
+    k.ip = 0xffff_ffff_8100_0000;
+    d.feed(&Event::Sample(k));
+    let a = d.finish();
+    assert!(a.findings.is_empty(), "{:#?}", a.findings);
+    let fs = d.filter_stats();
+    assert_eq!(fs.kernel_pc, 1);
+    assert_eq!(fs.stack_data, 100);
+    assert_eq!(a.filtered, 1);
+}
+
+fn watch(tid: u32, time: u64, ip_after: u64, addr: u64) -> Event {
+    Event::Sample(Sample {
+        backend: BackendKind::Watch,
+        pid: PID,
+        tid,
+        cpu: 0,
+        time,
+        ip: ip_after,
+        addr: Some(addr),
+        data_src: None,
+        weight: 1,
+        regs: None,
+        watch_slot: Some(0),
+    })
+}
+
+#[test]
+fn watch_windows_give_the_rate() {
+    let (code, c, _) = program();
+    let cfg = Config {
+        trap_cost_ns: 0,
+        ..Config::default()
+    };
+    let mut d = Detector::new(cfg, code);
+    d.add_maps(PID, MAPS);
+    // A 10 ms window in which the two threads alternate stores: 100 rounds → 199 transfers.
+    d.watch_window_begin(LINE, 0);
+    let mut t = 0;
+    for _ in 0..100 {
+        for (tid, off) in [(1, 0), (2, 8)] {
+            t += 1000;
+            // Trap after the store at c[2]: the sampled ip is c[3].
+            d.feed(&watch(tid, t, c[3], LINE + off));
+        }
+    }
+    d.watch_window_end(LINE, 10_000_000);
+    let a = d.finish();
+    assert_eq!(a.backend, BackendKind::Watch);
+    let f = &a.findings[0];
+    assert_eq!((f.events, f.kind), (199, Kind::FalseSharing));
+    assert!((f.rate_per_s - 19_900.0).abs() < 1e-6, "{}", f.rate_per_s);
+    assert_eq!(f.sources[0].pc, c[2]);
+    assert_eq!(f.sources[0].op, Op::Store);
+    assert!(a.notes.iter().any(|n| n.contains("watchpoint windows")));
+}
+
+#[test]
+fn line_128_merges_adjacent_lines() {
+    let (code, c, _) = program();
+    let mut d = Detector::new(
+        Config {
+            line_size: 128,
+            ..Config::default()
+        },
+        code,
+    );
+    d.add_maps(PID, MAPS);
+    let mut t = 0;
+    for _ in 0..20 {
+        for (tid, off) in [(1, 0), (2, 64)] {
+            t += 1000;
+            d.feed(&soft(tid, t, c[3], LINE + off));
+        }
+    }
+    let a = d.finish();
+    assert_eq!(a.line_size, 128);
+    assert_eq!(a.findings.len(), 1);
+    assert_eq!(a.findings[0].kind, Kind::FalseSharing);
+    // With 64-byte lines the same stream has no contention at all.
+    let (code, _, _) = program();
+    let mut d64 = Detector::new(Config::default(), code);
+    d64.add_maps(PID, MAPS);
+    let mut t = 0;
+    for _ in 0..20 {
+        for (tid, off) in [(1, 0), (2, 64)] {
+            t += 1000;
+            d64.feed(&soft(tid, t, c[3], LINE + off));
+        }
+    }
+    assert!(d64.finish().findings.is_empty());
+}

@@ -1,0 +1,168 @@
+//! Integration: a real C program compiled with gcc, its code read through `ElfCode` at a PIE
+//! load bias, and synthetic soft samples at the real PCs of its loop. The detector must decode
+//! the real instructions, compute the addresses from registers, and name the global's line
+//! and the instructions by module + ELF vaddr.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use iced_x86::{Decoder, DecoderOptions, OpKind, Register};
+use laser_detect::{Config, Detector, ElfCode, Kind, Location};
+use laser_driver::{BackendKind, Event, Reg, Sample, UserRegs};
+use object::{Object, ObjectSegment, ObjectSymbol};
+
+const SRC: &str = r#"
+struct pair { long a; long b; } shared;
+void __attribute__((noinline)) work(long *p, long n) {
+    for (long i = 0; i < n; i++) {
+        *p += 1;
+        __asm__ volatile("" ::: "memory");
+    }
+}
+int main(int argc, char **argv) { (void)argv; work(&shared.a, argc); work(&shared.b, argc); return 0; }
+"#;
+
+fn build() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("laser-detect-elf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("fs.c");
+    std::fs::write(&src, SRC).unwrap();
+    let exe = dir.join("fs");
+    let out = Command::new("gcc")
+        .args(["-O1", "-g", "-fPIE", "-pie", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("gcc must be installed for this test (apt-get install gcc)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+/// `/proc/PID/maps` text for the file loaded at `bias`, from its PT_LOAD segments.
+fn maps_text(path: &str, data: &[u8], bias: u64) -> String {
+    let f = object::File::parse(data).unwrap();
+    let mut s = String::new();
+    for seg in f.segments() {
+        let (off, _) = seg.file_range();
+        let start = (seg.address() & !0xfff) + bias;
+        let end = ((seg.address() + seg.size() + 0xfff) & !0xfff) + bias;
+        let perms = match seg.flags() {
+            // p_flags: PF_X = 1, PF_W = 2, PF_R = 4.
+            object::SegmentFlags::Elf { p_flags, .. } => format!(
+                "{}{}{}p",
+                if p_flags.0 & 4 != 0 { 'r' } else { '-' },
+                if p_flags.0 & 2 != 0 { 'w' } else { '-' },
+                if p_flags.0 & 1 != 0 { 'x' } else { '-' },
+            ),
+            _ => "r--p".into(),
+        };
+        s += &format!(
+            "{start:x}-{end:x} {perms} {:08x} 08:01 42 {path}\n",
+            off & !0xfff
+        );
+    }
+    s
+}
+
+#[test]
+fn real_loop_pcs_through_elf_code_source() {
+    let exe = build();
+    let path = exe.to_str().unwrap().to_string();
+    let data = std::fs::read(&exe).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let sym = |name: &str| {
+        file.symbols()
+            .find(|s| s.name() == Ok(name))
+            .unwrap_or_else(|| panic!("symbol {name}"))
+    };
+    let work = sym("work");
+    let shared = sym("shared").address();
+    // Find the loop's memory instruction: `add qword [rdi], 1` or similar RMW through a register.
+    let text = file
+        .segments()
+        .find(|s| s.address() <= work.address() && work.address() < s.address() + s.size())
+        .unwrap();
+    let (off, _) = text.file_range();
+    let start = (off + work.address() - text.address()) as usize;
+    let bytes = &data[start..start + work.size() as usize];
+    let mut dec = Decoder::with_ip(64, bytes, work.address(), DecoderOptions::NONE);
+    let mut target = None;
+    while dec.can_decode() {
+        let i = dec.decode();
+        if i.op0_kind() == OpKind::Memory && i.memory_base() != Register::RSP {
+            target = Some((i.ip(), i.memory_base(), i.next_ip()));
+            break;
+        }
+    }
+    let (rmw_vaddr, base, next_vaddr) = target.expect("a store through a pointer in work()");
+    let base = match base {
+        Register::RDI => Reg::Di,
+        Register::RAX => Reg::Ax,
+        Register::RDX => Reg::Dx,
+        Register::RCX => Reg::Cx,
+        r => panic!("unexpected base {r:?}"),
+    };
+
+    let bias = 0x5555_5555_0000u64;
+    let mut d = Detector::new(Config::default(), ElfCode::new());
+    d.add_maps(7, &maps_text(&path, &data, bias));
+    let mut t = 1_000_000u64;
+    for i in 0..100u64 {
+        for (tid, field) in [(1u32, 0u64), (2, 8)] {
+            // Alternate between sampling AT the RMW and right after it (skid).
+            let ip = bias + if i % 2 == 0 { rmw_vaddr } else { next_vaddr };
+            let mut regs = UserRegs::default();
+            for r in [Reg::Ax, Reg::Cx, Reg::Dx, Reg::Si, Reg::Di, Reg::Sp] {
+                regs.set(r, 0);
+            }
+            regs.set(base, bias + shared + field);
+            regs.set(Reg::Sp, 0x7ffd_0000_1000);
+            t += 50_000;
+            d.feed(&Event::Sample(Sample {
+                backend: BackendKind::Soft,
+                pid: 7,
+                tid,
+                cpu: tid,
+                time: t,
+                ip,
+                addr: None,
+                data_src: None,
+                weight: 1,
+                regs: Some(regs),
+                watch_slot: None,
+            }));
+        }
+    }
+    let a = d.finish();
+    assert_eq!(a.findings.len(), 1, "{:#?}\n{:?}", a.findings, a.notes);
+    let f = &a.findings[0];
+    assert_eq!(f.kind, Kind::FalseSharing);
+    assert_eq!(f.line_addr, (bias + shared) & !63);
+    assert_eq!(
+        f.data,
+        Location::Module {
+            path: path.clone(),
+            vaddr: shared & !63
+        },
+        "the global's line, as an ELF vaddr"
+    );
+    assert_eq!(f.sources.len(), 1, "{:#?}", f.sources);
+    assert_eq!(f.sources[0].pc, bias + rmw_vaddr);
+    assert_eq!(
+        f.sources[0].code,
+        Location::Module {
+            path: path.clone(),
+            vaddr: rmw_vaddr
+        }
+    );
+    let lo = (shared % 64) as u32;
+    assert_eq!(f.sources[0].offsets, 0xffffu128 << lo);
+    assert_eq!(a.modules.len(), 1);
+    assert_eq!(a.modules[0].bias, bias);
+    assert!(a.modules[0].build_id.is_some(), "gcc emits a GNU build-id");
+    let _ = std::fs::remove_dir_all(exe.parent().unwrap());
+}
