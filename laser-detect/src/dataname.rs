@@ -315,7 +315,7 @@ impl DataIndex {
                             None => inner, // anonymous struct/union member
                         }
                     }
-                    None => format!(".<padding@{off}>"),
+                    None => ".<padding>".to_string(),
                 }
             }
             TypeNode::Array { elem, .. } => {

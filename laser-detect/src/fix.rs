@@ -16,20 +16,70 @@ pub fn suggest(f: &Finding, line_size: u32) -> String {
     match f.kind {
         Kind::FalseSharing => false_sharing(f, line_size),
         Kind::TrueSharing => true_sharing(f),
-        Kind::Mixed => format!(
-            "Mixed: the bytes every thread shares need the true-sharing remedy, the rest \
-             separating. True sharing: {} False sharing: {}",
-            true_sharing(f),
-            false_sharing(f, line_size)
-        ),
+        Kind::Mixed => mixed(f, line_size),
     }
 }
 
+/// Bytes two or more threads touch where one of them writes: the truly shared part.
+pub fn true_shared_mask(sources: &[Source]) -> u128 {
+    let mut out = 0u128;
+    for b in 0..128u32 {
+        let bit = 1u128 << b;
+        let touching = sources.iter().filter(|s| s.mask() & bit != 0);
+        let mut threads = BTreeSet::new();
+        let mut writes = false;
+        for s in touching {
+            threads.extend(s.threads.iter().copied());
+            writes |= s.op.writes();
+        }
+        if threads.len() >= 2 && writes {
+            out |= bit;
+        }
+    }
+    out
+}
+
+/// Splits the line into its truly shared bytes and the rest and suggests for each.
+fn mixed(f: &Finding, line_size: u32) -> String {
+    let shared = true_shared_mask(&f.sources);
+    let part = |want_shared: bool| {
+        let mut p = f.clone();
+        p.sources
+            .retain(|s| (s.mask() & shared != 0) == want_shared);
+        p.data.fields = Vec::new();
+        for s in &p.sources {
+            for field in &s.fields {
+                if !p.data.fields.contains(field) {
+                    p.data.fields.push(field.clone());
+                }
+            }
+        }
+        p
+    };
+    let (t, fs) = (part(true), part(false));
+    if t.sources.is_empty() || fs.sources.is_empty() {
+        return format!(
+            "True and false sharing on the same bytes. {} {}",
+            true_sharing(f),
+            false_sharing(f, line_size)
+        );
+    }
+    format!(
+        "Two problems on one line. True sharing: {} False sharing: {}",
+        true_sharing(&t),
+        false_sharing(&fs, line_size)
+    )
+}
+
+/// The alignment to suggest and, for 64-byte lines, the adjacent-line prefetch caveat.
 fn align_words(line_size: u32) -> (u32, &'static str) {
     if line_size >= 128 {
         (line_size, "")
     } else {
-        (64, " (128 where adjacent-line prefetch matters)")
+        (
+            64,
+            " Use 128 instead where adjacent-line prefetch pairs lines.",
+        )
     }
 }
 
@@ -61,9 +111,12 @@ pub fn byte_ranges(mask: u128) -> String {
 }
 
 /// Which bytes each thread touched, `T11 [0..8), T12 [24..32)`.
+/// Sources run by several threads (an analysis may merge them) would smear every thread
+/// over the union of their bytes, so they count only when no single-thread source exists.
 fn per_thread_bytes(sources: &[Source]) -> String {
     let mut by_thread: BTreeMap<u32, u128> = BTreeMap::new();
-    for s in sources {
+    let single = sources.iter().any(|s| s.threads.len() == 1);
+    for s in sources.iter().filter(|s| !single || s.threads.len() == 1) {
         for &t in &s.threads {
             *by_thread.entry(t).or_default() |= s.mask();
         }
@@ -84,94 +137,94 @@ fn false_sharing(f: &Finding, line_size: u32) -> String {
     match f.data.kind.as_str() {
         "global" => false_sharing_global(f, align, prefetch, &attr, &who),
         "heap" => format!(
-            "Threads touch different parts of one heap block ({who}): allocate each thread's \
+            "Threads touch different parts of one heap block ({who}). Allocate each thread's \
              object separately with `aligned_alloc({align}, size rounded up to {align})` (or \
              `posix_memalign`; C++: `new` of an `alignas({align})` type), or pad the object \
-             type to {align} bytes{prefetch}."
+             type to {align} bytes.{prefetch}"
         ),
         "stack" => format!(
-            "Threads touch different parts of a stack object ({who}): give each thread its own \
-             copy, or align and pad the shared object to {align} bytes with {attr}{prefetch}."
+            "Threads touch different parts of a stack object ({who}). Give each thread its own \
+             copy, or align and pad the shared object to {align} bytes with {attr}.{prefetch}"
         ),
         _ => format!(
-            "Threads touch different bytes of one line ({who}): put each thread's part on its \
-             own line — pad or align it to {align} bytes{prefetch}."
+            "Threads touch different bytes of one line ({who}). Put each thread's part on its \
+             own line: pad or align it to {align} bytes.{prefetch}"
         ),
     }
 }
 
 fn false_sharing_global(f: &Finding, align: u32, prefetch: &str, attr: &str, who: &str) -> String {
     let objs = &f.data.objects;
-    let fields = if f.data.fields.is_empty() {
-        String::new()
-    } else {
-        format!(" ({})", quoted(&f.data.fields))
-    };
+    let fields = quoted(&f.data.fields);
     if objs.len() >= 2 {
         let names: Vec<String> = objs.iter().map(|o| o.name.clone()).collect();
         return format!(
-            "Place {} on different cache lines: declare each with {attr}{prefetch}, or group \
-             each thread's variables in one struct aligned to {align}.",
+            "Place {} on different cache lines: declare each with {attr}, or group each \
+             thread's variables in one struct aligned to {align}.{prefetch}",
             quoted(&names)
         );
     }
     let Some(obj) = objs.first() else {
         return format!(
-            "Threads touch different bytes of one line in `{}` ({who}): put each thread's part \
-             on its own line — pad or align it to {align} bytes{prefetch}.",
+            "Threads touch different bytes of one line in `{}` ({who}). Put each thread's part \
+             on its own line: pad or align it to {align} bytes.{prefetch}",
             f.data.name
         );
     };
+    let name = &obj.name;
     let is_record =
         |t: &str| t.starts_with("struct ") || t.starts_with("union ") || t.starts_with("class ");
     if let (Some(ty), Some(size)) = (&obj.element_type, obj.element_size) {
         if is_record(ty) {
             let (kw, tag) = ty.split_once(' ').unwrap_or(("struct", ty));
             let grow = if size % u64::from(align) == 0 {
-                format!("align `{ty}` ({size} bytes) to {align}")
+                format!("Align `{ty}` ({size} bytes) to {align}")
             } else {
                 format!(
-                    "pad `{ty}` ({size} bytes) to {} bytes and align it",
+                    "Pad `{ty}` ({size} bytes) to {} bytes and align it",
                     size.div_ceil(u64::from(align)) * u64::from(align)
                 )
             };
             return format!(
-                "Threads update different elements of `{}`{fields}, which share a line: {grow} so \
-                 each element starts its own line — `{kw} {tag} {{ … }} \
-                 __attribute__((aligned({align})));` (C++ `{kw} alignas({align}) {tag}`){prefetch}.",
-                obj.name
+                "Threads update different elements of `{name}` ({fields}) that share a line. \
+                 {grow} so each element starts its own line: `{kw} {tag} {{ … }} \
+                 __attribute__((aligned({align})));` (C++ `{kw} alignas({align}) {tag}`).{prefetch}"
             );
         }
         return format!(
-            "Threads update different elements of `{}` ({ty}, {size} bytes each){fields}, which \
-             share a line: give each thread's element its own line — \
-             `struct {{ {ty} v; }} __attribute__((aligned({align}))) {}[N];` or space the \
-             elements {align} bytes apart{prefetch}.",
-            obj.name, obj.name
+            "Threads update different elements of `{name}` ({ty}, {size} bytes each: {fields}) \
+             that share a line. Give each thread's element its own line: \
+             `struct {{ {ty} v; }} __attribute__((aligned({align}))) {name}[N];`, or space the \
+             elements {align} bytes apart.{prefetch}"
         );
     }
-    if obj.type_name.as_deref().is_some_and(is_record) {
-        let ty = obj.type_name.as_deref().unwrap_or_default();
+    if let Some(ty) = obj.type_name.as_deref().filter(|t| is_record(t)) {
         return format!(
-            "Threads write different fields of `{}` ({ty}){fields}: move each thread's fields to \
-             their own cache line — {attr} on the first field of each group, or split `{}` \
-             into per-thread structs aligned to {align}{prefetch}.",
-            obj.name, obj.name
+            "Threads write different fields of `{name}` ({ty}): {fields}. Move each thread's \
+             fields to their own cache line with {attr} on the first field of each group, or \
+             split `{name}` into per-thread structs aligned to {align}.{prefetch}"
         );
     }
     format!(
-        "Threads touch different bytes of `{}` ({who}): split it so each thread's part is on its \
-         own line, aligned to {align}{prefetch}.",
-        obj.name
+        "Threads touch different bytes of `{name}` ({who}). Split it so each thread's part is on \
+         its own line, aligned to {align}.{prefetch}"
     )
 }
 
 /// The pattern of a truly shared line and its remedy.
 fn true_sharing(f: &Finding) -> String {
-    let name = if f.data.fields.len() == 1 {
-        f.data.fields[0].clone()
+    // `label` reads in a sentence; `var` stands for the data in a code snippet.
+    let (label, var) = if f.data.kind != "global" {
+        let all = f.sources.iter().fold(0u128, |m, s| m | s.mask());
+        let label = format!("The {} data at bytes {}", f.data.kind, byte_ranges(all));
+        (label, "x".to_string())
     } else {
-        f.data.name.clone()
+        let name = if f.data.fields.len() == 1 {
+            f.data.fields[0].clone()
+        } else {
+            f.data.name.clone()
+        };
+        (format!("`{name}`"), name)
     };
     let threads_with = |pred: &dyn Fn(&Source) -> bool| -> BTreeSet<u32> {
         f.sources
@@ -228,7 +281,7 @@ fn true_sharing(f: &Finding) -> String {
     };
     if lockish && !writers.is_empty() {
         return format!(
-            "`{name}` is a lock word contended by {}: reduce lock contention — finer-grained \
+            "{label} is a lock word contended by {}: reduce lock contention — finer-grained \
              locks (one per data item), per-thread batching of the protected updates, or \
              shorter critical sections; keep the lock alone on its line so the data it guards \
              does not add false sharing.",
@@ -242,7 +295,7 @@ fn true_sharing(f: &Finding) -> String {
             ""
         };
         return format!(
-            "`{name}` is a counter updated by every thread ({}){race}: keep a per-thread counter \
+            "{label} is a counter updated by every thread ({}){race}: keep a per-thread counter \
              (each on its own cache line) and combine them at the end, or add locally and \
              publish once every N updates.",
             list(&writers)
@@ -250,23 +303,23 @@ fn true_sharing(f: &Finding) -> String {
     }
     if stores.len() >= 2 {
         return format!(
-            "`{name}` is re-written by every thread ({}) even when it already holds the value: \
-             write only when the value changes (test before set: `if ({name} != v) {name} = v;`).",
+            "{label} is re-written by every thread ({}) even when it already holds the value: \
+             write only when the value changes (test before set: `if ({var} != v) {var} = v;`).",
             list(&stores)
         );
     }
     let readers: BTreeSet<u32> = loads.difference(&writers).copied().collect();
     if writers.len() == 1 && !readers.is_empty() {
         return format!(
-            "`{name}` is written by {} and read by {}: this is real communication — write it \
+            "{label} is written by {} and read by {}: this is real communication — write it \
              less often (batch updates), or let readers poll less often or keep a private copy.",
             list(&writers),
             list(&readers)
         );
     }
     format!(
-        "The same bytes of `{name}` are written and read by different threads ({}): reduce the \
-         sharing — per-thread copies combined later, or batched updates.",
+        "{label}: the same bytes are written and read by different threads ({}). Reduce the \
+         sharing: per-thread copies combined later, or batched updates.",
         list(&all)
     )
 }
@@ -341,14 +394,17 @@ mod tests {
         );
         let fix = suggest(&f, 64);
         assert!(
-            fix.contains("pad `struct acc` (24 bytes) to 64 bytes"),
+            fix.contains("Pad `struct acc` (24 bytes) to 64 bytes"),
             "{fix}"
         );
         assert!(
             fix.contains("struct acc { … } __attribute__((aligned(64)))"),
             "{fix}"
         );
-        assert!(fix.contains("128 where adjacent-line prefetch"), "{fix}");
+        assert!(
+            fix.contains("Use 128 instead where adjacent-line prefetch"),
+            "{fix}"
+        );
         // With 128-byte lines the 128 is the alignment itself.
         let fix = suggest(&f, 128);
         assert!(
@@ -440,6 +496,30 @@ mod tests {
         );
         let fix = suggest(&f, 64);
         assert!(fix.contains("written by T1 and read by T2"), "{fix}");
+    }
+
+    #[test]
+    fn mixed_splits_true_and_false_parts() {
+        // T1 and T2 write their own `hi` fields (false) and both bump `total` (true).
+        let mut a = src(Op::Store, 8..12, 1, 65);
+        a.fields = vec!["cfg.in[0].hi".into()];
+        let mut b = src(Op::Store, 16..20, 2, 65);
+        b.fields = vec!["cfg.in[1].hi".into()];
+        let mut c = src(Op::Rmw, 24..32, 1, 69);
+        c.threads = vec![1, 2];
+        c.fields = vec!["cfg.total".into()];
+        let f = finding(
+            Kind::Mixed,
+            "cfg",
+            vec![obj("cfg", "struct outer", None)],
+            vec![a, b, c],
+        );
+        assert_eq!(true_shared_mask(&f.sources), 0xffu128 << 24);
+        let fix = suggest(&f, 64);
+        let (t, fs) = fix.split_once("False sharing:").unwrap();
+        assert!(t.contains("`cfg.total` is a counter"), "{fix}");
+        assert!(fs.contains("`cfg.in[0].hi` and `cfg.in[1].hi`"), "{fix}");
+        assert!(!fs.contains("total"), "{fix}");
     }
 
     #[test]

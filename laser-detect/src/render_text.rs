@@ -91,7 +91,8 @@ fn wrap(out: &mut String, first: &str, text: &str, indent: usize) {
     let mut line = first.to_string();
     // `empty`: nothing on the line yet that the next word must be separated from.
     let mut empty = first.trim().is_empty();
-    for word in text.split_whitespace() {
+    for word in words(text) {
+        let word = word.as_str();
         if !empty && line.chars().count() + 1 + word.chars().count() > WRAP {
             out.push_str(line.trim_end());
             out.push('\n');
@@ -106,6 +107,25 @@ fn wrap(out: &mut String, first: &str, text: &str, indent: usize) {
     }
     out.push_str(line.trim_end());
     out.push('\n');
+}
+
+/// Whitespace-separated words, except that a `code span` stays one unbreakable word.
+fn words(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut open = false;
+    for w in text.split_whitespace() {
+        match out.last_mut() {
+            Some(last) if open => {
+                last.push(' ');
+                last.push_str(w);
+            }
+            _ => out.push(w.to_string()),
+        }
+        if w.matches('`').count() % 2 == 1 {
+            open = !open;
+        }
+    }
+    out
 }
 
 /// The whole report as text.
@@ -333,7 +353,7 @@ fn where_(s: &Source) -> String {
                 (Some(m), Some(o)) => {
                     format!("{}+{o:#x}", m.rsplit('/').next().unwrap_or(m))
                 }
-                _ => format!("pc {:#x}", s.pc),
+                _ => return format!("pc {:#x} (code not in a file)", s.pc),
             };
             let why = if s.debug_info {
                 "no line info"
@@ -415,5 +435,14 @@ mod tests {
         }
         assert!(out.lines().skip(1).all(|l| l.starts_with("         word")));
         assert_eq!(out.split_whitespace().filter(|w| *w == "word").count(), 60);
+        // Code spans are never split across lines.
+        let mut out = String::new();
+        wrap(
+            &mut out,
+            "x",
+            &format!("{} `if (a != v) a = v;` end", "w ".repeat(45)),
+            2,
+        );
+        assert!(out.contains("`if (a != v) a = v;`"), "{out}");
     }
 }
