@@ -397,6 +397,15 @@ fn attr_str(dwarf: &Dwarf, unit: &Unit, v: Option<AttributeValue<DwarfReader>>) 
     Some(s.to_string_lossy().ok()?.into_owned())
 }
 
+fn linkage_name(
+    dwarf: &Dwarf,
+    unit: &Unit,
+    e: &gimli::DebuggingInformationEntry<DwarfReader>,
+) -> Option<String> {
+    attr_str(dwarf, unit, e.attr_value(gimli::DW_AT_linkage_name))
+        .or_else(|| attr_str(dwarf, unit, e.attr_value(gimli::DW_AT_MIPS_linkage_name)))
+}
+
 fn unit_ref(v: Option<AttributeValue<DwarfReader>>) -> Option<UnitOffset<usize>> {
     match v? {
         AttributeValue::UnitRef(off) => Some(off),
@@ -431,6 +440,7 @@ impl Builder {
                         continue;
                     };
                     let mut name = attr_str(dwarf, unit, e.attr_value(gimli::DW_AT_name));
+                    let mut linkage = linkage_name(dwarf, unit, e);
                     let mut ty = unit_ref(e.attr_value(gimli::DW_AT_type));
                     // A C++ definition outside its class points at the declaration.
                     let spec = unit_ref(e.attr_value(gimli::DW_AT_specification))
@@ -440,15 +450,25 @@ impl Builder {
                             name = name
                                 .or_else(|| attr_str(dwarf, unit, d.attr_value(gimli::DW_AT_name)));
                             ty = ty.or_else(|| unit_ref(d.attr_value(gimli::DW_AT_type)));
+                            linkage = linkage.or_else(|| linkage_name(dwarf, unit, &d));
                         }
                     }
                     let Some(name) = name else { continue };
-                    let qualified = scopes
-                        .iter()
-                        .map(|(_, n)| n.as_str())
-                        .chain(std::iter::once(name.as_str()))
-                        .collect::<Vec<_>>()
-                        .join("::");
+                    // C++ and Rust: the mangled name carries the full path (namespaces,
+                    // classes, Rust modules), which the DIE nesting may not (a definition
+                    // outside its class sits at unit level).
+                    let demangled = linkage
+                        .map(|l| (demangle(&l, None), l))
+                        .filter(|(d, l)| d != l)
+                        .map(|(d, _)| d);
+                    let qualified = demangled.unwrap_or_else(|| {
+                        scopes
+                            .iter()
+                            .map(|(_, n)| n.as_str())
+                            .chain(std::iter::once(name.as_str()))
+                            .collect::<Vec<_>>()
+                            .join("::")
+                    });
                     let ty = ty.map(|t| self.resolve(dwarf, unit, uidx, t, 0));
                     self.vars.push(GlobalVar {
                         name: qualified,

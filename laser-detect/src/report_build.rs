@@ -65,6 +65,22 @@ pub fn build_report(
         .map(|f| finding(f, line_size, symbolizer, opts, &mut modules))
         .collect();
     let mut notes = analysis.notes.clone();
+    for info in &analysis.modules {
+        let (Some(want), true) = (&info.build_id, modules.contains(&info.path)) else {
+            continue;
+        };
+        if let Some(have) = symbolizer.build_id(&info.path) {
+            if &have != want {
+                notes.push(format!(
+                    "{} is not the file that ran (build-id {} there, {} now): source lines and \
+                     names may be wrong",
+                    info.path,
+                    hex_bytes(want),
+                    hex_bytes(&have)
+                ));
+            }
+        }
+    }
     for m in &modules {
         if let Some(err) = symbolizer.module_error(m) {
             notes.push(format!("{err}: addresses only"));
@@ -89,6 +105,10 @@ pub fn build_report(
         notes,
         findings,
     }
+}
+
+fn hex_bytes(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn finding(

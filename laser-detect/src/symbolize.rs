@@ -129,6 +129,11 @@ impl Symbolizer {
         self.module(module).map(|m| m.ctx.is_some())
     }
 
+    /// The GNU build-id of `module` as opened, to check it is the file that was recorded.
+    pub fn build_id(&mut self, module: &str) -> Option<Vec<u8>> {
+        self.module(module)?.debug.build_id.clone()
+    }
+
     fn module(&mut self, path: &str) -> Option<&mut LoadedModule> {
         if !self.modules.contains_key(path) {
             let loaded = self.load(path);

@@ -540,3 +540,33 @@ fn threshold_and_128_byte_lines() {
         "{text}"
     );
 }
+
+#[test]
+fn build_id_mismatch_is_a_note() {
+    let b = build("build-id");
+    let (mut analysis, _) = analysis(&b);
+    let notes_with = |analysis: &Analysis| {
+        let mut sym = b.symbolizer();
+        build_report(analysis, &mut sym, &ReportOptions::default()).notes
+    };
+    // The real build-id (from readelf) gives no note; another one does, naming both.
+    let real = b.tool("readelf", &["-n", "lr"]);
+    let hex = real
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .expect("gcc links with --build-id")
+        .trim()
+        .to_string();
+    let bytes: Vec<u8> = (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    analysis.modules[0].build_id = Some(bytes);
+    assert!(!notes_with(&analysis).iter().any(|n| n.contains("build-id")));
+    analysis.modules[0].build_id = Some(vec![0xde, 0xad]);
+    let notes = notes_with(&analysis);
+    let note = notes
+        .iter()
+        .find(|n| n.contains("build-id"))
+        .expect("a note");
+    assert!(note.contains("dead") && note.contains(&hex), "{note}");
+}

@@ -41,14 +41,12 @@ pub fn fixture(name: &str) -> PathBuf {
 
 /// Compiles `fixtures/lr.c` into a fresh directory named `tag`.
 pub fn build(tag: &str) -> Built {
-    let dir =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("report-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(fixture("lr.c"), dir.join("lr.c")).unwrap();
-    run(Command::new("gcc")
-        .current_dir(&dir)
-        .args([
+    build_with(
+        tag,
+        "lr.c",
+        "lr",
+        &[
+            "gcc",
             "-g",
             "-O0",
             "-fno-toplevel-reorder",
@@ -56,10 +54,29 @@ pub fn build(tag: &str) -> Built {
             "-o",
             "lr",
             "lr.c",
-        ])
-        .arg(format!("-fdebug-prefix-map={}={SRC}", dir.display())));
+        ],
+    )
+}
+
+/// Copies `fixtures/<source>` into a fresh directory named `tag` and runs `cmd` there, with
+/// `-fdebug-prefix-map` (gcc/g++) or `--remap-path-prefix` (rustc) mapping it to `/src`.
+pub fn build_with(tag: &str, source: &str, exe: &str, cmd: &[&str]) -> Built {
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("report-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(fixture(source), dir.join(source)).unwrap();
+    let remap = if cmd[0] == "rustc" {
+        format!("--remap-path-prefix={}={SRC}", dir.display())
+    } else {
+        format!("-fdebug-prefix-map={}={SRC}", dir.display())
+    };
+    run(Command::new(cmd[0])
+        .current_dir(&dir)
+        .args(&cmd[1..])
+        .arg(remap));
     Built {
-        exe: dir.join("lr"),
+        exe: dir.join(exe),
         dir,
     }
 }
@@ -83,9 +100,13 @@ impl Built {
         run(Command::new(prog).current_dir(&self.dir).args(args))
     }
 
-    /// Symbol addresses from `nm`.
+    fn exe_name(&self) -> String {
+        self.exe.file_name().unwrap().to_string_lossy().into_owned()
+    }
+
+    /// Symbol addresses from `nm` (raw names).
     pub fn nm(&self) -> HashMap<String, u64> {
-        self.tool("nm", &["lr"])
+        self.tool("nm", &[&self.exe_name()])
             .lines()
             .filter_map(|l| {
                 let mut it = l.split_whitespace();
@@ -99,7 +120,7 @@ impl Built {
     /// Text symbols from `nm`, sorted by address.
     pub fn text_symbols(&self) -> Vec<(u64, String)> {
         let mut v: Vec<(u64, String)> = self
-            .tool("nm", &["lr"])
+            .tool("nm", &[&self.exe_name()])
             .lines()
             .filter_map(|l| {
                 let mut it = l.split_whitespace();
@@ -112,15 +133,21 @@ impl Built {
         v
     }
 
-    /// Line → instruction addresses, from `readelf --debug-dump=decodedline`.
+    /// Line → instruction addresses of `lr.c`, from `readelf --debug-dump=decodedline`.
     pub fn line_table(&self) -> BTreeMap<u32, Vec<u64>> {
+        self.line_table_of("lr.c")
+    }
+
+    /// Line → instruction addresses of source file `file`.
+    pub fn line_table_of(&self, file: &str) -> BTreeMap<u32, Vec<u64>> {
         let mut out: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        let exe = self.exe_name();
         for l in self
-            .tool("readelf", &["--debug-dump=decodedline", "lr"])
+            .tool("readelf", &["--debug-dump=decodedline", &exe])
             .lines()
         {
             let f: Vec<&str> = l.split_whitespace().collect();
-            if f.len() >= 3 && f[0] == "lr.c" {
+            if f.len() >= 3 && f[0] == file {
                 if let (Ok(line), Some(addr)) = (f[1].parse::<u32>(), f[2].strip_prefix("0x")) {
                     if let Ok(addr) = u64::from_str_radix(addr, 16) {
                         out.entry(line).or_default().push(addr);
@@ -138,11 +165,15 @@ impl Built {
 
 /// Line number of the `/* @name */` marker in lr.c.
 pub fn marker(name: &str) -> u32 {
-    let text = std::fs::read_to_string(fixture("lr.c")).unwrap();
-    let tag = format!("/* @{name} */");
+    marker_in("lr.c", &format!("/* @{name} */"))
+}
+
+/// Line number of the first line of fixture `file` containing `tag`.
+pub fn marker_in(file: &str, tag: &str) -> u32 {
+    let text = std::fs::read_to_string(fixture(file)).unwrap();
     let idx = text
         .lines()
-        .position(|l| l.contains(&tag))
-        .unwrap_or_else(|| panic!("no marker {tag} in lr.c"));
+        .position(|l| l.contains(tag))
+        .unwrap_or_else(|| panic!("no marker {tag} in {file}"));
     idx as u32 + 1
 }
