@@ -10,13 +10,20 @@ pub mod access;
 pub mod candidates;
 pub mod classify;
 pub mod code;
+pub mod dataname;
+pub mod debug_module;
 pub mod detector;
 pub mod effaddr;
 pub mod estimate;
 pub mod findings;
+pub mod fix;
 pub mod line_model;
 pub mod maps;
 pub mod pccache;
+pub mod render_text;
+pub mod report;
+pub mod report_build;
+pub mod symbolize;
 
 pub use code::{CodeSource, ElfCode, MemoryCode};
 pub use detector::{Config, Detector, FilterStats, WatchCandidate};
@@ -35,3 +42,7 @@ pub(crate) mod test_util {
         v
     }
 }
+pub use render_text::render_text;
+pub use report::{Report, ReportError, SCHEMA};
+pub use report_build::{build_report, ReportOptions};
+pub use symbolize::Symbolizer;

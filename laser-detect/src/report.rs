@@ -1,0 +1,396 @@
+//! The versioned JSON report (`laser-report/1`), documented in `laser-detect/REPORT.md`.
+//!
+//! These structs are the schema: `serde_json` writes them for `--json FILE` and
+//! [`Report::from_json`] reads them back for `laser repair --from report.json` and `laser diff`.
+//! Addresses are hex strings (`"0x4080"`) because JSON numbers lose precision above 2^53.
+//! Additive changes (new optional fields) keep the schema name; readers ignore unknown fields.
+//! Removing, renaming or changing the meaning of a field bumps the major (`laser-report/2`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::findings::{Kind, Op};
+
+/// Schema name and major version written into every report.
+pub const SCHEMA: &str = "laser-report/1";
+
+/// Errors reading a report back.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReportError {
+    #[error("not a laser report: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("unsupported report schema {found:?}: this laser reads {SCHEMA:?}")]
+    Schema { found: String },
+}
+
+/// A whole report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Always [`SCHEMA`].
+    pub schema: String,
+    /// `pebs`, `ibs`, `soft`, `watch`.
+    pub backend: String,
+    pub duration_s: f64,
+    pub samples: u64,
+    pub lost: u64,
+    #[serde(default)]
+    pub throttles: u64,
+    /// Samples the filter dropped (kernel, vdso, stack, TLS, undecodable).
+    #[serde(default)]
+    pub filtered: u64,
+    /// Cache-line size the analysis grouped by (64, or 128 for adjacent-line pairs).
+    #[serde(default = "default_line_size")]
+    pub line_size: u32,
+    /// Events/s a line needed to be reported.
+    pub threshold: f64,
+    /// Contended lines under the threshold, left out of `findings`.
+    #[serde(default)]
+    pub below_threshold: BelowThreshold,
+    #[serde(default)]
+    pub notes: Vec<String>,
+    /// Ranked: highest rate first.
+    pub findings: Vec<Finding>,
+}
+
+fn default_line_size() -> u32 {
+    64
+}
+
+/// What the threshold left out, so a report never silently hides contention.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BelowThreshold {
+    pub lines: u64,
+    pub events: u64,
+}
+
+/// One contended cache line.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    #[serde(with = "kind_str")]
+    pub kind: Kind,
+    /// Run-time address of the line's first byte (valid for that run only).
+    #[serde(with = "hex")]
+    pub line_addr: u64,
+    pub rate_per_s: f64,
+    pub events: u64,
+    #[serde(default)]
+    pub true_events: u64,
+    #[serde(default)]
+    pub false_events: u64,
+    /// Share of all contention events of the run, 0..=1.
+    pub share: f64,
+    pub threads: Vec<u32>,
+    pub data: Data,
+    /// Most events first.
+    pub sources: Vec<Source>,
+    pub fix: String,
+}
+
+/// Which data a line holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Data {
+    /// `global`, `heap`, `stack` or `unknown`.
+    pub kind: String,
+    /// Object name(s) (`acc`, `hits_a, hits_b`), or `heap`/`stack`/`unknown`.
+    pub name: String,
+    /// Fields at the contended bytes, in offset order (`acc[0].sum_x`).
+    #[serde(default)]
+    pub fields: Vec<String>,
+    /// For globals: the module and the ELF vaddr of the line's first byte.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+    #[serde(default, with = "opt_hex", skip_serializing_if = "Option::is_none")]
+    pub vaddr: Option<u64>,
+    /// Objects with contended bytes on the line, in address order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<DataObject>,
+}
+
+/// A global object on the line.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DataObject {
+    pub name: String,
+    /// C-style type from DWARF; absent with symbols only.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_name: Option<String>,
+    #[serde(with = "hex")]
+    pub vaddr: u64,
+    pub size: u64,
+    /// For arrays: element type and size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub element_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub element_size: Option<u64>,
+}
+
+/// One instruction contending on the line.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Source {
+    /// Run-time address (that run only).
+    #[serde(with = "hex")]
+    pub pc: u64,
+    /// Module file and ELF vaddr of the instruction: stable across runs (ASLR), what
+    /// `laser repair --from` uses. Absent for code with no file (JIT).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+    #[serde(default, with = "opt_hex", skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub column: Option<u32>,
+    /// Innermost function, demangled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+    /// ELF symbol + offset, e.g. `worker+0x1c`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symbol: Option<String>,
+    /// Callers `function` was inlined into, innermost first, each with its call site.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inlined: Vec<Inlined>,
+    /// False when the module had no DWARF: only `symbol` (if any) is known.
+    #[serde(default = "yes")]
+    pub debug_info: bool,
+    /// The source line's text, when the file was readable at report time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(with = "op_str")]
+    pub op: Op,
+    /// Byte offsets in the line this instruction touched.
+    pub offsets: Vec<u32>,
+    /// Fields at those offsets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<String>,
+    pub events: u64,
+    #[serde(default)]
+    pub threads: Vec<u32>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A caller frame an inlined function sits in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inlined {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+}
+
+impl Report {
+    /// Parses a report written by this or an older `laser-report/1` writer.
+    pub fn from_json(text: &str) -> Result<Report, ReportError> {
+        #[derive(Deserialize)]
+        struct Head {
+            schema: String,
+        }
+        let head: Head = serde_json::from_str(text)?;
+        if head.schema != SCHEMA {
+            return Err(ReportError::Schema { found: head.schema });
+        }
+        Ok(serde_json::from_str(text)?)
+    }
+
+    /// Pretty JSON with a trailing newline.
+    pub fn to_json(&self) -> String {
+        // Serializing these plain structs cannot fail (no maps with non-string keys, and
+        // non-finite floats become null).
+        let mut s = serde_json::to_string_pretty(self).unwrap_or_default();
+        s.push('\n');
+        s
+    }
+}
+
+impl Source {
+    /// `offsets` as a bitmap, bit N = byte N.
+    pub fn mask(&self) -> u128 {
+        self.offsets
+            .iter()
+            .filter(|&&o| o < 128)
+            .fold(0u128, |m, &o| m | (1u128 << o))
+    }
+}
+
+/// Byte offsets of a bitmap, ascending.
+pub fn mask_offsets(mask: u128) -> Vec<u32> {
+    (0..128).filter(|b| mask & (1u128 << b) != 0).collect()
+}
+
+mod hex {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{v:#x}"))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        let s = String::deserialize(d)?;
+        parse(&s).ok_or_else(|| D::Error::custom(format!("bad hex address {s:?}")))
+    }
+
+    pub fn parse(s: &str) -> Option<u64> {
+        let digits = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X"))?;
+        u64::from_str_radix(digits, 16).ok()
+    }
+}
+
+mod opt_hex {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.serialize_str(&format!("{v:#x}")),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(s) => super::hex::parse(&s)
+                .map(Some)
+                .ok_or_else(|| D::Error::custom(format!("bad hex address {s:?}"))),
+        }
+    }
+}
+
+mod kind_str {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    use crate::findings::Kind;
+
+    pub fn serialize<S: Serializer>(v: &Kind, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(v.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Kind, D::Error> {
+        let s = String::deserialize(d)?;
+        [Kind::FalseSharing, Kind::TrueSharing, Kind::Mixed]
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| D::Error::custom(format!("unknown finding kind {s:?}")))
+    }
+}
+
+mod op_str {
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    use crate::findings::Op;
+
+    pub fn serialize<S: Serializer>(v: &Op, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(v.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Op, D::Error> {
+        let s = String::deserialize(d)?;
+        [Op::Load, Op::Store, Op::Rmw]
+            .into_iter()
+            .find(|o| o.as_str() == s)
+            .ok_or_else(|| D::Error::custom(format!("unknown op {s:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Report {
+        Report {
+            schema: SCHEMA.into(),
+            backend: "soft".into(),
+            duration_s: 1.5,
+            samples: 1000,
+            lost: 3,
+            throttles: 0,
+            filtered: 10,
+            line_size: 64,
+            threshold: 1000.0,
+            below_threshold: BelowThreshold {
+                lines: 2,
+                events: 40,
+            },
+            notes: vec!["estimated".into()],
+            findings: vec![Finding {
+                kind: Kind::FalseSharing,
+                line_addr: 0x5555_5555_8080,
+                rate_per_s: 48210.5,
+                events: 72316,
+                true_events: 0,
+                false_events: 72316,
+                share: 0.91,
+                threads: vec![11, 12],
+                data: Data {
+                    kind: "global".into(),
+                    name: "acc".into(),
+                    fields: vec!["acc[0].sum_x".into()],
+                    module: Some("/src/lr".into()),
+                    vaddr: Some(0x4080),
+                    objects: vec![],
+                },
+                sources: vec![Source {
+                    pc: 0x5555_5555_5289,
+                    module: Some("/src/lr".into()),
+                    offset: Some(0x1289),
+                    file: None,
+                    line: None,
+                    column: None,
+                    function: None,
+                    symbol: Some("worker+0xfe".into()),
+                    inlined: vec![],
+                    debug_info: false,
+                    text: None,
+                    op: Op::Rmw,
+                    offsets: vec![0, 1, 2],
+                    fields: vec![],
+                    events: 5,
+                    threads: vec![11],
+                }],
+                fix: "pad".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn round_trips_through_json() {
+        let r = sample();
+        let back = Report::from_json(&r.to_json()).unwrap();
+        assert_eq!(back, r);
+        assert!(r.to_json().contains("\"line_addr\": \"0x555555558080\""));
+        assert!(r.to_json().contains("\"op\": \"rmw\""));
+    }
+
+    #[test]
+    fn other_schema_majors_and_garbage_are_typed_errors() {
+        let text = sample().to_json().replace(SCHEMA, "laser-report/2");
+        let err = Report::from_json(&text).unwrap_err();
+        assert!(err.to_string().contains("laser-report/2"), "{err}");
+        assert!(matches!(Report::from_json("{"), Err(ReportError::Json(_))));
+        let bad = sample().to_json().replace("\"0x1289\"", "\"1289\"");
+        assert!(Report::from_json(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("1289"));
+        let bad = sample().to_json().replace("\"rmw\"", "\"poke\"");
+        assert!(Report::from_json(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("poke"));
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_and_optional_ones_default() {
+        let text = sample()
+            .to_json()
+            .replacen("\"backend\"", "\"future_field\": [1, 2],\n  \"backend\"", 1)
+            .replace("  \"throttles\": 0,\n", "");
+        let r = Report::from_json(&text).unwrap();
+        assert_eq!(r.throttles, 0);
+        assert_eq!(r.findings[0].sources[0].mask(), 0b111);
+    }
+}

@@ -1,0 +1,272 @@
+//! From an [`Analysis`] to a [`Report`]: threshold, rank, symbolize, name data, suggest fixes.
+
+use std::collections::BTreeSet;
+
+use crate::dataname::LineData;
+use crate::findings::{Analysis, LineFinding, Location, SourceAccess};
+use crate::fix;
+use crate::report::{
+    mask_offsets, BelowThreshold, Data, DataObject, Finding, Inlined, Report, Source, SCHEMA,
+};
+use crate::symbolize::Symbolizer;
+
+/// How to build a report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReportOptions {
+    /// Lines below this many events per second are left out (counted in `below_threshold`).
+    pub threshold: f64,
+    /// Attach the text of each source line when the source file is readable.
+    pub source_text: bool,
+    /// At most this many sources per finding (the rest are the least frequent); 0 = all.
+    pub max_sources: usize,
+}
+
+impl Default for ReportOptions {
+    fn default() -> Self {
+        ReportOptions {
+            threshold: 1000.0,
+            source_text: true,
+            max_sources: 0,
+        }
+    }
+}
+
+/// Builds the report. Never fails: what cannot be symbolized or named is left out and said in
+/// `notes`.
+pub fn build_report(
+    analysis: &Analysis,
+    symbolizer: &mut Symbolizer,
+    opts: &ReportOptions,
+) -> Report {
+    let line_size = if analysis.line_size == 0 {
+        64
+    } else {
+        analysis.line_size
+    };
+    let mut kept: Vec<&LineFinding> = Vec::new();
+    let mut below = BelowThreshold::default();
+    for f in &analysis.findings {
+        // NaN rates (a zero-length run) are never above a threshold.
+        if f.rate_per_s >= opts.threshold {
+            kept.push(f);
+        } else {
+            below.lines += 1;
+            below.events += f.events;
+        }
+    }
+    kept.sort_by(|a, b| {
+        b.rate_per_s
+            .total_cmp(&a.rate_per_s)
+            .then(a.line_addr.cmp(&b.line_addr))
+    });
+    let mut modules: BTreeSet<String> = BTreeSet::new();
+    let findings = kept
+        .into_iter()
+        .map(|f| finding(f, line_size, symbolizer, opts, &mut modules))
+        .collect();
+    let mut notes = analysis.notes.clone();
+    for info in &analysis.modules {
+        let (Some(want), true) = (&info.build_id, modules.contains(&info.path)) else {
+            continue;
+        };
+        if let Some(have) = symbolizer.build_id(&info.path) {
+            if &have != want {
+                notes.push(format!(
+                    "{} is not the file that ran (build-id {} there, {} now): source lines and \
+                     names may be wrong",
+                    info.path,
+                    hex_bytes(want),
+                    hex_bytes(&have)
+                ));
+            }
+        }
+    }
+    for m in &modules {
+        if let Some(err) = symbolizer.module_error(m) {
+            notes.push(format!("{err}: addresses only"));
+        } else if symbolizer.has_debug_info(m) == Some(false) {
+            notes.push(format!(
+                "no debug info for {m}: functions from ELF symbols only, no file:line or fields \
+                 (rebuild with -g or install its debug package)"
+            ));
+        }
+    }
+    Report {
+        schema: SCHEMA.to_string(),
+        backend: analysis.backend.name().to_string(),
+        duration_s: analysis.duration_s,
+        samples: analysis.samples,
+        lost: analysis.lost,
+        throttles: analysis.throttles,
+        filtered: analysis.filtered,
+        line_size,
+        threshold: opts.threshold,
+        below_threshold: below,
+        notes,
+        findings,
+    }
+}
+
+fn hex_bytes(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn finding(
+    f: &LineFinding,
+    line_size: u32,
+    sym: &mut Symbolizer,
+    opts: &ReportOptions,
+    modules: &mut BTreeSet<String>,
+) -> Finding {
+    let union = f.sources.iter().fold(0u128, |m, s| m | s.offsets);
+    let (data, line_data) = data(&f.data, line_size, union, sym, modules);
+    let mut accesses: Vec<&SourceAccess> = f.sources.iter().collect();
+    accesses.sort_by(|a, b| {
+        b.events
+            .cmp(&a.events)
+            .then(a.pc.cmp(&b.pc))
+            .then(a.offsets.cmp(&b.offsets))
+    });
+    if opts.max_sources > 0 {
+        accesses.truncate(opts.max_sources);
+    }
+    let sources = accesses
+        .into_iter()
+        .map(|s| source(s, line_data.as_ref(), sym, opts, modules))
+        .collect();
+    let mut threads = f.threads.clone();
+    threads.sort_unstable();
+    threads.dedup();
+    let mut out = Finding {
+        kind: f.kind,
+        line_addr: f.line_addr,
+        rate_per_s: f.rate_per_s,
+        events: f.events,
+        true_events: f.true_events,
+        false_events: f.false_events,
+        share: f.share,
+        threads,
+        data,
+        sources,
+        fix: String::new(),
+    };
+    out.fix = fix::suggest(&out, line_size);
+    out
+}
+
+fn data(
+    loc: &Location,
+    line_size: u32,
+    union: u128,
+    sym: &mut Symbolizer,
+    modules: &mut BTreeSet<String>,
+) -> (Data, Option<LineData>) {
+    let plain = |kind: &str| Data {
+        kind: kind.to_string(),
+        name: kind.to_string(),
+        fields: vec![],
+        module: None,
+        vaddr: None,
+        objects: vec![],
+    };
+    match loc {
+        Location::Module { path, vaddr } => {
+            modules.insert(path.clone());
+            // The bias is page aligned, so the line starts at the same offset in the file.
+            let line_vaddr = vaddr - vaddr % u64::from(line_size);
+            let line_data = sym.name_data(path, line_vaddr, line_size, union);
+            let base = path.rsplit('/').next().unwrap_or(path);
+            let (name, fields, objects) = match &line_data {
+                Some(ld) if !ld.objects.is_empty() => (
+                    ld.objects
+                        .iter()
+                        .map(|o| o.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    ld.fields_for(union),
+                    ld.objects
+                        .iter()
+                        .map(|o| DataObject {
+                            name: o.name.clone(),
+                            type_name: o.type_name.clone(),
+                            vaddr: o.vaddr,
+                            size: o.size,
+                            element_type: o.element.as_ref().map(|e| e.0.clone()),
+                            element_size: o.element.as_ref().map(|e| e.1),
+                        })
+                        .collect(),
+                ),
+                _ => (format!("{base}+{line_vaddr:#x}"), vec![], vec![]),
+            };
+            let data = Data {
+                kind: "global".into(),
+                name,
+                fields,
+                module: Some(path.clone()),
+                vaddr: Some(line_vaddr),
+                objects,
+            };
+            (data, line_data)
+        }
+        Location::Heap => (plain("heap"), None),
+        Location::Stack => (plain("stack"), None),
+        Location::Unknown => (plain("unknown"), None),
+    }
+}
+
+fn source(
+    s: &SourceAccess,
+    line_data: Option<&LineData>,
+    sym: &mut Symbolizer,
+    opts: &ReportOptions,
+    modules: &mut BTreeSet<String>,
+) -> Source {
+    let mut threads = s.threads.clone();
+    threads.sort_unstable();
+    threads.dedup();
+    let mut out = Source {
+        pc: s.pc,
+        module: None,
+        offset: None,
+        file: None,
+        line: None,
+        column: None,
+        function: None,
+        symbol: None,
+        inlined: vec![],
+        debug_info: false,
+        text: None,
+        op: s.op,
+        offsets: mask_offsets(s.offsets),
+        fields: line_data
+            .map(|d| d.fields_for(s.offsets))
+            .unwrap_or_default(),
+        events: s.events,
+        threads,
+    };
+    if let Location::Module { path, vaddr } = &s.code {
+        modules.insert(path.clone());
+        let loc = sym.symbolize(path, *vaddr);
+        out.module = Some(path.clone());
+        out.offset = Some(*vaddr);
+        out.debug_info = loc.debug_info;
+        out.symbol = loc.symbol;
+        out.function = loc.function;
+        out.column = loc.column;
+        out.inlined = loc
+            .inlined
+            .into_iter()
+            .map(|f| Inlined {
+                function: f.function,
+                file: f.file,
+                line: f.line,
+            })
+            .collect();
+        if let (Some(file), Some(line), true) = (&loc.file, loc.line, opts.source_text) {
+            out.text = sym.source_line(file, line);
+        }
+        out.file = loc.file;
+        out.line = loc.line;
+    }
+    out
+}

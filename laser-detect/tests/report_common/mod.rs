@@ -1,0 +1,179 @@
+//! Shared by the report tests: compile `fixtures/lr.c` with gcc at test time, read its real
+//! symbols and line table with binutils (an oracle independent of our DWARF code), and build
+//! synthetic analyses whose addresses are the program's own.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use laser_detect::symbolize::Symbolizer;
+
+/// Where the compiled program claims to live: `-fdebug-prefix-map` rewrites the build
+/// directory to this, and analyses name the module by it, so output never shows a temp path.
+pub const SRC: &str = "/src";
+pub const MODULE: &str = "/src/lr";
+/// Load bias of a typical PIE, for run-time addresses.
+pub const BIAS: u64 = 0x5555_5555_4000;
+
+pub struct Built {
+    pub dir: PathBuf,
+    pub exe: PathBuf,
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e} (gcc and binutils are required)"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// Compiles `fixtures/lr.c` into a fresh directory named `tag`.
+pub fn build(tag: &str) -> Built {
+    build_with(
+        tag,
+        "lr.c",
+        "lr",
+        &[
+            "gcc",
+            "-g",
+            "-O0",
+            "-fno-toplevel-reorder",
+            "-pthread",
+            "-o",
+            "lr",
+            "lr.c",
+        ],
+    )
+}
+
+/// Copies `fixtures/<source>` into a fresh directory named `tag` and runs `cmd` there, with
+/// `-fdebug-prefix-map` (gcc/g++) or `--remap-path-prefix` (rustc) mapping it to `/src`.
+pub fn build_with(tag: &str, source: &str, exe: &str, cmd: &[&str]) -> Built {
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("report-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(fixture(source), dir.join(source)).unwrap();
+    let remap = if cmd[0] == "rustc" {
+        format!("--remap-path-prefix={}={SRC}", dir.display())
+    } else {
+        format!("-fdebug-prefix-map={}={SRC}", dir.display())
+    };
+    run(Command::new(cmd[0])
+        .current_dir(&dir)
+        .args(&cmd[1..])
+        .arg(remap));
+    Built {
+        exe: dir.join(exe),
+        dir,
+    }
+}
+
+impl Built {
+    /// A symbolizer that reads `/src/...` from the build directory and nothing else.
+    pub fn symbolizer(&self) -> Symbolizer {
+        let dir = self.dir.clone();
+        Symbolizer::with_reader(Box::new(move |path: &str| {
+            match path.strip_prefix("/src/") {
+                Some(rest) => std::fs::read(dir.join(rest)),
+                None => Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    path.to_string(),
+                )),
+            }
+        }))
+    }
+
+    pub fn tool(&self, prog: &str, args: &[&str]) -> String {
+        run(Command::new(prog).current_dir(&self.dir).args(args))
+    }
+
+    fn exe_name(&self) -> String {
+        self.exe.file_name().unwrap().to_string_lossy().into_owned()
+    }
+
+    /// Symbol addresses from `nm` (raw names).
+    pub fn nm(&self) -> HashMap<String, u64> {
+        self.tool("nm", &[&self.exe_name()])
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                let addr = u64::from_str_radix(it.next()?, 16).ok()?;
+                let _kind = it.next()?;
+                Some((it.next()?.to_string(), addr))
+            })
+            .collect()
+    }
+
+    /// Text symbols from `nm`, sorted by address.
+    pub fn text_symbols(&self) -> Vec<(u64, String)> {
+        let mut v: Vec<(u64, String)> = self
+            .tool("nm", &[&self.exe_name()])
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                let addr = u64::from_str_radix(it.next()?, 16).ok()?;
+                let kind = it.next()?;
+                (kind == "t" || kind == "T").then(|| (addr, it.next().unwrap_or("").to_string()))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Line → instruction addresses of `lr.c`, from `readelf --debug-dump=decodedline`.
+    pub fn line_table(&self) -> BTreeMap<u32, Vec<u64>> {
+        self.line_table_of("lr.c")
+    }
+
+    /// Line → instruction addresses of source file `file`.
+    pub fn line_table_of(&self, file: &str) -> BTreeMap<u32, Vec<u64>> {
+        let mut out: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        let exe = self.exe_name();
+        for l in self
+            .tool("readelf", &["--debug-dump=decodedline", &exe])
+            .lines()
+        {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.len() >= 3 && f[0] == file {
+                if let (Ok(line), Some(addr)) = (f[1].parse::<u32>(), f[2].strip_prefix("0x")) {
+                    if let Ok(addr) = u64::from_str_radix(addr, 16) {
+                        out.entry(line).or_default().push(addr);
+                    }
+                }
+            }
+        }
+        for v in out.values_mut() {
+            v.sort();
+            v.dedup();
+        }
+        out
+    }
+}
+
+/// Line number of the `/* @name */` marker in lr.c.
+pub fn marker(name: &str) -> u32 {
+    marker_in("lr.c", &format!("/* @{name} */"))
+}
+
+/// Line number of the first line of fixture `file` containing `tag`.
+pub fn marker_in(file: &str, tag: &str) -> u32 {
+    let text = std::fs::read_to_string(fixture(file)).unwrap();
+    let idx = text
+        .lines()
+        .position(|l| l.contains(tag))
+        .unwrap_or_else(|| panic!("no marker {tag} in {file}"));
+    idx as u32 + 1
+}
