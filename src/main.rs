@@ -1,11 +1,41 @@
 //! `laser`: find and repair cache-line contention in multithreaded x86-64 Linux programs.
 
+mod analyze;
+mod backend;
 mod cli;
+mod commands;
+mod exit;
+mod monitor;
+mod recording;
 
 use clap::Parser;
+use laser_driver::DriverError;
 
 fn main() {
     let cli = cli::Cli::parse();
-    eprintln!("laser: {:?} is not implemented yet", cli.command);
-    std::process::exit(1);
+    monitor::install_signal_handlers();
+    let result = match cli.command {
+        cli::Command::Run(a) => commands::run(a),
+        cli::Command::Record(a) => commands::record(a),
+        cli::Command::Report(a) => commands::report(a),
+        cli::Command::Attach(a) => commands::attach(a),
+        cli::Command::Backends => backend::list().map(|()| exit::OK),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("laser: error: {e:#}");
+            std::process::exit(error_code(&e));
+        }
+    }
+}
+
+/// Maps a failure to laser's exit codes (see `exit.rs`).
+fn error_code(e: &anyhow::Error) -> i32 {
+    match e.downcast_ref::<DriverError>() {
+        Some(DriverError::ProgramNotFound { .. }) => exit::NOT_FOUND,
+        Some(DriverError::Exec { .. }) => exit::CANNOT_EXECUTE,
+        _ if e.chain().any(|c| c.to_string() == "monitoring failed") => exit::MONITOR_FAILED,
+        _ => exit::FAILED,
+    }
 }

@@ -1,0 +1,131 @@
+//! One function per subcommand. Each returns the process exit code.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use laser_driver::{Config, Session};
+
+use crate::cli::{AttachArgs, MonitorArgs, RecordArgs, ReportArgs, RunArgs};
+use crate::monitor::{self, LoopOptions};
+use crate::recording::{self, Recorder};
+use crate::{analyze, backend, exit};
+
+fn session_config(m: &MonitorArgs) -> Result<Config> {
+    let backend = backend::choose(m.backend)?;
+    let mut config = Config {
+        backend,
+        watch: m.watch,
+        ..Config::default()
+    };
+    if let Some(f) = m.freq {
+        anyhow::ensure!(f > 0, "--freq must be positive");
+        config.frequency = f;
+    }
+    Ok(config)
+}
+
+/// `laser run`: launch, monitor, report; exit with the program's status.
+pub fn run(args: RunArgs) -> Result<i32> {
+    let config = session_config(&args.monitor)?;
+    let mut session = Session::launch(&args.command, &config)?;
+    let mut recorder = match &args.output {
+        Some(p) => Some(Recorder::create(p, &session.header_info())?),
+        None => None,
+    };
+    let mut detector = analyze::detector(&args.analysis, None);
+    let opts = LoopOptions {
+        duration: None,
+        stop_on_interrupt: false,
+        steer_watchpoints: config.watch,
+    };
+    let outcome = monitor::run_loop(&mut session, &opts, Some(&mut detector), recorder.as_mut())
+        .map_err(|e| e.context("monitoring failed"))?;
+    if let Some(r) = recorder {
+        r.finish(outcome.elapsed.as_nanos() as u64)?;
+    }
+    let mut analysis = detector.finish();
+    analysis.duration_s = outcome.elapsed.as_secs_f64();
+    analyze::emit(&analysis, &args.analysis)?;
+    Ok(outcome.exit.map_or(exit::OK, exit::of_program))
+}
+
+/// `laser record`: launch and write every event to a file.
+pub fn record(args: RecordArgs) -> Result<i32> {
+    let config = session_config(&args.monitor)?;
+    let mut session = Session::launch(&args.command, &config)?;
+    let mut recorder = Recorder::create(&args.output, &session.header_info())?;
+    let opts = LoopOptions {
+        duration: None,
+        stop_on_interrupt: false,
+        steer_watchpoints: false,
+    };
+    let outcome = monitor::run_loop(&mut session, &opts, None, Some(&mut recorder))?;
+    recorder.finish(outcome.elapsed.as_nanos() as u64)?;
+    let st = session.stats();
+    eprintln!(
+        "laser: recorded {} samples ({} lost) in {:.2} s to {}",
+        st.samples,
+        st.lost,
+        outcome.elapsed.as_secs_f64(),
+        args.output.display()
+    );
+    Ok(outcome.exit.map_or(exit::OK, exit::of_program))
+}
+
+/// `laser report`: analyse a recording.
+pub fn report(args: ReportArgs) -> Result<i32> {
+    let mut detector = analyze::detector(&args.analysis, None);
+    let replay = recording::replay(&args.input, Some(&mut detector))?;
+    let h = &replay.header;
+    eprintln!(
+        "laser: recording of `{}` (pid {}, {} backend, {})",
+        h.cmdline.join(" "),
+        h.pid,
+        h.backend,
+        if h.cpu_model.is_empty() { "unknown CPU" } else { &h.cpu_model }
+    );
+    if let Some(w) = recording::end_warning(&args.input, &replay.end) {
+        eprintln!("laser: warning: {w}");
+    }
+    let mut analysis = detector.finish();
+    if let Some(f) = replay.footer.filter(|f| f.duration_ns > 0) {
+        analysis.duration_s = f.duration_ns as f64 / 1e9;
+    }
+    if !replay.end.is_complete() {
+        analysis
+            .notes
+            .push("the recording ended early: counts cover only what was read".into());
+    }
+    analyze::emit(&analysis, &args.analysis)?;
+    Ok(exit::OK)
+}
+
+/// `laser attach`: monitor a running process for a while (or until it exits / Ctrl-C).
+pub fn attach(args: AttachArgs) -> Result<i32> {
+    let config = session_config(&args.monitor)?;
+    let pid = i32::try_from(args.pid).context("pid out of range")?;
+    let mut session = Session::attach(pid, &config)?;
+    let mut recorder = match &args.output {
+        Some(p) => Some(Recorder::create(p, &session.header_info())?),
+        None => None,
+    };
+    let mut detector = analyze::detector(&args.analysis, None);
+    detector.add_maps(args.pid, &session.header_info().maps);
+    if args.duration.is_none() {
+        eprintln!("laser: monitoring pid {pid} until it exits or Ctrl-C");
+    }
+    let opts = LoopOptions {
+        duration: args.duration,
+        stop_on_interrupt: true,
+        steer_watchpoints: config.watch,
+    };
+    let outcome = monitor::run_loop(&mut session, &opts, Some(&mut detector), recorder.as_mut())?;
+    drop(session); // detach before the (possibly slow) symbolization
+    if let Some(r) = recorder {
+        r.finish(outcome.elapsed.as_nanos() as u64)?;
+    }
+    let mut analysis = detector.finish();
+    analysis.duration_s = outcome.elapsed.max(Duration::from_millis(1)).as_secs_f64();
+    analyze::emit(&analysis, &args.analysis)?;
+    Ok(exit::OK)
+}

@@ -1,0 +1,31 @@
+//! Exit codes of `laser` (also printed by `laser --help`).
+//!
+//! `laser run` passes the program's own status through, so a wrapper script sees what it would
+//! have seen without laser: `exit(n)` → n, killed by signal N → 128 + N (the shell's rule).
+//! The codes below are laser's own; 125–127 follow `env`/`timeout`/`nohup` conventions.
+
+/// Everything worked (`report`, `record` on a program that exited 0, …).
+pub const OK: i32 = 0;
+/// laser failed before or after the program ran (bad recording, unreadable file, …).
+pub const FAILED: i32 = 1;
+/// Bad usage (clap's own code for argument errors).
+#[allow(dead_code)]
+pub const USAGE: i32 = 2;
+/// A `--fail-on` gate tripped.
+#[allow(dead_code)]
+pub const GATE: i32 = 3;
+/// laser failed while the program ran (monitoring broke down; the program may still be running).
+pub const MONITOR_FAILED: i32 = 125;
+/// The program exists but could not be executed.
+pub const CANNOT_EXECUTE: i32 = 126;
+/// The program was not found.
+pub const NOT_FOUND: i32 = 127;
+
+/// The status a shell would report for the program.
+pub fn of_program(st: laser_driver::ExitStatus) -> i32 {
+    match st {
+        laser_driver::ExitStatus::Code(c) => c & 0xff,
+        laser_driver::ExitStatus::Signal(s) => 128 + s,
+        laser_driver::ExitStatus::Unknown => OK,
+    }
+}

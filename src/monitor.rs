@@ -1,0 +1,178 @@
+//! The live loop shared by `run`, `record` and `attach`: drain the session's ring buffers into
+//! the detector and/or a recording, steer watchpoints at the lines the detector suspects, show
+//! progress, and stop when the target exits, the duration is up, or the user interrupts.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use laser_detect::{Detector, ElfCode};
+use laser_driver::{Event, ExitStatus, Session, Status, WatchKind, WatchSpec, MAX_WATCHES};
+
+use crate::recording::Recorder;
+
+/// Set by SIGINT/SIGTERM. `run` keeps going until the program (which got the same Ctrl-C, being
+/// in our process group) exits; `attach` stops monitoring and reports.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    // ATOMICS: a lone flag read by the poll loop; no other memory is published through it.
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// Installs the SIGINT/SIGTERM handler (no `SA_RESTART`, so a blocking poll returns early).
+pub fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: `on_signal` only stores to an atomic, which is async-signal-safe; the
+        // sigaction struct is fully initialized (zeroed, then the handler set).
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+pub fn interrupted() -> bool {
+    // ATOMICS: see `on_signal`.
+    INTERRUPTED.load(Ordering::Relaxed)
+}
+
+/// How the loop should behave.
+pub struct LoopOptions {
+    /// Stop after this long (attach `--duration`).
+    pub duration: Option<Duration>,
+    /// Stop on Ctrl-C instead of waiting for the target to exit (attach).
+    pub stop_on_interrupt: bool,
+    /// Point watchpoints at the detector's candidate lines.
+    pub steer_watchpoints: bool,
+}
+
+/// What ended the loop.
+pub struct Outcome {
+    /// The target's exit status, if it exited while we watched.
+    pub exit: Option<ExitStatus>,
+    pub elapsed: Duration,
+}
+
+/// How long one candidate line keeps the watchpoints before the next one gets them.
+const WATCH_TURN: Duration = Duration::from_millis(100);
+
+pub fn run_loop(
+    session: &mut Session,
+    opts: &LoopOptions,
+    mut detector: Option<&mut Detector<ElfCode>>,
+    mut recorder: Option<&mut Recorder>,
+) -> Result<Outcome> {
+    let start = Instant::now();
+    let progress = progress_bar(session.pid());
+    let mut steering = Steering::default();
+    let mut record_error: Option<anyhow::Error> = None;
+    let exit = loop {
+        let status = {
+            let mut sink = |e: Event| {
+                if let Some(d) = detector.as_deref_mut() {
+                    d.feed(&e);
+                }
+                if let Some(r) = recorder.as_deref_mut() {
+                    if record_error.is_none() {
+                        if let Err(err) = r.write(&e) {
+                            record_error = Some(err);
+                        }
+                    }
+                }
+            };
+            session
+                .poll(Duration::from_millis(50), &mut sink)
+                .context("reading samples from the kernel")?
+        };
+        if let Some(err) = record_error.take() {
+            return Err(err);
+        }
+        if let Status::Exited(st) = status {
+            break Some(st);
+        }
+        if opts.duration.is_some_and(|d| start.elapsed() >= d)
+            || (opts.stop_on_interrupt && interrupted())
+        {
+            break None;
+        }
+        if opts.steer_watchpoints {
+            if let Some(d) = detector.as_deref() {
+                steering.step(session, d)?;
+            }
+        }
+        let st = session.stats();
+        progress.set_message(format!(
+            "pid {} · {:.1} s · {} samples · {} lost",
+            session.pid(),
+            start.elapsed().as_secs_f64(),
+            st.samples,
+            st.lost
+        ));
+    };
+    if opts.steer_watchpoints {
+        if let Ok(w) = session.watch_mut() {
+            // Leave nothing armed in a process we are about to let go of.
+            let _ = w.disarm();
+        }
+    }
+    progress.finish_and_clear();
+    Ok(Outcome {
+        exit,
+        elapsed: start.elapsed(),
+    })
+}
+
+fn progress_bar(pid: i32) -> ProgressBar {
+    // indicatif draws nothing when stderr is not a terminal, so logs and CI stay clean.
+    let pb = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} laser: monitoring {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    pb.set_message(format!("pid {pid}"));
+    pb.enable_steady_tick(Duration::from_millis(200));
+    pb
+}
+
+/// Rotates the 4 debug registers over the detector's top candidate lines, a turn each.
+#[derive(Default)]
+struct Steering {
+    turn_started: Option<Instant>,
+    next: usize,
+}
+
+impl Steering {
+    fn step(&mut self, session: &mut Session, detector: &Detector<ElfCode>) -> Result<()> {
+        if self.turn_started.is_some_and(|t| t.elapsed() < WATCH_TURN) {
+            return Ok(());
+        }
+        let candidates = detector.candidates(4);
+        let Ok(watcher) = session.watch_mut() else {
+            return Ok(());
+        };
+        if candidates.is_empty() {
+            return Ok(());
+        }
+        let c = &candidates[self.next % candidates.len()];
+        self.next = self.next.wrapping_add(1);
+        let specs: Vec<WatchSpec> = c
+            .words
+            .iter()
+            .take(MAX_WATCHES)
+            .map(|&(addr, len)| WatchSpec {
+                addr,
+                len: len as u8,
+                kind: WatchKind::ReadWrite,
+            })
+            .collect();
+        watcher
+            .arm(&specs)
+            .with_context(|| format!("arming watchpoints on line {:#x}", c.line_addr))?;
+        self.turn_started = Some(Instant::now());
+        Ok(())
+    }
+}
