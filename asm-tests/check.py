@@ -124,6 +124,41 @@ def run_one(entry, size, env, timeout):
     return ("fail" if errs else "pass"), errs
 
 
+def check_dwarf(entry):
+    """The manifest's file:line of each contending label is what the binary's DWARF says, so a
+    report naming that line names that instruction."""
+    path = os.path.join(ROOT, entry["binary"])
+    labels = {c["label"]: c for c in entry["contending"]}
+    if not labels:
+        return []
+    try:
+        nm = subprocess.run(["nm", "--defined-only", path], capture_output=True, text=True,
+                            check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        return [f"nm failed: {e}"]
+    addrs = {}
+    for line in nm.splitlines():
+        f = line.split()
+        if len(f) == 3 and f[2] in labels:
+            addrs[f[2]] = f[0]
+    missing = sorted(set(labels) - set(addrs))
+    if missing:
+        return [f"labels missing from the symbol table: {' '.join(missing)}"]
+    names = sorted(addrs)
+    try:
+        out = subprocess.run(["addr2line", "-e", path] + [addrs[n] for n in names],
+                             capture_output=True, text=True, check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError) as e:
+        return [f"addr2line failed: {e}"]
+    errors = []
+    for name, where in zip(names, out):
+        want = f"{labels[name]['file']}:{labels[name]['line']}"
+        got = os.path.basename(where.split(" ")[0])
+        if got != want:
+            errors.append(f"{name}: DWARF says {got}, manifest says {want}")
+    return errors
+
+
 def self_test(doc):
     """The checker must reject a corrupted result: flip a written byte and an untouched one."""
     entry = next(e for e in doc["tests"] if e["name"] == "xadd_true_s8")
@@ -152,6 +187,8 @@ def main():
     ap.add_argument("--iters", type=int, help="exact iterations per thread instead of seconds")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=30.0)
+    ap.add_argument("--dwarf", action="store_true",
+                    help="only check each contending label's DWARF file:line against the manifest")
     ap.add_argument("names", nargs="*")
     args = ap.parse_args()
     with open(MANIFEST) as f:
@@ -169,6 +206,17 @@ def main():
         env.pop("ASMTEST_SECONDS", None)
     else:
         env["ASMTEST_SECONDS"] = str(args.seconds)
+
+    if args.dwarf:
+        bad = 0
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            found = list(pool.map(lambda e: (e, check_dwarf(e)), tests))
+        for e, msgs in found:
+            for m in msgs:
+                bad += 1
+                print(f"FAIL {e['name']}: {m}")
+        print(f"{len(tests)} tests' labels checked against DWARF, {bad} mismatches")
+        return 1 if bad else 0
 
     passed = failed = skipped = 0
     problems = self_test(doc)

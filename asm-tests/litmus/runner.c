@@ -2,10 +2,11 @@
  * and flags any outcome the x86-TSO model forbids (the table comes from gen.py's exhaustive
  * exploration of the model, see asm-tests/litmus/manifest.json).
  *
- *   usage: litmus [-n ITERS] [-b BATCH] [-j JITTER] [-s] [-l] [TEST ...]
+ *   usage: litmus [-n ITERS] [-b BATCH] [-j JITTER] [-w SECONDS] [-s] [-l] [TEST ...]
  *          ITERS also from LITMUS_ITERS (default 100000); -l lists the tests; -s also runs the
  *          runner's self-tests (bodies deliberately wrong: they pass only if the runner reports
- *          forbidden outcomes for them).
+ *          forbidden outcomes for them); -w waits SECONDS after printing the pid before the
+ *          first test, so a tool can attach and rewrite the bodies first.
  *
  * One iteration = every thread passes a spin barrier on a shared counter, then runs its body on
  * that iteration's own x and y (each in its own cache line, fresh zeros), so no thread waits for
@@ -27,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "litmus.h"
 
@@ -239,14 +241,15 @@ static int usable_cpus(int *cpus, int max)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: litmus [-n ITERS] [-b BATCH] [-j JITTER] [-s] [-l] [TEST ...]\n");
+    fprintf(stderr, "usage: litmus [-n ITERS] [-b BATCH] [-j JITTER] [-w SECONDS] [-s] [-l] "
+                    "[TEST ...]\n");
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
     uint64_t iters = 100000, batch = 4096;
-    unsigned jitter = 0;
+    unsigned jitter = 0, wait_s = 0;
     int selftests = 0;
     const char *e = getenv("LITMUS_ITERS");
     if (e)
@@ -259,7 +262,7 @@ int main(int argc, char **argv)
             for (int k = 0; k < litmus_ntests; k++)
                 printf("%s\n", litmus_tests[k].name);
             return 0;
-        } else if (argv[i][0] == '-' && argv[i][1] && !argv[i][2] && strchr("nbj", argv[i][1])) {
+        } else if (argv[i][0] == '-' && argv[i][1] && !argv[i][2] && strchr("nbjw", argv[i][1])) {
             if (i + 1 >= argc)
                 usage();
             char *end;
@@ -268,6 +271,8 @@ int main(int argc, char **argv)
                 usage();
             if (argv[i - 1][1] == 'n')
                 iters = v;
+            else if (argv[i - 1][1] == 'w')
+                wait_s = (unsigned)v;
             else if (argv[i - 1][1] == 'b')
                 batch = v ? v : 1;
             else
@@ -287,6 +292,11 @@ int main(int argc, char **argv)
             fprintf(stderr, "litmus: unknown test %s (-l lists them)\n", argv[i]);
             return 2;
         }
+    }
+    if (wait_s) {
+        printf("litmus: pid %d, starting in %u s\n", (int)getpid(), wait_s);
+        fflush(stdout);
+        sleep(wait_s);
     }
     int cpus[LITMUS_MAX_THREADS];
     int ncpu = usable_cpus(cpus, LITMUS_MAX_THREADS);
