@@ -767,6 +767,8 @@ def manifest_entry(case, marks, needs_avx):
         "contending": contending,
         "accesses": accesses,
         "final_memory": final_memory(case),
+        "knobs": {"iters_env": "ASMTEST_ITERS", "seconds_env": "ASMTEST_SECONDS",
+                  "default_seconds": 1.5, "args": ["--iters", "N", "--seconds", "S"]},
         "note": case.note,
     }
 
