@@ -794,8 +794,10 @@ def manifest_doc(entries):
             "env": {"ASMTEST_ITERS": "iterations per thread", "ASMTEST_SECONDS":
                     "seconds per thread (default 1.5)", "ASMTEST_CHUNK":
                     "iterations per body call (default 1024)", "ASMTEST_PIN":
-                    "1: pin thread t to CPU t"},
-            "args": "--iters N --seconds S --chunk C (override the environment)",
+                    "1: pin thread t to CPU t", "ASMTEST_WAIT":
+                    "print the pid and sleep this long before starting (attach window)"},
+            "args": "--iters N --seconds S --chunk C --wait W (override the environment); "
+                    "--seconds 0 alone runs until SIGINT/SIGTERM, which also end any run early",
             "default_seconds": 1.5,
         },
         "output": "lines 'iters n0 n1 ...', 'mem +0xOFF w0 .. w7' (hex 64-bit words), "

@@ -16,14 +16,19 @@
  *   --iters N   / ASMTEST_ITERS=N     iterations per thread (exact)          default: unbounded
  *   --seconds S / ASMTEST_SECONDS=S   wall-clock bound per thread            default: 1.5
  *   --chunk C   / ASMTEST_CHUNK=C     iterations per body call               default: 1024
+ *   --wait W    / ASMTEST_WAIT=W      print the pid, sleep W seconds, then start (time for a
+ *                                     tool to attach and rewrite the bodies first)
  *   ASMTEST_PIN=1                     pin thread t to CPU t % ncpus
- * With both bounds a thread stops at whichever comes first. Exit status 77: the CPU lacks an
+ * With both bounds a thread stops at whichever comes first. --seconds 0 without --iters runs
+ * until SIGINT or SIGTERM; either signal also ends a bounded run early. Either way the threads
+ * finish their current chunk and the final memory is printed as usual. Exit status 77: the CPU lacks an
  * instruction set the test needs (AVX), nothing was run.
  */
 #define _GNU_SOURCE
 #include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +52,8 @@ static uint64_t opt_iters = 0; /* 0: no iteration bound */
 static double opt_seconds = 1.5;
 static uint64_t opt_chunk = 1024;
 static int opt_pin = 0;
+static double opt_wait = 0;
+static volatile sig_atomic_t stop_requested = 0;
 static pthread_barrier_t start_barrier;
 static uint64_t thread_iters[MAX_THREADS];
 
@@ -89,9 +96,17 @@ static void *run_thread(void *arg)
             break;
         if (deadline && now_s() >= deadline)
             break;
+        if (stop_requested)
+            break;
     }
     thread_iters[t] = done;
     return NULL;
+}
+
+static void on_stop_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
 }
 
 static int parse_u64(const char *s, uint64_t *out)
@@ -116,7 +131,7 @@ static int parse_f64(const char *s, double *out)
 
 static void usage(const char *argv0)
 {
-    fprintf(stderr, "usage: %s [--iters N] [--seconds S] [--chunk C]\n", argv0);
+    fprintf(stderr, "usage: %s [--iters N] [--seconds S] [--chunk C] [--wait W]\n", argv0);
     exit(2);
 }
 
@@ -133,6 +148,8 @@ int main(int argc, char **argv)
     }
     if ((e = getenv("ASMTEST_CHUNK")) && parse_u64(e, &opt_chunk))
         usage(argv[0]);
+    if ((e = getenv("ASMTEST_WAIT")) && parse_f64(e, &opt_wait))
+        usage(argv[0]);
     if ((e = getenv("ASMTEST_PIN")))
         opt_pin = atoi(e);
     for (int i = 1; i < argc; i++) {
@@ -145,6 +162,9 @@ int main(int argc, char **argv)
             if (parse_f64(argv[++i], &opt_seconds))
                 usage(argv[0]);
             seconds_given = 1;
+        } else if (!strcmp(argv[i], "--wait")) {
+            if (parse_f64(argv[++i], &opt_wait))
+                usage(argv[0]);
         } else if (!strcmp(argv[i], "--chunk")) {
             if (parse_u64(argv[++i], &opt_chunk))
                 usage(argv[0]);
@@ -167,6 +187,19 @@ int main(int argc, char **argv)
     if (asmtest_needs_avx && !__builtin_cpu_supports("avx")) {
         printf("asmtest %s: SKIP (CPU lacks AVX)\n", asmtest_name);
         return 77;
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    if (opt_wait > 0) {
+        printf("asmtest %s: pid %d, starting in %.1f s\n", asmtest_name, (int)getpid(), opt_wait);
+        fflush(stdout);
+        struct timespec ts = {(time_t)opt_wait, (long)((opt_wait - (double)(time_t)opt_wait) * 1e9)};
+        while (nanosleep(&ts, &ts) && !stop_requested)
+            ;
     }
 
     pthread_barrier_init(&start_barrier, NULL, nt);
