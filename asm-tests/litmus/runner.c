@@ -6,7 +6,9 @@
  *          ITERS also from LITMUS_ITERS (default 100000); -l lists the tests; -s also runs the
  *          runner's self-tests (bodies deliberately wrong: they pass only if the runner reports
  *          forbidden outcomes for them); -w waits SECONDS after printing the pid before the
- *          first test, so a tool can attach and rewrite the bodies first.
+ *          first test, so a tool can attach and rewrite the bodies first; -f runs tests needing
+ *          more CPUs than available anyway, threads sharing CPUs round-robin (no relaxed
+ *          outcome is likely then, but forbidden ones must still never appear).
  *
  * One iteration = every thread passes a spin barrier on a shared counter, then runs its body on
  * that iteration's own x and y (each in its own cache line, fresh zeros), so no thread waits for
@@ -45,6 +47,7 @@ struct run {
     const struct litmus_test *test;
     uint64_t iters, batch;
     unsigned jitter;
+    unsigned spin_limit; /* spins before sched_yield: small when threads share CPUs (-f) */
     int cpus[LITMUS_MAX_THREADS];
     uint64_t *locs;                    /* batch * 2 lines: x_k, y_k */
     uint64_t *outs[LITMUS_MAX_THREADS]; /* batch * OUT_WORDS per thread */
@@ -70,7 +73,7 @@ static void spin_barrier(struct run *r, uint64_t *passed)
     while (atomic_load_explicit(&r->arrive, memory_order_acquire) < target) {
         __builtin_ia32_pause();
         /* The CPUs may be shared with other work: give a preempted peer the CPU back. */
-        if (++spins > 50000) {
+        if (++spins > r->spin_limit) {
             sched_yield();
             spins = 0;
         }
@@ -241,7 +244,7 @@ static int usable_cpus(int *cpus, int max)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: litmus [-n ITERS] [-b BATCH] [-j JITTER] [-w SECONDS] [-s] [-l] "
+    fprintf(stderr, "usage: litmus [-n ITERS] [-b BATCH] [-j JITTER] [-w SECONDS] [-s] [-f] [-l] "
                     "[TEST ...]\n");
     exit(2);
 }
@@ -250,7 +253,7 @@ int main(int argc, char **argv)
 {
     uint64_t iters = 100000, batch = 4096;
     unsigned jitter = 0, wait_s = 0;
-    int selftests = 0;
+    int selftests = 0, force = 0;
     const char *e = getenv("LITMUS_ITERS");
     if (e)
         iters = strtoull(e, NULL, 0);
@@ -258,6 +261,8 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-s")) {
             selftests = 1;
+        } else if (!strcmp(argv[i], "-f")) {
+            force = 1;
         } else if (!strcmp(argv[i], "-l")) {
             for (int k = 0; k < litmus_ntests; k++)
                 printf("%s\n", litmus_tests[k].name);
@@ -308,7 +313,7 @@ int main(int argc, char **argv)
             wanted |= !strcmp(argv[i], T->name);
         if (!wanted)
             continue;
-        if (T->nthreads > ncpu) {
+        if (T->nthreads > ncpu && !force) {
             printf("%s: SKIP, needs %d CPUs, this process may use %d\n\n", T->name, T->nthreads,
                    ncpu);
             skipped++;
@@ -321,7 +326,10 @@ int main(int argc, char **argv)
         r->iters = iters;
         r->batch = batch < iters ? batch : (iters ? iters : 1);
         r->jitter = jitter;
-        memcpy(r->cpus, cpus, sizeof cpus);
+        for (int t = 0; t < T->nthreads; t++)
+            r->cpus[t] = cpus[t % (ncpu > 0 ? ncpu : 1)];
+        /* Sharing a CPU, the peer we wait for can only run once we yield. */
+        r->spin_limit = T->nthreads > ncpu ? 20 : 50000;
         r->locs = aligned_alloc(64, r->batch * 2 * WORDS_PER_LINE * sizeof(uint64_t));
         if (!r->locs)
             return 2;
