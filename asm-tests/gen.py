@@ -417,7 +417,7 @@ def fill_big_tail(src, t):
     for insn in ["not %r11", f"movl %r11d, {priv}+32(%rip)"]:
         src.emit(f"    {insn}")
     src.emit(f".Lbig_b_{t}:")
-    for insn in ["popcnt %r11, %rdx", "add %rdx, %rax", f"mov %rax, {priv}+40(%rip)"]:
+    for insn in ["imul $7, %r11, %rdx", "add %rdx, %rax", f"mov %rax, {priv}+40(%rip)"]:
         src.emit(f"    {insn}")
 
 
