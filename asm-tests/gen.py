@@ -817,13 +817,33 @@ harness.o: ../harness.c
 """
 
 
+def intended_kind(name):
+    """The kind a case's name promises; the byte model must agree (a typo in an offset that
+    turns a false-sharing case into true sharing, or into no sharing, fails generation)."""
+    tokens = name.split("_")
+    if "true" in tokens:
+        return "true_sharing"
+    if "false" in tokens:
+        return "false_sharing"
+    if "none" in tokens or tokens[0] in ("rr", "adjacent"):
+        return "none"
+    raise ValueError(f"{name}: the name does not say which kind it is")
+
+
 def generate(write):
     entries = []
     files = {}
     for case in cases():
         text, marks, needs_avx = gen_case(case)
         files[f"{case.name}.S"] = text
-        entries.append(manifest_entry(case, marks, needs_avx))
+        entry = manifest_entry(case, marks, needs_avx)
+        if entry["expected_kind"] != intended_kind(case.name):
+            raise SystemExit(f"{case.name}: the byte model says {entry['expected_kind']}")
+        if (entry["expected_kind"] == "none") != (not entry["contending"]):
+            raise SystemExit(f"{case.name}: contending labels disagree with the kind")
+        if case.name.startswith("adjacent") and entry["expected_kind_128"] != "false_sharing":
+            raise SystemExit(f"{case.name}: not false sharing at 128 bytes")
+        entries.append(entry)
     names = [e["name"] for e in entries]
     if len(set(names)) != len(names):
         raise SystemExit("duplicate test names")
