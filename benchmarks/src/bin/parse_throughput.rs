@@ -14,7 +14,9 @@
 //! - `frames`: walking the frames and checking every CRC, decoding nothing,
 //! - `decode`: the full `trace::Reader` as an iterator, building every `Event`,
 //! - `lend`: `Reader::next_ref`, decoding into one reused `Event` in place,
-//! - `stream`: `trace::StreamReader` over the same bytes through `std::io::Read`.
+//! - `stream`: `trace::StreamReader` over the same bytes through `std::io::Read`,
+//! - `write`: `trace::Writer` encoding the same events into memory (the recording side's
+//!   cost per sample, which a live `laser record` pays while the target runs).
 //!
 //! Times are thread CPU time, the best of ROUNDS rounds (the minimum is the least disturbed by
 //! other processes); the passes are interleaved within each round.
@@ -204,11 +206,18 @@ fn main() {
     );
 
     let start = Reader::new(&bytes).expect("header").offset() as usize;
+    let header = Reader::new(&bytes).expect("header").header().clone();
+    let events: Vec<Event> = Reader::new(&bytes)
+        .expect("header")
+        .collect::<Result<_, _>>()
+        .expect("intact recording");
 
     // Passes run interleaved, round after round, so a burst of load from other processes
     // hits all of them alike; each keeps its fastest round.
-    let mut t = [Duration::MAX; 5];
+    let mut t = [Duration::MAX; 6];
     let (mut nf, mut nd, mut nl, mut ns, mut end) = (0, 0, 0, 0, None);
+    let mut written_again_matches = true;
+    let mut sink = bytes.clone();
     for _ in 0..rounds {
         let (d, sum) = timed(|| {
             bytes
@@ -261,10 +270,29 @@ fn main() {
             k
         });
         (t[4], ns) = (t[4].min(d), k);
-    }
-    let [t_touch, t_frames, t_decode, t_lend, t_stream] = t;
 
-    let ok = nf == written && nd == written && nl == written && ns == written;
+        // Into a reused buffer: a file sink does not page-fault fresh memory per record.
+        sink.clear();
+        let (d, ()) = timed(|| {
+            let mut w = Writer::new(&mut sink, &header).expect("in memory");
+            for e in &events {
+                w.write(black_box(e)).expect("in memory");
+            }
+            let f = w.footer(n * 50_000);
+            w.finish(f).expect("in memory");
+        });
+        t[5] = t[5].min(d);
+        // Same events, same header: the same bytes.
+        written_again_matches &= sink == bytes;
+    }
+    let [t_touch, t_frames, t_decode, t_lend, t_stream, t_write] = t;
+
+    let ok = nf == written
+        && nd == written
+        && nl == written
+        && ns == written
+        && events.len() as u64 == written
+        && written_again_matches;
     let complete =
         matches!(end, Some(EndState::Complete { footer }) if footer.stats.records == written);
     let rate = |t: Duration| written as f64 / t.as_secs_f64() / 1e6;
@@ -279,6 +307,7 @@ fn main() {
         ("decode", t_decode),
         ("lend", t_lend),
         ("stream", t_stream),
+        ("write", t_write),
     ] {
         println!(
             "{name:<8} {:>10.1} {:>12.2} {:>8.2} {:>9.2}x",
@@ -289,7 +318,7 @@ fn main() {
         );
     }
     println!(
-        "count check: written {written}, frames {nf}, decoded {nd}, lent {nl}, streamed {ns}: {}",
+        "count check: written {written}, frames {nf}, decoded {nd}, lent {nl}, streamed {ns}, re-encoded identically: {written_again_matches}: {}",
         if ok { "OK" } else { "MISMATCH" }
     );
     println!(

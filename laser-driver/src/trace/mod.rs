@@ -79,6 +79,31 @@ impl EndState {
     }
 }
 
+/// What the CLI prints (as a warning unless complete).
+impl std::fmt::Display for EndState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EndState::Complete { footer } => write!(
+                f,
+                "complete: {} records, {} samples, {} lost, {} throttles",
+                footer.stats.records,
+                footer.stats.samples,
+                footer.stats.lost,
+                footer.stats.throttles
+            ),
+            EndState::Truncated { offset } => write!(
+                f,
+                "recording truncated at byte {offset} (laser stopped early or the disk filled): \
+                 every record before it was read, the footer with totals is missing"
+            ),
+            EndState::Corrupt { offset, why } => write!(
+                f,
+                "recording damaged at byte {offset}: {why}; every record before it was read"
+            ),
+        }
+    }
+}
+
 /// Record kind bytes (first byte of each frame).
 pub(crate) mod kind {
     pub const SAMPLE: u8 = 1;
@@ -99,3 +124,24 @@ pub(crate) const FRAME_TAIL: usize = 4;
 pub(crate) const FILE_HEAD: usize = 16;
 /// Trailer after the footer record: footer offset u64 + END_MAGIC.
 pub(crate) const TRAILER_LEN: usize = 16;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn end_states_explain_themselves_with_numbers() {
+        let t = EndState::Truncated { offset: 4096 }.to_string();
+        assert!(t.starts_with("recording truncated at byte 4096"), "{t}");
+        let c = EndState::Corrupt {
+            offset: 77,
+            why: "checksum mismatch".into(),
+        }
+        .to_string();
+        assert!(c.contains("byte 77: checksum mismatch"), "{c}");
+        let mut footer = TraceFooter::default();
+        footer.stats.lost = 5;
+        let k = EndState::Complete { footer }.to_string();
+        assert!(k.contains("5 lost"), "{k}");
+    }
+}

@@ -1,8 +1,9 @@
-//! Reading a recording from any `Read` (a pipe, stdin, a file too large to map) with one
-//! reused buffer. Same checks and same end states as the in-memory [`Reader`](super::Reader);
-//! wrap unbuffered sources in a `BufReader`.
+//! Reading a recording from any `Read` (a pipe, stdin, a file too large to map). Same checks
+//! and same end states as the in-memory [`Reader`](super::Reader). The source is buffered
+//! here (256 KiB): frames that lie whole in the buffer decode straight from it; only a frame
+//! split across refills is copied out first.
 
-use std::io::{ErrorKind, Read};
+use std::io::{BufRead, BufReader, ErrorKind, Read};
 
 use super::codec::{decode_event_into, is_known, split_frame, Frame};
 use super::header::{self, TraceHeader};
@@ -12,8 +13,11 @@ use super::{
 };
 use crate::event::Event;
 
+/// Read buffer size: many frames per `read` call.
+const BUFFER: usize = 256 * 1024;
+
 pub struct StreamReader<R: Read> {
-    src: R,
+    src: BufReader<R>,
     header: TraceHeader,
     buf: Vec<u8>,
     offset: u64,
@@ -38,7 +42,8 @@ fn read_full<R: Read>(src: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
 }
 
 impl<R: Read> StreamReader<R> {
-    pub fn new(mut src: R) -> Result<Self, TraceError> {
+    pub fn new(src: R) -> Result<Self, TraceError> {
+        let mut src = BufReader::with_capacity(BUFFER, src);
         let mut head = vec![0u8; FILE_HEAD];
         let n = read_full(&mut src, &mut head)?;
         head.truncate(n);
@@ -115,6 +120,29 @@ impl<R: Read> Iterator for StreamReader<R> {
         loop {
             if self.end.is_some() {
                 return None;
+            }
+            // Fast path: the next frame lies whole in the read buffer. Anything else (a frame
+            // split across refills, the footer, damage, an I/O error) takes the path below,
+            // which reads the frame out and reports what it finds.
+            if let Ok(avail) = self.src.fill_buf() {
+                if let Frame::Ok { kind, payload, len } = split_frame(avail) {
+                    if kind != kind::FOOTER {
+                        let known = is_known(kind);
+                        if known {
+                            let r = decode_event_into(kind, payload, self.offset, &mut self.slot);
+                            if let Err(e) = r {
+                                return self.corrupt(e);
+                            }
+                        }
+                        self.src.consume(len);
+                        self.offset += len as u64;
+                        self.records += 1;
+                        if known {
+                            return Some(Ok(self.slot.clone()));
+                        }
+                        continue;
+                    }
+                }
             }
             match self.fill_frame() {
                 Ok(true) => {}
