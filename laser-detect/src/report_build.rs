@@ -94,16 +94,26 @@ pub fn build_report(
     Report {
         schema: SCHEMA.to_string(),
         backend: analysis.backend.name().to_string(),
-        duration_s: analysis.duration_s,
+        duration_s: finite(analysis.duration_s),
         samples: analysis.samples,
         lost: analysis.lost,
         throttles: analysis.throttles,
         filtered: analysis.filtered,
         line_size,
-        threshold: opts.threshold,
+        threshold: finite(opts.threshold),
         below_threshold: below,
         notes,
         findings,
+    }
+}
+
+/// JSON has no NaN or infinity (serde_json writes `null`, which does not read back as a
+/// number); a zero-length run can produce them.
+fn finite(x: f64) -> f64 {
+    if x.is_finite() {
+        x
+    } else {
+        0.0
     }
 }
 
@@ -140,11 +150,11 @@ fn finding(
     let mut out = Finding {
         kind: f.kind,
         line_addr: f.line_addr,
-        rate_per_s: f.rate_per_s,
+        rate_per_s: finite(f.rate_per_s),
         events: f.events,
         true_events: f.true_events,
         false_events: f.false_events,
-        share: f.share,
+        share: finite(f.share),
         threads,
         data,
         sources,

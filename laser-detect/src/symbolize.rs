@@ -12,8 +12,9 @@ use std::io;
 use crate::dataname::{DataIndex, LineData};
 use crate::debug_module::{debug_file_candidates, DebugModule, DwarfReader, SymKind};
 
-/// Reads a whole file (module, separate debug file, or source file) by path.
-pub type FileReader = Box<dyn FnMut(&str) -> io::Result<Vec<u8>>>;
+/// Reads a whole file (module, separate debug file, or source file) by path. `Send` so a
+/// symbolizer can move to a worker thread.
+pub type FileReader = Box<dyn FnMut(&str) -> io::Result<Vec<u8>> + Send>;
 
 /// One caller frame an instruction's function was inlined into.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]

@@ -570,3 +570,44 @@ fn build_id_mismatch_is_a_note() {
         .expect("a note");
     assert!(note.contains("dead") && note.contains(&hex), "{note}");
 }
+
+#[test]
+fn many_sources_are_summed_up_and_non_finite_numbers_survive_json() {
+    let b = build("many");
+    let (mut analysis, _) = analysis(&b);
+    analysis.findings.truncate(1);
+    let first = analysis.findings[0].sources[0].clone();
+    analysis.findings[0].sources = (0..15u64)
+        .map(|i| SourceAccess {
+            pc: first.pc + i,
+            events: 100 - i,
+            ..first.clone()
+        })
+        .collect();
+    analysis.duration_s = f64::NAN;
+    analysis.findings[0].rate_per_s = f64::INFINITY;
+    let mut sym = b.symbolizer();
+    let report = build_report(&analysis, &mut sym, &ReportOptions::default());
+    assert_eq!(
+        report.findings[0].sources.len(),
+        15,
+        "JSON keeps every source"
+    );
+    let text = render_text(&report);
+    let max = laser_detect::render_text::MAX_SOURCES;
+    // The three least frequent: 100-12, 100-13, 100-14 events.
+    assert!(
+        text.contains(&format!(
+            "+{} more sources ({} events)",
+            15 - max,
+            88 + 87 + 86
+        )),
+        "{text}"
+    );
+    assert!(text.contains(&format!(
+        "    {:<3}",
+        laser_detect::render_text::label(max - 1)
+    )));
+    let back = Report::from_json(&report.to_json()).expect("finite numbers only");
+    assert_eq!(back.duration_s, 0.0);
+}

@@ -152,3 +152,60 @@ fn data_names_fields_of_struct_arrays_scalars_and_nested_structs() {
     let d = sym.name_data(MODULE, nm["done_flag"], 64, 0xf).unwrap();
     assert_eq!(d.objects[0].type_name.as_deref(), Some("volatile int"));
 }
+
+/// Prints how long symbolization and the data index take on a big binary: this test binary
+/// itself (Rust, full DWARF of our dependencies). Run with
+/// `cargo test -p laser-detect --test report_symbolize -- --ignored --nocapture measure`.
+#[test]
+#[ignore = "measurement: prints timings, asserts only that lookups succeed"]
+fn measure_symbolize_on_this_test_binary() {
+    use std::time::Instant;
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.to_string_lossy().into_owned();
+    let bytes = std::fs::read(&exe).unwrap();
+    let module = laser_detect::debug_module::DebugModule::parse(&bytes).unwrap();
+    let text: Vec<u64> = module
+        .symbols
+        .iter()
+        .filter(|s| s.kind == laser_detect::debug_module::SymKind::Text && s.size > 4)
+        .map(|s| s.addr + s.size / 2)
+        .collect();
+    let data = module
+        .symbols
+        .iter()
+        .find(|s| s.kind == laser_detect::debug_module::SymKind::Data && s.size >= 8)
+        .map(|s| s.addr)
+        .unwrap();
+    let mut sym = laser_detect::Symbolizer::new();
+    let t = Instant::now();
+    let first = sym.symbolize(&path, text[0]);
+    let open = t.elapsed();
+    let t = Instant::now();
+    let mut with_line = 0;
+    for &a in &text {
+        with_line += usize::from(sym.symbolize(&path, a).line.is_some());
+    }
+    let lookups = t.elapsed();
+    let t = Instant::now();
+    let d = sym.name_data(&path, data & !63, 64, u128::MAX >> 64);
+    let index = t.elapsed();
+    let t = Instant::now();
+    for &a in &text {
+        sym.symbolize(&path, a);
+    }
+    let again = t.elapsed();
+    println!(
+        "binary {} MB: open+first lookup {:?}; {} lookups {:?} ({:.1} µs each, {} with a line); \
+         same again warm {:?}; data index + one line {:?} ({} objects)",
+        bytes.len() / 1_000_000,
+        open,
+        text.len(),
+        lookups,
+        lookups.as_secs_f64() * 1e6 / text.len() as f64,
+        with_line,
+        again,
+        index,
+        d.map_or(0, |d| d.objects.len()),
+    );
+    assert!(first.debug_info && with_line > text.len() / 2);
+}
