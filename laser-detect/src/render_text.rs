@@ -208,7 +208,7 @@ fn header(out: &mut String, r: &Report) {
     );
     let _ = writeln!(
         out,
-        "byte map: R read  W write  X read-modify-write  * written and touched by 2+ threads  . not seen"
+        "byte map: R read  W write  X read+write (rmw)  * true sharing: 2+ threads, one writes  . not seen"
     );
 }
 
@@ -307,7 +307,9 @@ fn byte_map(out: &mut String, f: &Finding, shown: &[Source], line_size: u32) {
             .collect();
         let writes = touching.iter().any(|s| s.op.writes());
         let reads = touching.iter().any(|s| s.op.reads());
-        *cell = if ts.len() >= 2 && writes {
+        // The line model's kind is authoritative: a false-sharing line has no byte two
+        // threads share, even when an analysis merged threads into one source.
+        *cell = if ts.len() >= 2 && writes && f.kind != Kind::FalseSharing {
             '*'
         } else if writes && reads {
             'X'
