@@ -3,6 +3,7 @@
 
 pub mod dataname;
 pub mod debug_module;
+mod dwarf_types;
 pub mod findings;
 pub mod fix;
 pub mod render_text;
