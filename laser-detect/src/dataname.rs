@@ -141,7 +141,9 @@ impl DataIndex {
                 last = None;
                 continue;
             }
-            let addr = line_vaddr + u64::from(b);
+            let Some(addr) = line_vaddr.checked_add(u64::from(b)) else {
+                break;
+            };
             let (key, obj, field) = if let Some(vi) = self.var_at(addr) {
                 let v = &self.vars[vi];
                 let path = match v.ty {

@@ -188,7 +188,9 @@ impl Symbolizer {
                 format!("{name}+{off:#x}")
             });
         }
-        if let Some(ctx) = &m.ctx {
+        // addr2line computes `probe + 1` (an overflow panic in debug builds at u64::MAX, an
+        // address no module has anyway).
+        if let (Some(ctx), true) = (&m.ctx, vaddr < u64::MAX) {
             if let Ok(frames) = ctx.find_frames(vaddr).skip_all_loads() {
                 fill_frames(&mut out, frames);
             }

@@ -209,3 +209,45 @@ fn measure_symbolize_on_this_test_binary() {
     );
     assert!(first.debug_info && with_line > text.len() / 2);
 }
+
+/// Truncated and corrupted binaries must give partial answers or none, never a panic.
+#[test]
+fn damaged_binaries_never_panic() {
+    let b = build("damaged");
+    let lines = b.line_table();
+    let nm = b.nm();
+    let good = std::fs::read(&b.exe).unwrap();
+    let at = lines[&marker("sum_x")][0];
+    let mut damaged: Vec<Vec<u8>> = Vec::new();
+    for cut in [
+        16,
+        64,
+        1000,
+        good.len() / 3,
+        good.len() / 2,
+        good.len() - 100,
+    ] {
+        damaged.push(good[..cut].to_vec());
+    }
+    // Flip bytes through the back half of the file (where the debug sections are).
+    for seed in 1..=48u64 {
+        let mut bytes = good.clone();
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        for _ in 0..64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let i = good.len() / 2 + (x as usize) % (good.len() / 2);
+            bytes[i] ^= (x >> 32) as u8 | 1;
+        }
+        damaged.push(bytes);
+    }
+    for bytes in damaged {
+        let mut sym =
+            laser_detect::Symbolizer::with_reader(Box::new(move |_: &str| Ok(bytes.clone())));
+        let _ = sym.symbolize(MODULE, at);
+        let _ = sym.symbolize(MODULE, u64::MAX);
+        let _ = sym.name_data(MODULE, nm["acc"], 64, u128::MAX);
+        let _ = sym.name_data(MODULE, u64::MAX & !63, 128, u128::MAX);
+    }
+}
