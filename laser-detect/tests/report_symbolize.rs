@@ -251,3 +251,36 @@ fn damaged_binaries_never_panic() {
         let _ = sym.name_data(MODULE, !63, 128, u128::MAX);
     }
 }
+
+#[test]
+fn separate_debug_file_via_build_id() {
+    let b = build("build-id-debug");
+    let lines = b.line_table();
+    let notes = b.tool("readelf", &["-n", "lr"]);
+    let id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .expect("gcc links with --build-id")
+        .trim()
+        .to_string();
+    b.tool("objcopy", &["--only-keep-debug", "lr", "lr.debug"]);
+    b.tool("strip", &["--strip-debug", "lr"]);
+    // Serve the debug file where distributions install it, without touching /usr.
+    let want = format!("/usr/lib/debug/.build-id/{}/{}.debug", &id[..2], &id[2..]);
+    let dir = b.dir.clone();
+    let mut sym = laser_detect::Symbolizer::with_reader(Box::new(move |path: &str| {
+        if path == want {
+            std::fs::read(dir.join("lr.debug"))
+        } else if path == MODULE {
+            std::fs::read(dir.join("lr"))
+        } else {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                path.to_string(),
+            ))
+        }
+    }));
+    let loc = sym.symbolize(MODULE, lines[&marker("flag")][0]);
+    assert!(loc.debug_info);
+    assert_eq!(loc.line, Some(marker("flag")));
+}
