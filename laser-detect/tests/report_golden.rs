@@ -19,8 +19,12 @@ use report_common::{build, fixture, marker, Built, BIAS, MODULE};
 
 /// Named addresses used in the analysis, for building it and for normalizing output.
 struct Addrs {
-    /// placeholder name → value
+    /// placeholder name → address (all ≥ 0x1000, so no small number in the text is mistaken
+    /// for one)
     named: Vec<(String, u64)>,
+    /// `symbol+0xoff` strings → placeholder: offsets are small numbers, so they are only
+    /// replaced right after their symbol's name.
+    sym_offsets: Vec<(String, String)>,
     /// Text symbols of the program (`nm`), sorted, to name `symbol+offset`s.
     text_symbols: Vec<(u64, String)>,
 }
@@ -32,12 +36,32 @@ fn bytes(start: u32, end: u32) -> u128 {
 
 impl Addrs {
     fn add(&mut self, name: &str, value: u64) -> u64 {
+        assert!(
+            value >= 0x1000,
+            "{name} = {value:#x} is too small to replace safely"
+        );
         self.named.push((name.to_string(), value));
         value
     }
 
-    /// Replaces each whole `0x…` token whose value was named; first name wins.
+    /// Replaces each whole `symbol+0x…` written for a source, then each whole `0x…` token
+    /// whose value was named (first name wins).
     fn normalize(&self, text: &str) -> String {
+        let mut text = text.to_string();
+        for (from, to) in &self.sym_offsets {
+            let mut out = String::new();
+            let mut rest = text.as_str();
+            while let Some(i) = rest.find(from.as_str()) {
+                let after = &rest[i + from.len()..];
+                let whole = !after.starts_with(|c: char| c.is_ascii_hexdigit());
+                out.push_str(&rest[..i]);
+                out.push_str(if whole { to } else { from });
+                rest = after;
+            }
+            out.push_str(rest);
+            text = out;
+        }
+        let text = text.as_str();
         let mut names: HashMap<u64, &str> = HashMap::new();
         for (n, v) in &self.named {
             names.entry(*v).or_insert(n);
@@ -80,7 +104,11 @@ impl Addrs {
             .find(|(s, _)| *s <= vaddr)
             .cloned();
         if let Some((start, sym)) = containing {
-            self.add(&format!("{sym}+:{name}"), vaddr - start);
+            let shown = format!("{sym}+{:#x}", vaddr - start);
+            if !self.sym_offsets.iter().any(|(f, _)| *f == shown) {
+                self.sym_offsets
+                    .push((shown, format!("{sym}+<symoff:{name}>")));
+            }
         }
         SourceAccess {
             pc: BIAS + vaddr,
@@ -140,6 +168,7 @@ fn line(
 fn analysis(b: &Built) -> (Analysis, Addrs) {
     let mut a = Addrs {
         named: vec![],
+        sym_offsets: vec![],
         text_symbols: b.text_symbols(),
     };
     let nm = b.nm();
