@@ -19,6 +19,12 @@ pub struct ReportOptions {
     pub source_text: bool,
     /// At most this many sources per finding (the rest are the least frequent); 0 = all.
     pub max_sources: usize,
+    /// Path prefixes to rewrite in the finished report, `(from, to)`, first match wins:
+    /// module, source file and inlined-at paths and notes. For output that must not depend on
+    /// where a program was built or run (golden tests over recordings, sharing reports). The
+    /// rewritten `module` no longer opens the file, so `laser repair --from` needs a report
+    /// made without it.
+    pub path_map: Vec<(String, String)>,
 }
 
 impl Default for ReportOptions {
@@ -27,6 +33,7 @@ impl Default for ReportOptions {
             threshold: 1000.0,
             source_text: true,
             max_sources: 0,
+            path_map: Vec::new(),
         }
     }
 }
@@ -91,7 +98,7 @@ pub fn build_report(
             ));
         }
     }
-    Report {
+    let mut report = Report {
         schema: SCHEMA.to_string(),
         backend: analysis.backend.name().to_string(),
         duration_s: finite(analysis.duration_s),
@@ -104,6 +111,40 @@ pub fn build_report(
         below_threshold: below,
         notes,
         findings,
+    };
+    if !opts.path_map.is_empty() {
+        remap_paths(&mut report, &opts.path_map);
+    }
+    report
+}
+
+fn remap(path: &mut String, map: &[(String, String)]) {
+    if let Some((from, to)) = map.iter().find(|(from, _)| path.starts_with(from.as_str())) {
+        *path = format!("{to}{}", &path[from.len()..]);
+    }
+}
+
+fn remap_paths(r: &mut Report, map: &[(String, String)]) {
+    for f in &mut r.findings {
+        if let Some(m) = &mut f.data.module {
+            remap(m, map);
+        }
+        for s in &mut f.sources {
+            for p in [&mut s.module, &mut s.file].into_iter().flatten() {
+                remap(p, map);
+            }
+            for i in &mut s.inlined {
+                if let Some(p) = &mut i.file {
+                    remap(p, map);
+                }
+            }
+        }
+    }
+    // Notes are prose: a path may sit anywhere in them.
+    for n in &mut r.notes {
+        for (from, to) in map {
+            *n = n.replace(from.as_str(), to);
+        }
     }
 }
 

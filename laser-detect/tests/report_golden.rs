@@ -640,3 +640,26 @@ fn many_sources_are_summed_up_and_non_finite_numbers_survive_json() {
     let back = Report::from_json(&report.to_json()).expect("finite numbers only");
     assert_eq!(back.duration_s, 0.0);
 }
+
+#[test]
+fn path_map_rewrites_every_path_in_the_report() {
+    let b = build("path-map");
+    let (analysis, _) = analysis(&b);
+    b.tool("strip", &["--strip-debug", "lr"]);
+    let mut sym = b.symbolizer();
+    let opts = ReportOptions {
+        path_map: vec![("/src/".into(), "$BUILD/".into())],
+        ..ReportOptions::default()
+    };
+    let json = build_report(&analysis, &mut sym, &opts).to_json();
+    assert!(!json.contains("/src/"), "{json}");
+    assert!(json.contains("\"module\": \"$BUILD/lr\""));
+    assert!(json.contains("no debug info for $BUILD/lr"));
+    // With debug info, source files and inlined-at files too.
+    let b = build("path-map-debug");
+    let (with_debug, _) = self::analysis(&b);
+    let mut sym = b.symbolizer();
+    let json = build_report(&with_debug, &mut sym, &opts).to_json();
+    assert!(!json.contains("/src/"), "{json}");
+    assert!(json.contains("\"file\": \"$BUILD/lr.c\""));
+}
