@@ -82,7 +82,11 @@ pub fn report(args: ReportArgs) -> Result<i32> {
         h.cmdline.join(" "),
         h.pid,
         h.backend,
-        if h.cpu_model.is_empty() { "unknown CPU" } else { &h.cpu_model }
+        if h.cpu_model.is_empty() {
+            "unknown CPU"
+        } else {
+            &h.cpu_model
+        }
     );
     if let Some(w) = recording::end_warning(&args.input, &replay.end) {
         eprintln!("laser: warning: {w}");

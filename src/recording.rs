@@ -84,8 +84,7 @@ pub fn replay(path: &Path, mut detector: Option<&mut Detector<ElfCode>>) -> Resu
     // laser would at worst show up as a truncated file, which the reader handles.
     let map = unsafe { memmap2::Mmap::map(&file) }
         .with_context(|| format!("mapping {}", path.display()))?;
-    let mut reader =
-        Reader::new(&map).with_context(|| format!("reading {}", path.display()))?;
+    let mut reader = Reader::new(&map).with_context(|| format!("reading {}", path.display()))?;
     let header = reader.header().clone();
     if let Some(d) = detector.as_deref_mut() {
         d.add_maps(header.pid, &header.maps);
@@ -102,7 +101,10 @@ pub fn replay(path: &Path, mut detector: Option<&mut Detector<ElfCode>>) -> Resu
         }
     }
     let Some(end) = reader.end_state().cloned() else {
-        bail!("{}: the reader stopped without an end state", path.display());
+        bail!(
+            "{}: the reader stopped without an end state",
+            path.display()
+        );
     };
     let footer = match &end {
         EndState::Complete { footer } => Some(*footer),

@@ -16,56 +16,12 @@
 
 use std::collections::HashMap;
 
-use gimli::{AttributeValue, UnitOffset};
+use gimli::AttributeValue;
 
 use crate::debug_module::{DwarfReader, ElfSymbol, SymKind};
 use crate::symbolize::demangle;
 
-type Dwarf = gimli::Dwarf<DwarfReader>;
-type Unit = gimli::Unit<DwarfReader>;
-type TypeId = usize;
-
-/// Nesting deeper than this is malformed or cyclic DWARF; stop there.
-const MAX_DEPTH: u32 = 24;
-
-#[derive(Clone, Debug)]
-enum TypeNode {
-    Base {
-        name: String,
-        size: u64,
-    },
-    Record {
-        keyword: &'static str,
-        name: Option<String>,
-        size: u64,
-        members: Vec<Member>,
-    },
-    Array {
-        elem: TypeId,
-        count: Option<u64>,
-    },
-    Pointer {
-        target: Option<TypeId>,
-        size: u64,
-    },
-    /// typedef (named) or const/volatile (qualifier).
-    Alias {
-        name: Option<String>,
-        qualifier: Option<&'static str>,
-        target: Option<TypeId>,
-    },
-    Opaque {
-        name: Option<String>,
-        size: u64,
-    },
-}
-
-#[derive(Clone, Debug)]
-struct Member {
-    name: Option<String>,
-    offset: u64,
-    ty: TypeId,
-}
+use crate::dwarf_types::{attr_str, unit_ref, Dwarf, TypeId, TypeTable, Unit};
 
 #[derive(Clone, Debug)]
 struct GlobalVar {
@@ -80,7 +36,7 @@ struct GlobalVar {
 pub struct DataIndex {
     /// Sorted by address.
     vars: Vec<GlobalVar>,
-    types: Vec<TypeNode>,
+    types: TypeTable,
 }
 
 /// One object (variable or data symbol) with contended bytes on the line.
@@ -153,7 +109,7 @@ impl DataIndex {
         };
         for i in 0..index.vars.len() {
             if index.vars[i].size == 0 {
-                index.vars[i].size = index.vars[i].ty.map_or(0, |t| index.size(t, 0));
+                index.vars[i].size = index.vars[i].ty.map_or(0, |t| index.types.size(t, 0));
             }
         }
         Ok(index)
@@ -185,19 +141,21 @@ impl DataIndex {
                 last = None;
                 continue;
             }
-            let addr = line_vaddr + u64::from(b);
+            let Some(addr) = line_vaddr.checked_add(u64::from(b)) else {
+                break;
+            };
             let (key, obj, field) = if let Some(vi) = self.var_at(addr) {
                 let v = &self.vars[vi];
                 let path = match v.ty {
-                    Some(t) => self.field_path(t, addr - v.addr, 0),
+                    Some(t) => self.types.field_path(t, addr - v.addr, 0),
                     None => String::new(),
                 };
                 let obj = DataObject {
                     name: v.name.clone(),
-                    type_name: v.ty.map(|t| self.type_name(t, 0)),
+                    type_name: v.ty.map(|t| self.types.type_name(t, 0)),
                     vaddr: v.addr,
                     size: v.size,
-                    element: v.ty.and_then(|t| self.element(t)),
+                    element: v.ty.and_then(|t| self.types.element(t)),
                 };
                 ((true, vi), obj, format!("{}{path}", v.name))
             } else if let Some(si) = data_symbol_at(symbols, addr) {
@@ -259,121 +217,6 @@ impl DataIndex {
         }
         out
     }
-
-    fn size(&self, t: TypeId, depth: u32) -> u64 {
-        if depth > MAX_DEPTH {
-            return 0;
-        }
-        match &self.types[t] {
-            TypeNode::Base { size, .. }
-            | TypeNode::Record { size, .. }
-            | TypeNode::Opaque { size, .. }
-            | TypeNode::Pointer { size, .. } => *size,
-            TypeNode::Array { elem, count } => count
-                .unwrap_or(0)
-                .saturating_mul(self.size(*elem, depth + 1)),
-            TypeNode::Alias { target, .. } => target.map_or(0, |t| self.size(t, depth + 1)),
-        }
-    }
-
-    /// Through typedefs and qualifiers to the type that has the layout.
-    fn strip(&self, mut t: TypeId) -> TypeId {
-        for _ in 0..MAX_DEPTH {
-            match &self.types[t] {
-                TypeNode::Alias {
-                    target: Some(next), ..
-                } => t = *next,
-                _ => break,
-            }
-        }
-        t
-    }
-
-    fn element(&self, t: TypeId) -> Option<(String, u64)> {
-        match &self.types[self.strip(t)] {
-            TypeNode::Array { elem, .. } => Some((self.type_name(*elem, 0), self.size(*elem, 0))),
-            _ => None,
-        }
-    }
-
-    /// `.field[2].sub` for byte `off` of a value of type `t`.
-    fn field_path(&self, t: TypeId, off: u64, depth: u32) -> String {
-        if depth > MAX_DEPTH {
-            return String::new();
-        }
-        match &self.types[self.strip(t)] {
-            TypeNode::Record { members, .. } => {
-                let hit = members.iter().find(|m| {
-                    let size = self.size(m.ty, 0).max(1);
-                    off >= m.offset && off - m.offset < size
-                });
-                match hit {
-                    Some(m) => {
-                        let inner = self.field_path(m.ty, off - m.offset, depth + 1);
-                        match &m.name {
-                            Some(n) => format!(".{n}{inner}"),
-                            None => inner, // anonymous struct/union member
-                        }
-                    }
-                    None => ".<padding>".to_string(),
-                }
-            }
-            TypeNode::Array { elem, .. } => {
-                let esize = self.size(*elem, 0);
-                if esize == 0 {
-                    return String::new();
-                }
-                let inner = self.field_path(*elem, off % esize, depth + 1);
-                format!("[{}]{inner}", off / esize)
-            }
-            _ => String::new(),
-        }
-    }
-
-    /// C-style name: `struct acc[4]`, `long int`, `const char *`, `counter_t`.
-    fn type_name(&self, t: TypeId, depth: u32) -> String {
-        if depth > MAX_DEPTH {
-            return "?".into();
-        }
-        match &self.types[t] {
-            TypeNode::Base { name, .. } => name.clone(),
-            TypeNode::Record { keyword, name, .. } => {
-                format!("{keyword} {}", name.as_deref().unwrap_or("<anonymous>"))
-            }
-            TypeNode::Array { .. } => {
-                let mut dims = String::new();
-                let mut cur = t;
-                while let TypeNode::Array { elem, count } = &self.types[cur] {
-                    match count {
-                        Some(n) => dims.push_str(&format!("[{n}]")),
-                        None => dims.push_str("[]"),
-                    }
-                    cur = *elem;
-                    if dims.len() > 200 {
-                        break;
-                    }
-                }
-                format!("{}{dims}", self.type_name(cur, depth + 1))
-            }
-            TypeNode::Pointer { target, .. } => match target {
-                Some(t) => format!("{} *", self.type_name(*t, depth + 1)),
-                None => "void *".into(),
-            },
-            TypeNode::Alias { name: Some(n), .. } => n.clone(),
-            TypeNode::Alias {
-                name: None,
-                qualifier,
-                target,
-            } => {
-                let inner = target.map_or_else(|| "void".into(), |t| self.type_name(t, depth + 1));
-                match qualifier {
-                    Some(q) => format!("{q} {inner}"),
-                    None => inner,
-                }
-            }
-            TypeNode::Opaque { name, .. } => name.clone().unwrap_or_else(|| "?".into()),
-        }
-    }
 }
 
 fn data_symbol_at(symbols: &[ElfSymbol], addr: u64) -> Option<usize> {
@@ -387,14 +230,7 @@ fn data_symbol_at(symbols: &[ElfSymbol], addr: u64) -> Option<usize> {
 #[derive(Default)]
 struct Builder {
     vars: Vec<GlobalVar>,
-    types: Vec<TypeNode>,
-    ids: HashMap<(usize, usize), TypeId>,
-}
-
-fn attr_str(dwarf: &Dwarf, unit: &Unit, v: Option<AttributeValue<DwarfReader>>) -> Option<String> {
-    use gimli::Reader;
-    let s = dwarf.attr_string(unit, v?).ok()?;
-    Some(s.to_string_lossy().ok()?.into_owned())
+    types: TypeTable,
 }
 
 fn linkage_name(
@@ -404,17 +240,6 @@ fn linkage_name(
 ) -> Option<String> {
     attr_str(dwarf, unit, e.attr_value(gimli::DW_AT_linkage_name))
         .or_else(|| attr_str(dwarf, unit, e.attr_value(gimli::DW_AT_MIPS_linkage_name)))
-}
-
-fn unit_ref(v: Option<AttributeValue<DwarfReader>>) -> Option<UnitOffset<usize>> {
-    match v? {
-        AttributeValue::UnitRef(off) => Some(off),
-        _ => None,
-    }
-}
-
-fn udata(v: Option<AttributeValue<DwarfReader>>) -> Option<u64> {
-    v?.udata_value()
 }
 
 impl Builder {
@@ -469,7 +294,7 @@ impl Builder {
                             .collect::<Vec<_>>()
                             .join("::")
                     });
-                    let ty = ty.map(|t| self.resolve(dwarf, unit, uidx, t, 0));
+                    let ty = ty.map(|t| self.types.resolve(dwarf, unit, uidx, t, 0));
                     self.vars.push(GlobalVar {
                         name: qualified,
                         addr,
@@ -481,188 +306,6 @@ impl Builder {
             }
         }
         Ok(())
-    }
-
-    fn resolve(
-        &mut self,
-        dwarf: &Dwarf,
-        unit: &Unit,
-        uidx: usize,
-        off: UnitOffset<usize>,
-        depth: u32,
-    ) -> TypeId {
-        if let Some(&id) = self.ids.get(&(uidx, off.0)) {
-            return id;
-        }
-        // Placeholder first: a struct reached again through its own pointer member stops here.
-        let id = self.types.len();
-        self.types.push(TypeNode::Opaque {
-            name: None,
-            size: 0,
-        });
-        self.ids.insert((uidx, off.0), id);
-        let node = if depth > MAX_DEPTH {
-            None
-        } else {
-            self.node(dwarf, unit, uidx, off, depth).ok()
-        };
-        if let Some(node) = node {
-            self.types[id] = node;
-        }
-        id
-    }
-
-    fn node(
-        &mut self,
-        dwarf: &Dwarf,
-        unit: &Unit,
-        uidx: usize,
-        off: UnitOffset<usize>,
-        depth: u32,
-    ) -> Result<TypeNode, gimli::Error> {
-        let e = unit.entry(off)?;
-        let name = attr_str(dwarf, unit, e.attr_value(gimli::DW_AT_name));
-        let size = udata(e.attr_value(gimli::DW_AT_byte_size));
-        let target = unit_ref(e.attr_value(gimli::DW_AT_type));
-        let sub = |b: &mut Self, t: Option<UnitOffset<usize>>| {
-            t.map(|t| b.resolve(dwarf, unit, uidx, t, depth + 1))
-        };
-        let node = match e.tag() {
-            gimli::DW_TAG_base_type => TypeNode::Base {
-                name: name.unwrap_or_else(|| "?".into()),
-                size: size.unwrap_or(0),
-            },
-            gimli::DW_TAG_structure_type | gimli::DW_TAG_class_type | gimli::DW_TAG_union_type => {
-                let keyword = match e.tag() {
-                    gimli::DW_TAG_union_type => "union",
-                    gimli::DW_TAG_class_type => "class",
-                    _ => "struct",
-                };
-                let mut members = Vec::new();
-                let mut tree = unit.entries_tree(Some(off))?;
-                let mut children = tree.root()?.children();
-                let mut raw = Vec::new();
-                while let Some(child) = children.next()? {
-                    let c = child.entry();
-                    if c.tag() != gimli::DW_TAG_member
-                        || c.attr_value(gimli::DW_AT_external).is_some()
-                    {
-                        continue; // static data members live elsewhere
-                    }
-                    let offset = member_offset(c.attr_value(gimli::DW_AT_data_member_location))
-                        .or_else(|| {
-                            udata(c.attr_value(gimli::DW_AT_data_bit_offset)).map(|b| b / 8)
-                        })
-                        .unwrap_or(0);
-                    raw.push((
-                        attr_str(dwarf, unit, c.attr_value(gimli::DW_AT_name)),
-                        offset,
-                        unit_ref(c.attr_value(gimli::DW_AT_type)),
-                    ));
-                }
-                for (name, offset, ty) in raw {
-                    if let Some(ty) = sub(self, ty) {
-                        members.push(Member { name, offset, ty });
-                    }
-                }
-                TypeNode::Record {
-                    keyword,
-                    name,
-                    size: size.unwrap_or(0),
-                    members,
-                }
-            }
-            gimli::DW_TAG_array_type => {
-                let mut dims = Vec::new();
-                let mut tree = unit.entries_tree(Some(off))?;
-                let mut children = tree.root()?.children();
-                while let Some(child) = children.next()? {
-                    let c = child.entry();
-                    if c.tag() != gimli::DW_TAG_subrange_type {
-                        continue;
-                    }
-                    let count = udata(c.attr_value(gimli::DW_AT_count)).or_else(|| {
-                        let upper = udata(c.attr_value(gimli::DW_AT_upper_bound))?;
-                        let lower = udata(c.attr_value(gimli::DW_AT_lower_bound)).unwrap_or(0);
-                        upper.checked_sub(lower)?.checked_add(1)
-                    });
-                    dims.push(count);
-                }
-                let Some(mut elem) = sub(self, target) else {
-                    return Ok(TypeNode::Opaque {
-                        name: None,
-                        size: size.unwrap_or(0),
-                    });
-                };
-                if dims.is_empty() {
-                    dims.push(None);
-                }
-                // `int m[2][3]`: the outermost dimension is the first subrange.
-                for count in dims.iter().skip(1).rev() {
-                    self.types.push(TypeNode::Array {
-                        elem,
-                        count: *count,
-                    });
-                    elem = self.types.len() - 1;
-                }
-                TypeNode::Array {
-                    elem,
-                    count: dims[0],
-                }
-            }
-            gimli::DW_TAG_pointer_type
-            | gimli::DW_TAG_reference_type
-            | gimli::DW_TAG_rvalue_reference_type => TypeNode::Pointer {
-                target: sub(self, target),
-                size: size.unwrap_or(8),
-            },
-            gimli::DW_TAG_typedef => TypeNode::Alias {
-                name,
-                qualifier: None,
-                target: sub(self, target),
-            },
-            gimli::DW_TAG_const_type | gimli::DW_TAG_volatile_type | gimli::DW_TAG_atomic_type => {
-                let qualifier = match e.tag() {
-                    gimli::DW_TAG_const_type => "const",
-                    gimli::DW_TAG_volatile_type => "volatile",
-                    _ => "_Atomic",
-                };
-                TypeNode::Alias {
-                    name: None,
-                    qualifier: Some(qualifier),
-                    target: sub(self, target),
-                }
-            }
-            gimli::DW_TAG_enumeration_type => TypeNode::Base {
-                name: format!("enum {}", name.as_deref().unwrap_or("<anonymous>")),
-                size: size.unwrap_or(4),
-            },
-            _ => TypeNode::Opaque {
-                name,
-                size: size.unwrap_or(0),
-            },
-        };
-        Ok(node)
-    }
-}
-
-/// `DW_AT_data_member_location`: a constant, or (DWARF 2) `DW_OP_plus_uconst N`.
-fn member_offset(v: Option<AttributeValue<DwarfReader>>) -> Option<u64> {
-    let v = v?;
-    if let Some(n) = v.udata_value() {
-        return Some(n);
-    }
-    let AttributeValue::Exprloc(expr) = v else {
-        return None;
-    };
-    let encoding = gimli::Encoding {
-        address_size: 8,
-        format: gimli::Format::Dwarf32,
-        version: 4,
-    };
-    match expr.operations(encoding).next().ok()?? {
-        gimli::Operation::PlusConstant { value } => Some(value),
-        _ => None,
     }
 }
 
@@ -691,6 +334,7 @@ fn static_address(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dwarf_types::{Member, TypeNode};
 
     fn index_acc() -> DataIndex {
         // struct acc { long sum_x; long sum_y; long n; } acc[4];  at 0x4040
@@ -733,7 +377,10 @@ mod tests {
                 size: 96,
                 ty: Some(2),
             }],
-            types,
+            types: TypeTable {
+                types,
+                ..TypeTable::default()
+            },
         }
     }
 

@@ -182,7 +182,8 @@ fn false_sharing_global(f: &Finding, align: u32, prefetch: &str, attr: &str, who
             } else {
                 format!(
                     "Pad `{ty}` ({size} bytes) to {} bytes and align it",
-                    size.div_ceil(u64::from(align)) * u64::from(align)
+                    size.div_ceil(u64::from(align))
+                        .saturating_mul(u64::from(align))
                 )
             };
             return format!(

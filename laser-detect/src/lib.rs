@@ -13,6 +13,7 @@ pub mod code;
 pub mod dataname;
 pub mod debug_module;
 pub mod detector;
+mod dwarf_types;
 pub mod effaddr;
 pub mod estimate;
 pub mod findings;

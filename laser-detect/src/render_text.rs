@@ -23,6 +23,8 @@ use crate::fix::byte_ranges;
 use crate::report::{Finding, Report, Source};
 
 const WRAP: usize = 100;
+/// Sources listed per finding in text.
+pub const MAX_SOURCES: usize = 12;
 
 /// `48210.4` → `48,210`.
 fn thousands(n: u64) -> String {
@@ -69,8 +71,8 @@ fn op_char(op: Op) -> char {
     }
 }
 
-/// Source labels a, b, …, z, aa, ab, …
-fn label(i: usize) -> String {
+/// Source labels a, b, …, z, aa, ab, … (the byte-map rows and source lines share them).
+pub fn label(i: usize) -> String {
     let letters = b"abcdefghijklmnopqrstuvwxyz";
     if i < 26 {
         (letters[i] as char).to_string()
@@ -206,7 +208,7 @@ fn header(out: &mut String, r: &Report) {
     );
     let _ = writeln!(
         out,
-        "byte map: R read  W write  X read-modify-write  * written and touched by 2+ threads  . not seen"
+        "byte map: R read  W write  X read+write (rmw)  * true sharing: 2+ threads, one writes  . not seen"
     );
 }
 
@@ -264,15 +266,29 @@ fn finding(out: &mut String, n: usize, f: &Finding, line_size: u32) {
         "    threads  {}",
         threads(&f.threads).replace(',', ", ")
     );
-    byte_map(out, f, line_size);
-    for (i, s) in f.sources.iter().enumerate() {
+    // A line with dozens of contending instructions would bury the fix: show the top ones
+    // (sources are sorted by events) and sum up the rest; JSON keeps them all.
+    let shown = &f.sources[..f.sources.len().min(MAX_SOURCES)];
+    byte_map(out, f, shown, line_size);
+    for (i, s) in shown.iter().enumerate() {
         source(out, &label(i), s, f);
+    }
+    let rest = &f.sources[shown.len()..];
+    if !rest.is_empty() {
+        let events: u64 = rest.iter().map(|s| s.events).sum();
+        let _ = writeln!(
+            out,
+            "    +{} more source{} ({} events) in the JSON report",
+            rest.len(),
+            if rest.len() == 1 { "" } else { "s" },
+            thousands(events)
+        );
     }
     wrap(out, "    fix:", &f.fix, 9);
 }
 
 /// Rows of one char per byte, in groups of 8, one 64-byte chunk at a time.
-fn byte_map(out: &mut String, f: &Finding, line_size: u32) {
+fn byte_map(out: &mut String, f: &Finding, shown: &[Source], line_size: u32) {
     let size = line_size.clamp(1, 128) as usize;
     // Summary row: union of ops; '*' where 2+ threads touch a byte and one of them writes.
     let mut summary = vec!['.'; size];
@@ -291,7 +307,9 @@ fn byte_map(out: &mut String, f: &Finding, line_size: u32) {
             .collect();
         let writes = touching.iter().any(|s| s.op.writes());
         let reads = touching.iter().any(|s| s.op.reads());
-        *cell = if ts.len() >= 2 && writes {
+        // The line model's kind is authoritative: a false-sharing line has no byte two
+        // threads share, even when an analysis merged threads into one source.
+        *cell = if ts.len() >= 2 && writes && f.kind != Kind::FalseSharing {
             '*'
         } else if writes && reads {
             'X'
@@ -301,8 +319,7 @@ fn byte_map(out: &mut String, f: &Finding, line_size: u32) {
             'R'
         };
     }
-    let labels: Vec<String> = f
-        .sources
+    let labels: Vec<String> = shown
         .iter()
         .enumerate()
         .map(|(i, s)| format!("{} {}", label(i), threads(&s.threads)))
@@ -329,7 +346,7 @@ fn byte_map(out: &mut String, f: &Finding, line_size: u32) {
                 .join(" ")
         };
         let _ = writeln!(out, "    {:<width$}{}", "line", row(&|b| summary[b]));
-        for (s, l) in f.sources.iter().zip(&labels) {
+        for (s, l) in shown.iter().zip(&labels) {
             let mask = s.mask();
             let c = op_char(s.op);
             let cells = row(&|b| if mask & (1u128 << b) != 0 { c } else { '.' });

@@ -197,6 +197,21 @@ impl Report {
         Ok(serde_json::from_str(text)?)
     }
 
+    /// Raises the threshold of a finished report (`laser report --threshold` on a saved
+    /// JSON): findings under it move into `below_threshold`. Lowering it cannot bring back
+    /// lines the first threshold dropped, so a lower value only lowers the recorded number.
+    pub fn apply_threshold(&mut self, threshold: f64) {
+        let (keep, drop): (Vec<Finding>, Vec<Finding>) = std::mem::take(&mut self.findings)
+            .into_iter()
+            .partition(|f| f.rate_per_s >= threshold);
+        self.below_threshold.lines += drop.len() as u64;
+        self.below_threshold.events += drop.iter().map(|f| f.events).sum::<u64>();
+        self.findings = keep;
+        if threshold.is_finite() {
+            self.threshold = self.threshold.max(threshold);
+        }
+    }
+
     /// Pretty JSON with a trailing newline.
     pub fn to_json(&self) -> String {
         // Serializing these plain structs cannot fail (no maps with non-string keys, and
@@ -381,6 +396,24 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("poke"));
+    }
+
+    #[test]
+    fn raising_the_threshold_moves_findings_below_it() {
+        let mut r = sample();
+        r.apply_threshold(50_000.0);
+        assert!(r.findings.is_empty());
+        assert_eq!(
+            r.below_threshold,
+            BelowThreshold {
+                lines: 3,
+                events: 40 + 72316
+            }
+        );
+        assert_eq!(r.threshold, 50_000.0);
+        let mut r = sample();
+        r.apply_threshold(10.0);
+        assert_eq!((r.findings.len(), r.threshold), (1, 1000.0));
     }
 
     #[test]

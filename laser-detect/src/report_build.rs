@@ -19,6 +19,12 @@ pub struct ReportOptions {
     pub source_text: bool,
     /// At most this many sources per finding (the rest are the least frequent); 0 = all.
     pub max_sources: usize,
+    /// Path prefixes to rewrite in the finished report, `(from, to)`, first match wins:
+    /// module, source file and inlined-at paths and notes. For output that must not depend on
+    /// where a program was built or run (golden tests over recordings, sharing reports). The
+    /// rewritten `module` no longer opens the file, so `laser repair --from` needs a report
+    /// made without it.
+    pub path_map: Vec<(String, String)>,
 }
 
 impl Default for ReportOptions {
@@ -27,6 +33,7 @@ impl Default for ReportOptions {
             threshold: 1000.0,
             source_text: true,
             max_sources: 0,
+            path_map: Vec::new(),
         }
     }
 }
@@ -91,19 +98,63 @@ pub fn build_report(
             ));
         }
     }
-    Report {
+    let mut report = Report {
         schema: SCHEMA.to_string(),
         backend: analysis.backend.name().to_string(),
-        duration_s: analysis.duration_s,
+        duration_s: finite(analysis.duration_s),
         samples: analysis.samples,
         lost: analysis.lost,
         throttles: analysis.throttles,
         filtered: analysis.filtered,
         line_size,
-        threshold: opts.threshold,
+        threshold: finite(opts.threshold),
         below_threshold: below,
         notes,
         findings,
+    };
+    if !opts.path_map.is_empty() {
+        remap_paths(&mut report, &opts.path_map);
+    }
+    report
+}
+
+fn remap(path: &mut String, map: &[(String, String)]) {
+    if let Some((from, to)) = map.iter().find(|(from, _)| path.starts_with(from.as_str())) {
+        *path = format!("{to}{}", &path[from.len()..]);
+    }
+}
+
+fn remap_paths(r: &mut Report, map: &[(String, String)]) {
+    for f in &mut r.findings {
+        if let Some(m) = &mut f.data.module {
+            remap(m, map);
+        }
+        for s in &mut f.sources {
+            for p in [&mut s.module, &mut s.file].into_iter().flatten() {
+                remap(p, map);
+            }
+            for i in &mut s.inlined {
+                if let Some(p) = &mut i.file {
+                    remap(p, map);
+                }
+            }
+        }
+    }
+    // Notes are prose: a path may sit anywhere in them.
+    for n in &mut r.notes {
+        for (from, to) in map {
+            *n = n.replace(from.as_str(), to);
+        }
+    }
+}
+
+/// JSON has no NaN or infinity (serde_json writes `null`, which does not read back as a
+/// number); a zero-length run can produce them.
+fn finite(x: f64) -> f64 {
+    if x.is_finite() {
+        x
+    } else {
+        0.0
     }
 }
 
@@ -140,11 +191,11 @@ fn finding(
     let mut out = Finding {
         kind: f.kind,
         line_addr: f.line_addr,
-        rate_per_s: f.rate_per_s,
+        rate_per_s: finite(f.rate_per_s),
         events: f.events,
         true_events: f.true_events,
         false_events: f.false_events,
-        share: f.share,
+        share: finite(f.share),
         threads,
         data,
         sources,

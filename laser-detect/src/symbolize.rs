@@ -12,8 +12,9 @@ use std::io;
 use crate::dataname::{DataIndex, LineData};
 use crate::debug_module::{debug_file_candidates, DebugModule, DwarfReader, SymKind};
 
-/// Reads a whole file (module, separate debug file, or source file) by path.
-pub type FileReader = Box<dyn FnMut(&str) -> io::Result<Vec<u8>>>;
+/// Reads a whole file (module, separate debug file, or source file) by path. `Send` so a
+/// symbolizer can move to a worker thread.
+pub type FileReader = Box<dyn FnMut(&str) -> io::Result<Vec<u8>> + Send>;
 
 /// One caller frame an instruction's function was inlined into.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -187,7 +188,9 @@ impl Symbolizer {
                 format!("{name}+{off:#x}")
             });
         }
-        if let Some(ctx) = &m.ctx {
+        // addr2line computes `probe + 1` (an overflow panic in debug builds at u64::MAX, an
+        // address no module has anyway).
+        if let (Some(ctx), true) = (&m.ctx, vaddr < u64::MAX) {
             if let Ok(frames) = ctx.find_frames(vaddr).skip_all_loads() {
                 fill_frames(&mut out, frames);
             }

@@ -19,8 +19,12 @@ use report_common::{build, fixture, marker, Built, BIAS, MODULE};
 
 /// Named addresses used in the analysis, for building it and for normalizing output.
 struct Addrs {
-    /// placeholder name → value
+    /// placeholder name → address (all ≥ 0x1000, so no small number in the text is mistaken
+    /// for one)
     named: Vec<(String, u64)>,
+    /// `symbol+0xoff` strings → placeholder: offsets are small numbers, so they are only
+    /// replaced right after their symbol's name.
+    sym_offsets: Vec<(String, String)>,
     /// Text symbols of the program (`nm`), sorted, to name `symbol+offset`s.
     text_symbols: Vec<(u64, String)>,
 }
@@ -32,12 +36,32 @@ fn bytes(start: u32, end: u32) -> u128 {
 
 impl Addrs {
     fn add(&mut self, name: &str, value: u64) -> u64 {
+        assert!(
+            value >= 0x1000,
+            "{name} = {value:#x} is too small to replace safely"
+        );
         self.named.push((name.to_string(), value));
         value
     }
 
-    /// Replaces each whole `0x…` token whose value was named; first name wins.
+    /// Replaces each whole `symbol+0x…` written for a source, then each whole `0x…` token
+    /// whose value was named (first name wins).
     fn normalize(&self, text: &str) -> String {
+        let mut text = text.to_string();
+        for (from, to) in &self.sym_offsets {
+            let mut out = String::new();
+            let mut rest = text.as_str();
+            while let Some(i) = rest.find(from.as_str()) {
+                let after = &rest[i + from.len()..];
+                let whole = !after.starts_with(|c: char| c.is_ascii_hexdigit());
+                out.push_str(&rest[..i]);
+                out.push_str(if whole { to } else { from });
+                rest = after;
+            }
+            out.push_str(rest);
+            text = out;
+        }
+        let text = text.as_str();
         let mut names: HashMap<u64, &str> = HashMap::new();
         for (n, v) in &self.named {
             names.entry(*v).or_insert(n);
@@ -80,7 +104,11 @@ impl Addrs {
             .find(|(s, _)| *s <= vaddr)
             .cloned();
         if let Some((start, sym)) = containing {
-            self.add(&format!("{sym}+:{name}"), vaddr - start);
+            let shown = format!("{sym}+{:#x}", vaddr - start);
+            if !self.sym_offsets.iter().any(|(f, _)| *f == shown) {
+                self.sym_offsets
+                    .push((shown, format!("{sym}+<symoff:{name}>")));
+            }
         }
         SourceAccess {
             pc: BIAS + vaddr,
@@ -140,6 +168,7 @@ fn line(
 fn analysis(b: &Built) -> (Analysis, Addrs) {
     let mut a = Addrs {
         named: vec![],
+        sym_offsets: vec![],
         text_symbols: b.text_symbols(),
     };
     let nm = b.nm();
@@ -569,4 +598,68 @@ fn build_id_mismatch_is_a_note() {
         .find(|n| n.contains("build-id"))
         .expect("a note");
     assert!(note.contains("dead") && note.contains(&hex), "{note}");
+}
+
+#[test]
+fn many_sources_are_summed_up_and_non_finite_numbers_survive_json() {
+    let b = build("many");
+    let (mut analysis, _) = analysis(&b);
+    analysis.findings.truncate(1);
+    let first = analysis.findings[0].sources[0].clone();
+    analysis.findings[0].sources = (0..15u64)
+        .map(|i| SourceAccess {
+            pc: first.pc + i,
+            events: 100 - i,
+            ..first.clone()
+        })
+        .collect();
+    analysis.duration_s = f64::NAN;
+    analysis.findings[0].rate_per_s = f64::INFINITY;
+    let mut sym = b.symbolizer();
+    let report = build_report(&analysis, &mut sym, &ReportOptions::default());
+    assert_eq!(
+        report.findings[0].sources.len(),
+        15,
+        "JSON keeps every source"
+    );
+    let text = render_text(&report);
+    let max = laser_detect::render_text::MAX_SOURCES;
+    // The three least frequent: 100-12, 100-13, 100-14 events.
+    assert!(
+        text.contains(&format!(
+            "+{} more sources ({} events)",
+            15 - max,
+            88 + 87 + 86
+        )),
+        "{text}"
+    );
+    assert!(text.contains(&format!(
+        "    {:<3}",
+        laser_detect::render_text::label(max - 1)
+    )));
+    let back = Report::from_json(&report.to_json()).expect("finite numbers only");
+    assert_eq!(back.duration_s, 0.0);
+}
+
+#[test]
+fn path_map_rewrites_every_path_in_the_report() {
+    let b = build("path-map");
+    let (analysis, _) = analysis(&b);
+    b.tool("strip", &["--strip-debug", "lr"]);
+    let mut sym = b.symbolizer();
+    let opts = ReportOptions {
+        path_map: vec![("/src/".into(), "$BUILD/".into())],
+        ..ReportOptions::default()
+    };
+    let json = build_report(&analysis, &mut sym, &opts).to_json();
+    assert!(!json.contains("/src/"), "{json}");
+    assert!(json.contains("\"module\": \"$BUILD/lr\""));
+    assert!(json.contains("no debug info for $BUILD/lr"));
+    // With debug info, source files and inlined-at files too.
+    let b = build("path-map-debug");
+    let (with_debug, _) = self::analysis(&b);
+    let mut sym = b.symbolizer();
+    let json = build_report(&with_debug, &mut sym, &opts).to_json();
+    assert!(!json.contains("/src/"), "{json}");
+    assert!(json.contains("\"file\": \"$BUILD/lr.c\""));
 }

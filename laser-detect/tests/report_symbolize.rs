@@ -152,3 +152,135 @@ fn data_names_fields_of_struct_arrays_scalars_and_nested_structs() {
     let d = sym.name_data(MODULE, nm["done_flag"], 64, 0xf).unwrap();
     assert_eq!(d.objects[0].type_name.as_deref(), Some("volatile int"));
 }
+
+/// Prints how long symbolization and the data index take on a big binary: this test binary
+/// itself (Rust, full DWARF of our dependencies). Run with
+/// `cargo test -p laser-detect --test report_symbolize -- --ignored --nocapture measure`.
+#[test]
+#[ignore = "measurement: prints timings, asserts only that lookups succeed"]
+fn measure_symbolize_on_this_test_binary() {
+    use std::time::Instant;
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.to_string_lossy().into_owned();
+    let bytes = std::fs::read(&exe).unwrap();
+    let module = laser_detect::debug_module::DebugModule::parse(&bytes).unwrap();
+    let text: Vec<u64> = module
+        .symbols
+        .iter()
+        .filter(|s| s.kind == laser_detect::debug_module::SymKind::Text && s.size > 4)
+        .map(|s| s.addr + s.size / 2)
+        .collect();
+    let data = module
+        .symbols
+        .iter()
+        .find(|s| s.kind == laser_detect::debug_module::SymKind::Data && s.size >= 8)
+        .map(|s| s.addr)
+        .unwrap();
+    let mut sym = laser_detect::Symbolizer::new();
+    let t = Instant::now();
+    let first = sym.symbolize(&path, text[0]);
+    let open = t.elapsed();
+    let t = Instant::now();
+    let mut with_line = 0;
+    for &a in &text {
+        with_line += usize::from(sym.symbolize(&path, a).line.is_some());
+    }
+    let lookups = t.elapsed();
+    let t = Instant::now();
+    let d = sym.name_data(&path, data & !63, 64, u128::MAX >> 64);
+    let index = t.elapsed();
+    let t = Instant::now();
+    for &a in &text {
+        sym.symbolize(&path, a);
+    }
+    let again = t.elapsed();
+    println!(
+        "binary {} MB: open+first lookup {:?}; {} lookups {:?} ({:.1} µs each, {} with a line); \
+         same again warm {:?}; data index + one line {:?} ({} objects)",
+        bytes.len() / 1_000_000,
+        open,
+        text.len(),
+        lookups,
+        lookups.as_secs_f64() * 1e6 / text.len() as f64,
+        with_line,
+        again,
+        index,
+        d.map_or(0, |d| d.objects.len()),
+    );
+    assert!(first.debug_info && with_line > text.len() / 2);
+}
+
+/// Truncated and corrupted binaries must give partial answers or none, never a panic.
+#[test]
+fn damaged_binaries_never_panic() {
+    let b = build("damaged");
+    let lines = b.line_table();
+    let nm = b.nm();
+    let good = std::fs::read(&b.exe).unwrap();
+    let at = lines[&marker("sum_x")][0];
+    let mut damaged: Vec<Vec<u8>> = Vec::new();
+    for cut in [
+        16,
+        64,
+        1000,
+        good.len() / 3,
+        good.len() / 2,
+        good.len() - 100,
+    ] {
+        damaged.push(good[..cut].to_vec());
+    }
+    // Flip bytes through the back half of the file (where the debug sections are).
+    for seed in 1..=48u64 {
+        let mut bytes = good.clone();
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        for _ in 0..64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let i = good.len() / 2 + (x as usize) % (good.len() / 2);
+            bytes[i] ^= (x >> 32) as u8 | 1;
+        }
+        damaged.push(bytes);
+    }
+    for bytes in damaged {
+        let mut sym =
+            laser_detect::Symbolizer::with_reader(Box::new(move |_: &str| Ok(bytes.clone())));
+        let _ = sym.symbolize(MODULE, at);
+        let _ = sym.symbolize(MODULE, u64::MAX);
+        let _ = sym.name_data(MODULE, nm["acc"], 64, u128::MAX);
+        let _ = sym.name_data(MODULE, !63, 128, u128::MAX);
+    }
+}
+
+#[test]
+fn separate_debug_file_via_build_id() {
+    let b = build("build-id-debug");
+    let lines = b.line_table();
+    let notes = b.tool("readelf", &["-n", "lr"]);
+    let id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .expect("gcc links with --build-id")
+        .trim()
+        .to_string();
+    b.tool("objcopy", &["--only-keep-debug", "lr", "lr.debug"]);
+    b.tool("strip", &["--strip-debug", "lr"]);
+    // Serve the debug file where distributions install it, without touching /usr.
+    let want = format!("/usr/lib/debug/.build-id/{}/{}.debug", &id[..2], &id[2..]);
+    let dir = b.dir.clone();
+    let mut sym = laser_detect::Symbolizer::with_reader(Box::new(move |path: &str| {
+        if path == want {
+            std::fs::read(dir.join("lr.debug"))
+        } else if path == MODULE {
+            std::fs::read(dir.join("lr"))
+        } else {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                path.to_string(),
+            ))
+        }
+    }));
+    let loc = sym.symbolize(MODULE, lines[&marker("flag")][0]);
+    assert!(loc.debug_info);
+    assert_eq!(loc.line, Some(marker("flag")));
+}
