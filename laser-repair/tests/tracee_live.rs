@@ -233,7 +233,8 @@ fn a_thread_inside_patched_bytes_without_a_mapped_pc_refuses_the_repair() {
         }
     }
     eprintln!("unmapped-pc plan: {refused} refused, {applied} applied (no thread at the site)");
-    assert!(t.report().last.iter().all(|&v| v == 1));
+    // A thread that left the cache with %rax = 3 stores it once more: poll, don't sample once.
+    t.poll(|r| r.last.iter().all(|&v| v == 1), "original loop");
     let (_, code) = t.quit();
     assert_eq!(code, 0);
 }

@@ -85,9 +85,14 @@ fn hex_field(line: &str, key: &str) -> u64 {
 
 impl Target {
     pub fn spawn(workers: usize, spawner: bool) -> Target {
+        Self::spawn_with(workers, spawner, false)
+    }
+
+    pub fn spawn_with(workers: usize, spawner: bool, seccomp: bool) -> Target {
         let mut child = Command::new(target_binary())
             .arg(workers.to_string())
             .arg(if spawner { "1" } else { "0" })
+            .arg(if seccomp { "1" } else { "0" })
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

@@ -5,11 +5,14 @@
  * that loads another constant, so `last` shows which code each thread runs.
  * main blocks in read() on stdin (exercises interrupted-syscall restarts), a sleeper blocks in
  * nanosleep (restart block), an optional spawner creates short threads all the time (threads
- * born while laser seizes). SIGUSR1 and signal 40 are counted. Commands: "report", "quit".
+ * born while laser seizes), argv[3]=1 installs a seccomp filter. SIGUSR1 and signal 40 are counted. Commands: "report", "quit".
  * Any EINTR seen where none should happen is counted in `eintr`.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -87,6 +90,13 @@ int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 2;
     int with_spawner = argc > 2 ? atoi(argv[2]) : 0;
     if (n < 1 || n > 8) return 2;
+    if (argc > 3 && atoi(argv[3])) {
+        /* An allow-everything seccomp filter: laser must refuse to inject syscalls anyway. */
+        struct sock_filter allow[] = {BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)};
+        struct sock_fprog prog = {1, allow};
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
+            return 3;
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_flags = SA_RESTART;
