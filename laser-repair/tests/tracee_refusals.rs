@@ -70,3 +70,33 @@ fn a_refused_mmap_is_a_typed_refusal_and_changes_nothing() {
     let (fin, code) = t.quit();
     assert_eq!((code, fin.eintr), (0, 0));
 }
+
+#[test]
+fn a_job_control_stopped_process_is_refused_and_stays_stopped() {
+    let _g = serial();
+    let mut t = Target::spawn(2, false);
+    let before = anon_exec_mappings(t.pid);
+    // SAFETY: kill with integer arguments, on our own child.
+    assert_eq!(unsafe { libc::kill(t.pid, libc::SIGSTOP) }, 0);
+    let stopped = || {
+        let s = std::fs::read_to_string(format!("/proc/{}/stat", t.pid)).unwrap();
+        s.rsplit(')').next().unwrap().trim_start().starts_with('T')
+    };
+    let start = std::time::Instant::now();
+    while !stopped() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(10));
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    match apply(t.pid, &LoopRepair::new(&t, 8), &ApplyOptions::default()) {
+        Err(TraceeError::ProcessStopped { pid }) => assert_eq!(pid, t.pid),
+        other => panic!("expected a refusal for a stopped process, got {other:?}"),
+    }
+    assert_eq!(anon_exec_mappings(t.pid), before);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert!(stopped(), "laser must not resume a stopped process");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(t.pid, libc::SIGCONT) }, 0);
+    assert!(t.report().last.iter().all(|&v| v == 1));
+    let (fin, code) = t.quit();
+    assert_eq!((code, fin.eintr), (0, 0));
+}

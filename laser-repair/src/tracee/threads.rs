@@ -99,6 +99,9 @@ pub struct ThreadLock {
     started: Option<Instant>,
     clone_events: usize,
     released: bool,
+    /// ptrace binds a tracee to the tracer *thread*: the lock must stay on the thread that made
+    /// it (ptrace calls from another thread fail with ESRCH).
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl ThreadLock {
@@ -112,6 +115,7 @@ impl ThreadLock {
             started: None,
             clone_events: 0,
             released: false,
+            _not_send: std::marker::PhantomData,
         };
         let mut quiet = 0;
         while quiet < 2 {
