@@ -90,6 +90,11 @@ pub enum TraceeError {
          moving it would corrupt the restart"
     )]
     ThreadInSyscall { tid: i32, rip: u64 },
+    #[error(
+        "no safe point for undo after {attempts} tries: thread {tid} keeps stopping at {rip:#x}, \
+         inside patched bytes"
+    )]
+    NoSafePoint { tid: i32, rip: u64, attempts: usize },
     #[error("invalid patch set: {0}")]
     InvalidPatchSet(String),
     #[error("the plan could not be built for cache at {code_base:#x}: {reason}")]

@@ -67,8 +67,11 @@ pub fn choose_site(
         } else {
             continue;
         }
-        let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
-            .map_err(|e| TraceeError::io(pid, format!("reading task {tid} status"), e))?;
+        // A task outside /proc/PID/task (a non-thread clone auto-attached through
+        // TRACECLONE) is held and released like the rest but never runs our syscalls.
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")) else {
+            continue;
+        };
         match maps::seccomp_mode(&status) {
             Some(0) | None => {}
             Some(mode) => {

@@ -323,7 +323,12 @@ impl ThreadLock {
                 t.deferred.push(sig);
             }
         }
-        for _ in 0..64 {
+        // Each signal-delivery-stop consumes one pending signal, so a flood of queued signals
+        // needs as many rounds as there are signals: only other stops count against the limit,
+        // and the whole step against a deadline.
+        let deadline = std::time::Instant::now() + STOP_TIMEOUT;
+        let mut idle_rounds = 0;
+        while idle_rounds < 64 && std::time::Instant::now() < deadline {
             sys::step(tid, 0).map_err(|e| TraceeError::ptrace("SINGLESTEP", tid, e))?;
             let ev = match sys::wait_for(tid, STOP_TIMEOUT) {
                 Ok(Some(ev)) => ev,
@@ -348,6 +353,7 @@ impl ThreadLock {
                     if self.regs(tid)?.rip != start_rip {
                         return Ok(());
                     }
+                    idle_rounds += 1;
                 }
                 WaitEvent::Signal(sig) => {
                     self.set_stopped(tid, StopKind::Signal(sig), None);
@@ -356,6 +362,7 @@ impl ThreadLock {
                     }
                 }
                 other => {
+                    idle_rounds += 1;
                     self.on_stop(tid, other);
                     // A clone event cannot come from our own instruction, but a thread can
                     // be reported this way; make sure any new thread is held too.
@@ -364,7 +371,7 @@ impl ThreadLock {
             }
         }
         Err(TraceeError::Ptrace {
-            op: "SINGLESTEP (no progress after 64 tries)",
+            op: "SINGLESTEP (no progress after 64 stops or 3 s)",
             tid,
             errno: Errno::EAGAIN,
         })

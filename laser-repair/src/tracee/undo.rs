@@ -156,6 +156,15 @@ fn plan_back(pos: &[ThreadPos], recs: &[RepairRecord]) -> Plan {
 }
 
 fn undo_where(pid: i32, only: Option<u64>, opts: &UndoOptions) -> Result<Vec<UndoReport>> {
+    // Look before stopping anything: no repair, no pause.
+    let present = find_repairs(pid)?;
+    match only {
+        Some(base) if !present.iter().any(|r| r.map_base == base) => {
+            return Err(TraceeError::NoSuchRepair { pid, addr: base })
+        }
+        None if present.is_empty() => return Ok(Vec::new()),
+        _ => {}
+    }
     let mut pause = PauseStats::default();
     let attempts = opts.max_attempts.max(1);
     for attempt in 1..=attempts {
@@ -177,12 +186,7 @@ fn undo_where(pid: i32, only: Option<u64>, opts: &UndoOptions) -> Result<Vec<Und
                 continue;
             }
             if let Some((tid, rip)) = plan.in_patch {
-                return Err(TraceeError::UnmappedThread {
-                    tid,
-                    rip,
-                    start: rip,
-                    end: rip,
-                });
+                return Err(TraceeError::NoSafePoint { tid, rip, attempts });
             }
         }
         let mut reports = Vec::new();
