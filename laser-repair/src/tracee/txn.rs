@@ -30,10 +30,11 @@ pub(crate) struct Txn {
 }
 
 impl Txn {
-    /// Opens the target's memory and seizes every thread.
+    /// Seizes every thread, then opens the target's memory (in that order: with
+    /// `kernel.yama.ptrace_scope = 1` only a tracer may open `/proc/PID/mem`).
     pub fn begin(pid: i32, prefer_tid: Option<i32>) -> Result<Self> {
-        let mem = ProcMem::open(pid)?;
         let lock = ThreadLock::seize_all(pid)?;
+        let mem = ProcMem::open(pid)?;
         Ok(Txn {
             lock: Some(lock),
             mem,

@@ -156,14 +156,18 @@ fn plan_back(pos: &[ThreadPos], recs: &[RepairRecord]) -> Plan {
 }
 
 fn undo_where(pid: i32, only: Option<u64>, opts: &UndoOptions) -> Result<Vec<UndoReport>> {
-    // Look before stopping anything: no repair, no pause.
-    let present = find_repairs(pid)?;
-    match only {
-        Some(base) if !present.iter().any(|r| r.map_base == base) => {
-            return Err(TraceeError::NoSuchRepair { pid, addr: base })
-        }
-        None if present.is_empty() => return Ok(Vec::new()),
-        _ => {}
+    // Look before stopping anything: no repair, no pause. (Without ptrace rights over the
+    // target, reading its memory needs the hold below; go ahead then.)
+    match find_repairs(pid) {
+        Ok(present) => match only {
+            Some(base) if !present.iter().any(|r| r.map_base == base) => {
+                return Err(TraceeError::NoSuchRepair { pid, addr: base })
+            }
+            None if present.is_empty() => return Ok(Vec::new()),
+            _ => {}
+        },
+        Err(e @ TraceeError::NoSuchProcess { .. }) => return Err(e),
+        Err(_) => {}
     }
     let mut pause = PauseStats::default();
     let attempts = opts.max_attempts.max(1);
