@@ -49,6 +49,8 @@ fn apply_diverts_the_loop_and_undo_restores_it() {
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0].state, RecordState::Active);
     assert_eq!(recs[0].map_base, c.map_base);
+    // What undo will read back from the target is exactly what apply wrote.
+    assert_eq!(recs[0], applied.record);
 
     let undo = applied.undo(&UndoOptions::default()).unwrap();
     eprintln!(

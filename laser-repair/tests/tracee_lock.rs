@@ -169,6 +169,43 @@ fn realtime_signals_sent_during_repairs_are_all_delivered() {
 }
 
 #[test]
+fn a_syscall_instruction_written_over_rip_is_restored() {
+    // The fallback for a target without any `0f 05` in its executable mappings: laser writes
+    // the instruction at the thread's RIP for the call and puts the old bytes back.
+    let _g = serial();
+    let mut t = Target::spawn(2, false);
+    let mem = ProcMem::open(t.pid).unwrap();
+    let worker = *list_tasks(t.pid)
+        .unwrap()
+        .iter()
+        .find(|&&tid| tid != t.pid)
+        .unwrap();
+    for _ in 0..10 {
+        let mut lock = ThreadLock::seize_all(t.pid).unwrap();
+        let before = lock.regs(worker).unwrap();
+        let old = mem.read(before.rip, 2).unwrap();
+        let site = remote::SyscallSite {
+            tid: worker,
+            addr: before.rip,
+            scratch: Some(old.clone()),
+        };
+        let got =
+            remote::remote_syscall(&mut lock, &mem, &site, remote::SYS_GETPID, [0; 6]).unwrap();
+        assert_eq!(got, t.pid as i64);
+        assert_eq!(mem.read(before.rip, 2).unwrap(), old);
+        let after = lock.regs(worker).unwrap();
+        assert_eq!(
+            (after.rip, after.rax, after.rsp),
+            (before.rip, before.rax, before.rsp)
+        );
+        lock.release();
+    }
+    assert!(t.report().last.iter().all(|&v| v == 1));
+    let (fin, code) = t.quit();
+    assert_eq!((code, fin.eintr), (0, 0));
+}
+
+#[test]
 fn a_missing_process_is_a_typed_error() {
     // PIDs above pid_max never exist.
     let e = ThreadLock::seize_all(i32::MAX).unwrap_err();
