@@ -45,6 +45,9 @@ fn apply_diverts_the_loop_and_undo_restores_it() {
         |r| r.last.iter().all(|&v| v == 1000),
         "all workers in the cache copy",
     );
+    let mem = ProcMem::open(t.pid).unwrap();
+    let runs = u64::from_le_bytes(mem.read(c.data_base, 8).unwrap().try_into().unwrap());
+    assert!(runs > 0, "the copy counts its runs in the rw data area");
     let recs = tracee::find_repairs(t.pid).unwrap();
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0].state, RecordState::Active);

@@ -28,8 +28,11 @@ pub struct PatchSet {
     /// Initial contents of the data area (zero-filled up to `data_len`); may be empty.
     pub data: Vec<u8>,
     pub patches: Vec<Patch>,
-    /// `(old_pc, new_pc)`: a thread stopped exactly at `old_pc` resumes at `new_pc` (in the cache).
-    /// Every instruction boundary inside patched bytes that a thread may stop at must be here.
+    /// `(old_pc, new_pc)`: equivalent points. At apply, a thread stopped exactly at `old_pc`
+    /// resumes at `new_pc` (the first pair for that `old_pc`); at undo, a thread stopped at any
+    /// listed `new_pc` goes back to its `old_pc`. Every instruction boundary inside patched bytes
+    /// that a thread may stop at must be here; extra pairs for cache-only instructions whose
+    /// effect is harmless to repeat or drop give undo more safe points. New pcs are unique.
     pub pc_map: Vec<(u64, u64)>,
 }
 
@@ -47,7 +50,16 @@ pub struct CacheSizes {
 /// Default room for the undo record: ~250 pc-map pairs plus patches.
 pub const DEFAULT_RECORD_ROOM: usize = 8192;
 
-/// Where the cache landed. Offsets are page-aligned, so code and data have their own protections.
+/// Where the cache landed. Offsets are page-aligned, so record, data and code have their own
+/// protections:
+///
+/// ```text
+///  map_base      data_base (= plan's `cache_addr`)   code_base (= data_base + data_len)
+///  │ record r-x  │ data rw-, zero-filled              │ code r-x                       │
+/// ```
+///
+/// Data comes before code because that is the layout the `plan` runtime assumes: its
+/// `cache_addr` is `data_base`, and it puts code at `cache_addr + data_len` (page-rounded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheAddrs {
     pub map_base: u64,
@@ -74,9 +86,9 @@ impl CacheAddrs {
             map_base,
             map_len: record_cap + code_cap + data_len,
             record_cap: record_cap as usize,
-            code_base: map_base + record_cap,
+            code_base: map_base + record_cap + data_len,
             code_cap: code_cap as usize,
-            data_base: map_base + record_cap + code_cap,
+            data_base: map_base + record_cap,
             data_len: data_len as usize,
         }
     }
@@ -140,8 +152,8 @@ pub fn validate(set: &PatchSet, cache: &CacheAddrs) -> Result<()> {
                 code.start, code.end
             ));
         }
-        if set.pc_map[..i].iter().any(|&(o, _)| o == old) {
-            return bad(format!("pc {old:#x} mapped twice"));
+        if set.pc_map[..i].iter().any(|&(_, n)| n == new) {
+            return bad(format!("new pc {new:#x} mapped twice"));
         }
     }
     Ok(())
@@ -248,9 +260,9 @@ mod tests {
     fn layout_is_page_aligned() {
         let c = cache();
         assert_eq!(c.record_cap, 8192);
-        assert_eq!(c.code_base, 0x7000_2000);
+        assert_eq!(c.data_base, 0x7000_2000);
+        assert_eq!(c.code_base, 0x7000_3000);
         assert_eq!(c.code_cap, 4096);
-        assert_eq!(c.data_base, 0x7000_3000);
         assert_eq!(c.data_len, 4096);
         assert_eq!(c.map_len, 0x4000);
     }
@@ -281,8 +293,12 @@ mod tests {
             .to_string()
             .contains("outside"));
         let mut s = ok.clone();
-        s.pc_map.push((0x40_1000, c.code_base + 1));
+        s.pc_map.push((0x40_1004, c.code_base));
         assert!(validate(&s, &c).unwrap_err().to_string().contains("twice"));
+        // One old pc may have several equivalent new pcs (extra safe points for undo).
+        let mut s = ok.clone();
+        s.pc_map.push((0x40_1000, c.code_base + 1));
+        validate(&s, &c).unwrap();
         let mut s = ok.clone();
         s.patches[0].new_bytes.pop();
         assert!(validate(&s, &c).is_err());

@@ -5,10 +5,10 @@
 //!
 //! ```text
 //!  cache mapping (r-x; data part rw-):
-//!  ┌──────────────────┬────────────────────────┬───────────────┐
-//!  │ record (this)    │ code (plan's bytes)    │ data (zeroed) │
-//!  └──────────────────┴────────────────────────┴───────────────┘
-//!   map_base           code_base                data_base
+//!  ┌──────────────────┬───────────────┬────────────────────────┐
+//!  │ record (this)    │ data (zeroed) │ code (plan's bytes)    │
+//!  └──────────────────┴───────────────┴────────────────────────┘
+//!   map_base           data_base       code_base
 //! ```
 //!
 //! Undo scans `/proc/PID/maps` for anonymous executable mappings starting with [`MAGIC`], checks

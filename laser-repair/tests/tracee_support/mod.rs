@@ -172,7 +172,8 @@ impl Drop for Target {
 /// The 7 original bytes at `spin_site`: `movq $1, %rax`.
 pub const ORIGINAL: [u8; 7] = [0x48, 0xc7, 0xc0, 1, 0, 0, 0];
 
-/// A repair of the spin loop: `spin_site` jumps to `movq $K, %rax; jmp spin_after` in the cache.
+/// A repair of the spin loop: `spin_site` jumps to `incq data; movq $K, %rax; jmp spin_after`
+/// in the cache (`data` = first word of the cache's data area).
 pub struct LoopRepair {
     pub site: u64,
     pub after: u64,
@@ -213,15 +214,25 @@ impl RepairSource for LoopRepair {
         }
     }
     fn materialize(&self, c: &CacheAddrs) -> Result<PatchSet, String> {
-        let mut code = vec![0x48, 0xc7, 0xc0];
+        // incq data(%rip): proves the data area is writable and the copy runs.
+        let mut code = vec![0x48, 0xff, 0x05];
+        code.extend_from_slice(&rel32(c.code_base + 7, c.data_base)?);
+        let jmp_at = c.code_base + 14;
+        code.extend_from_slice(&[0x48, 0xc7, 0xc0]);
         code.extend_from_slice(&self.k.to_le_bytes());
         code.push(0xe9);
-        code.extend_from_slice(&rel32(c.code_base + 12, self.after)?);
+        code.extend_from_slice(&rel32(jmp_at + 5, self.after)?);
         let mut new = vec![0xe9];
         new.extend_from_slice(&rel32(self.site + 5, c.code_base)?);
         new.extend_from_slice(&[0x66, 0x90]);
         let pc_map = if self.map_pcs {
-            vec![(self.site, c.code_base), (self.after, c.code_base + 7)]
+            // The copy's `movq` is also a safe point for undo: going back to `spin_site` just
+            // skips one count in the data area.
+            vec![
+                (self.site, c.code_base),
+                (self.site, c.code_base + 7),
+                (self.after, jmp_at),
+            ]
         } else {
             vec![]
         };
