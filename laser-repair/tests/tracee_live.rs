@@ -81,7 +81,7 @@ fn apply_diverts_the_loop_and_undo_restores_it() {
 fn apply_undo_100_times_on_a_live_process() {
     let _g = serial();
     let mut t = Target::spawn(4, true);
-    let mut pauses = Vec::new();
+    let (mut pauses, mut undo_pauses) = (Vec::new(), Vec::new());
     let (mut moved, mut clones) = (0, 0);
     for i in 0..100u32 {
         // Every other cycle runs the injected mmap/munmap in the main thread, which is blocked
@@ -108,21 +108,26 @@ fn apply_undo_100_times_on_a_live_process() {
             })
             .unwrap();
         assert!(u.unmapped);
-        pauses.push(u.pause.longest);
+        undo_pauses.push(u.pause.longest);
         moved += u.moved.len();
         assert_eq!(site_bytes(t.pid, t.site), ORIGINAL, "cycle {i}");
     }
     assert!(t.alive());
     t.poll(|r| r.last.iter().all(|&v| v == 1), "original loop");
-    let max = *pauses.iter().max().unwrap();
-    let p50 = percentile(&mut pauses, 0.5);
-    let p95 = percentile(&mut pauses, 0.95);
+    let mut all: Vec<Duration> = pauses.iter().chain(&undo_pauses).copied().collect();
+    let max = *all.iter().max().unwrap();
     eprintln!(
-        "100 apply+undo on 4 workers + sleeper + spawner: pause p50 {p50:?} p95 {p95:?} max \
-         {max:?} (goal ≤ 50 ms); {moved} thread moves, {clones} threads born during seize"
+        "100 apply+undo, 7 threads (4 spinning workers, main in read(), sleeper, spawner): \
+         apply pause p50 {:?} p95 {:?}; undo hold p50 {:?} p95 {:?}; all max {max:?} \
+         (goal ≤ 50 ms); {moved} thread moves, {clones} threads born during seize",
+        percentile(&mut pauses, 0.5),
+        percentile(&mut pauses, 0.95),
+        percentile(&mut undo_pauses, 0.5),
+        percentile(&mut undo_pauses, 0.95),
     );
     // Loose bound: the 2 cores are shared; the goal is reported above, not asserted tightly.
     assert!(max < Duration::from_secs(2), "max pause {max:?}");
+    assert!(percentile(&mut all, 0.5) < Duration::from_millis(500));
     assert!(tracee::find_repairs(t.pid).unwrap().is_empty());
     let (fin, code) = t.quit();
     assert_eq!(code, 0);

@@ -276,12 +276,18 @@ impl ThreadLock {
 
     /// Sets the registers of `tid`, remembering the original ones for `Drop`.
     pub fn set_regs(&mut self, tid: i32, regs: &user_regs_struct) -> Result<()> {
-        let orig = self.regs(tid)?;
-        let t = self
+        self.check(tid)?;
+        // Only the first change needs the originals (one GETREGS less per injected syscall).
+        if self
             .threads
-            .get_mut(&tid)
-            .ok_or(TraceeError::NotTraced { tid })?;
-        t.orig_regs.get_or_insert(orig);
+            .get(&tid)
+            .is_some_and(|t| t.orig_regs.is_none())
+        {
+            let orig = self.regs(tid)?;
+            if let Some(t) = self.threads.get_mut(&tid) {
+                t.orig_regs = Some(orig);
+            }
+        }
         ptrace::setregs(Pid::from_raw(tid), *regs)
             .map_err(|e| TraceeError::ptrace("SETREGS", tid, e))
     }
