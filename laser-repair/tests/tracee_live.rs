@@ -12,7 +12,8 @@ mod tracee_support;
 use std::time::Duration;
 
 use laser_repair::tracee::{
-    self, apply, ApplyOptions, FailPoint, ProcMem, RecordState, TraceeError, UndoOptions,
+    self, apply, ApplyOptions, FailPoint, ProcMem, RecordState, ThreadLock, TraceeError,
+    UndoOptions,
 };
 use tracee_support::{anon_exec_mappings, percentile, serial, LoopRepair, Target, ORIGINAL};
 
@@ -132,6 +133,52 @@ fn apply_undo_100_times_on_a_live_process() {
     let (fin, code) = t.quit();
     assert_eq!(code, 0);
     assert_eq!(fin.eintr, 0, "a syscall restart was lost: {fin:?}");
+}
+
+/// Sets one caller-saved register the spin loop and its cache copy never use (r11) in every
+/// worker.
+fn set_r11_in_workers(t: &Target, cache: std::ops::Range<u64>, value: u64) {
+    let mut lock = ThreadLock::seize_all(t.pid).unwrap();
+    for tid in lock.tids() {
+        let mut regs = lock.regs(tid).unwrap();
+        // Only workers (inside `spin` or its copy): r11 is dead there and in spin's caller.
+        if (t.site..t.after + 32).contains(&regs.rip) || cache.contains(&regs.rip) {
+            regs.r11 = value;
+            lock.set_regs(tid, &regs).unwrap();
+        }
+    }
+    lock.commit_regs();
+    lock.release();
+}
+
+#[test]
+fn a_cache_still_referenced_is_retired_then_collected() {
+    let _g = serial();
+    let mut t = Target::spawn(2, false);
+    let a = apply(t.pid, &LoopRepair::new(&t, 6), &ApplyOptions::default()).unwrap();
+    t.poll(|r| r.last.iter().all(|&v| v == 6), "repaired");
+    // A register that points into the cache (as a pointer to SSB state would): unmapping the
+    // cache now could crash the thread, so undo restores the code but keeps the mapping.
+    let cache = a.cache.map_range();
+    set_r11_in_workers(&t, cache.clone(), a.cache.data_base + 8);
+    let u = a.undo(&UndoOptions::default()).unwrap();
+    assert_eq!(u.restored_patches, 1);
+    assert!(!u.unmapped);
+    assert!(u.threads_left_in_cache >= 1, "{u:?}");
+    assert_eq!(site_bytes(t.pid, t.site), ORIGINAL);
+    let recs = tracee::find_repairs(t.pid).unwrap();
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].state, RecordState::Retired);
+    t.poll(|r| r.last.iter().all(|&v| v == 1), "original loop");
+    // Once nothing refers to it, the next undo unmaps it.
+    set_r11_in_workers(&t, cache, 0);
+    let reports = tracee::undo(t.pid, &UndoOptions::default()).unwrap();
+    assert_eq!(reports.len(), 1);
+    assert!(reports[0].unmapped);
+    assert_eq!(reports[0].restored_patches, 0);
+    assert!(tracee::find_repairs(t.pid).unwrap().is_empty());
+    let (fin, code) = t.quit();
+    assert_eq!((code, fin.eintr), (0, 0));
 }
 
 #[test]

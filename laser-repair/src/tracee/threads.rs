@@ -15,8 +15,10 @@
 //! handed back with `PTRACE_DETACH(sig)`, which delivers it with its original siginfo at the
 //! (possibly moved) RIP. Signals that arrive while laser runs a thread for an injected syscall
 //! cannot stay pending in the stop, so they are re-sent with `tgkill` just before detaching
-//! (same number; the siginfo then says SI_TKILL). Only SIGTRAPs raised by our own single-steps
+//! (same number, to the thread that took it; the siginfo then says SI_TKILL from laser's pid). Only SIGTRAPs raised by our own single-steps
 //! are swallowed. Real-time signals are handled like any other (raw numbers, see `sys`).
+//! Signals merely pending when a thread is interrupted (the interrupt stop comes first) stay
+//! pending and are delivered normally once the thread is detached.
 //!
 //! Registers: `set_regs` remembers a thread's registers from before laser's first change;
 //! unless `commit_regs` is called, `Drop` puts them back before detaching. Restoring registers in

@@ -53,7 +53,8 @@ pub struct UndoReport {
     pub moved: Vec<Move>,
     /// The mapping is gone; otherwise it was kept as `Retired`.
     pub unmapped: bool,
-    /// Threads left running inside the cache copy (no safe point found).
+    /// Threads still referring to the cache (RIP inside it with no safe point found, a register,
+    /// or a word on the stack): the mapping was kept as `Retired` for a later undo to collect.
     pub threads_left_in_cache: usize,
     pub pause: PauseStats,
 }
