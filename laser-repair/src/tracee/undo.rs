@@ -72,34 +72,39 @@ pub fn find_repairs(pid: i32) -> Result<Vec<RepairRecord>> {
     read_records(&ProcMem::open(pid)?, &regions)
 }
 
+/// Records at the start of anonymous executable mappings. A mapping that starts with the magic
+/// but does not decode (someone else's bytes, or damage) is skipped with a warning rather than
+/// blocking the undo of every other repair.
 fn read_records(mem: &ProcMem, regions: &[MapRegion]) -> Result<Vec<RepairRecord>> {
     let mut out = Vec::new();
     for r in regions.iter().filter(|r| r.exec && r.path.is_empty()) {
-        let head = mem.read_partial(r.start, record::FIXED_LEN);
-        let Ok(len) = RepairRecord::peek_len(&head) else {
-            continue;
-        };
-        if len > record::MAX_LEN || len as u64 > r.end - r.start {
-            return Err(TraceeError::BadRecord {
-                addr: r.start,
-                reason: format!("announced length {len} exceeds the mapping"),
-            });
+        match read_record(mem, r) {
+            Ok(Some(rec)) => out.push(rec),
+            Ok(None) => {}
+            Err(e) => log::warn!("laser: skipping mapping {:#x}: {e}", r.start),
         }
-        let bytes = mem.read(r.start, len)?;
-        let rec = RepairRecord::decode(&bytes).map_err(|e| TraceeError::BadRecord {
-            addr: r.start,
-            reason: e.to_string(),
-        })?;
-        if rec.map_base != r.start {
-            return Err(TraceeError::BadRecord {
-                addr: r.start,
-                reason: format!("record says it lives at {:#x}", rec.map_base),
-            });
-        }
-        out.push(rec);
     }
     out.sort_by_key(|r| std::cmp::Reverse(r.seq));
     Ok(out)
+}
+
+fn read_record(mem: &ProcMem, r: &MapRegion) -> Result<Option<RepairRecord>> {
+    let head = mem.read_partial(r.start, record::FIXED_LEN);
+    let Ok(len) = RepairRecord::peek_len(&head) else {
+        return Ok(None);
+    };
+    let bad = |reason: String| TraceeError::BadRecord {
+        addr: r.start,
+        reason,
+    };
+    if len > record::MAX_LEN || len as u64 > r.end - r.start {
+        return Err(bad(format!("announced length {len} exceeds the mapping")));
+    }
+    let rec = RepairRecord::decode(&mem.read(r.start, len)?).map_err(|e| bad(e.to_string()))?;
+    if rec.map_base != r.start {
+        return Err(bad(format!("record says it lives at {:#x}", rec.map_base)));
+    }
+    Ok(Some(rec))
 }
 
 /// Undoes every repair in `pid`, newest first, and unmaps retired caches that are free now.
