@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use laser_repair::tracee::{
-    self, apply, maps, remote, threads::list_tasks, ApplyOptions, ProcMem, ThreadLock, UndoOptions,
+    self, apply, maps, remote, threads::list_tasks, ApplyOptions, ProcMem, StopKind, ThreadLock,
+    UndoOptions,
 };
 use tracee_support::{serial, LoopRepair, Target};
 
@@ -115,6 +116,56 @@ fn a_signal_arriving_while_laser_runs_a_thread_is_delivered_once() {
         assert_eq!(r.usr1, i + 1, "each signal delivered exactly once");
     }
     assert_eq!(passed, 10);
+    let (_, code) = t.quit();
+    assert_eq!(code, 0);
+}
+
+#[test]
+fn a_signal_taken_before_the_interrupt_is_passed_on_at_detach() {
+    // The thread dequeues SIGUSR1 while seized but not yet interrupted: its first stop is a
+    // signal-delivery-stop, the lock keeps it there, and PTRACE_DETACH(SIGUSR1) delivers it.
+    let _g = serial();
+    let mut t = Target::spawn(2, false);
+    let worker = *list_tasks(t.pid)
+        .unwrap()
+        .iter()
+        .find(|&&tid| tid != t.pid)
+        .unwrap();
+    for i in 0..5 {
+        let pid = t.pid;
+        let lock = ThreadLock::seize_all_with_hook(pid, &mut |tid| {
+            if tid == worker {
+                // SAFETY: tgkill with integer arguments.
+                assert_eq!(
+                    unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, libc::SIGUSR1) },
+                    0
+                );
+                // Until the worker takes it and sits in its signal-delivery-stop ('t').
+                let start = Instant::now();
+                while !std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+                    .unwrap()
+                    .rsplit(')')
+                    .next()
+                    .unwrap()
+                    .trim_start()
+                    .starts_with('t')
+                {
+                    assert!(start.elapsed() < Duration::from_secs(10));
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        })
+        .unwrap();
+        assert_eq!(
+            lock.stop_kind(worker),
+            Some(StopKind::Signal(libc::SIGUSR1))
+        );
+        assert!(lock.has_pending_signal(worker));
+        let stats = lock.release();
+        assert_eq!(stats.signals_passed, 1);
+        let r = t.poll(|r| r.usr1 > i, "SIGUSR1 delivered");
+        assert_eq!(r.usr1, i + 1, "delivered exactly once");
+    }
     let (_, code) = t.quit();
     assert_eq!(code, 0);
 }

@@ -110,6 +110,17 @@ impl ThreadLock {
     /// Seizes and interrupts every thread of `pid` (including threads created meanwhile) and
     /// waits until all are in a ptrace-stop.
     pub fn seize_all(pid: i32) -> Result<Self> {
+        Self::seize_all_with_hook(pid, &mut |_| {})
+    }
+
+    /// `seize_all` calling `between_seize_and_interrupt(tid)` in the window between the two
+    /// requests: lets tests make a signal arrive there, which is the one way a thread's first
+    /// stop becomes a signal-delivery-stop (otherwise the interrupt stop comes first).
+    #[doc(hidden)]
+    pub fn seize_all_with_hook(
+        pid: i32,
+        between_seize_and_interrupt: &mut dyn FnMut(i32),
+    ) -> Result<Self> {
         let mut lock = ThreadLock {
             pid,
             threads: BTreeMap::new(),
@@ -127,7 +138,7 @@ impl ThreadLock {
                     continue;
                 }
                 found_new = true;
-                lock.seize_one(tid)?;
+                lock.seize_one(tid, between_seize_and_interrupt)?;
             }
             lock.settle()?;
             quiet = if found_new { 0 } else { quiet + 1 };
@@ -138,7 +149,7 @@ impl ThreadLock {
         Ok(lock)
     }
 
-    fn seize_one(&mut self, tid: i32) -> Result<()> {
+    fn seize_one(&mut self, tid: i32, hook: &mut dyn FnMut(i32)) -> Result<()> {
         let p = Pid::from_raw(tid);
         match ptrace::seize(p, ptrace::Options::PTRACE_O_TRACECLONE) {
             Ok(()) => {}
@@ -173,6 +184,7 @@ impl ThreadLock {
         }
         self.started.get_or_insert_with(Instant::now);
         self.threads.insert(tid, Thread::running());
+        hook(tid);
         match ptrace::interrupt(p) {
             // An exited thread still reports its exit to us; `settle` reaps it.
             Ok(()) | Err(Errno::ESRCH) => Ok(()),
