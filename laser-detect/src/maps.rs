@@ -144,7 +144,8 @@ pub struct AddressSpace {
 
 fn owner_of_name(path: &str) -> Option<Owner> {
     match path {
-        "" | "[heap]" => Some(Owner::Heap),
+        // perf names anonymous memory in MMAP2 records `//anon` (maps text leaves it empty).
+        "" | "[heap]" | "//anon" => Some(Owner::Heap),
         "[stack]" => Some(Owner::Stack),
         "[vdso]" | "[vvar]" | "[vsyscall]" | "[vvar_vclock]" | "[uprobes]" => Some(Owner::Special),
         p if p.starts_with("[stack:") => Some(Owner::Stack),
@@ -488,5 +489,18 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         let (lo, hi) = s.note_stack_pointer(0x7e00_0000_5000).unwrap();
         assert!(lo <= 0x7e00_0000_5000 && 0x7e00_0000_5000 < hi);
         assert_eq!(s.classify(0x7e00_0000_5008), Class::Stack);
+    }
+}
+
+#[cfg(test)]
+mod anon_name_tests {
+    use super::*;
+
+    #[test]
+    fn perf_anon_name_is_heap() {
+        // A live MMAP2 record of anonymous memory carries the name `//anon`.
+        assert!(matches!(owner_of_name("//anon"), Some(Owner::Heap)));
+        assert!(matches!(owner_of_name(""), Some(Owner::Heap)));
+        assert!(owner_of_name("/usr/lib/libc.so.6").is_none());
     }
 }
