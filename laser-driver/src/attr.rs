@@ -91,13 +91,14 @@ pub fn soft(binding: Binding, freq: u64, wakeup_bytes: u32) -> b::perf_event_att
     a
 }
 
-/// A `dummy` software event that only carries tracking records and owns the ring buffer when
-/// the session does not sample with cpu-clock (watch-only sessions).
+/// A counting (never sampling) cpu-clock event that carries the tracking records and owns
+/// the ring buffer when the session does not sample (watch-only sessions). Its count is the
+/// target's CPU time, which the watchpoint duty cycle budgets against.
 pub fn tracking(binding: Binding, wakeup_bytes: u32) -> b::perf_event_attr {
     let mut a = base(binding);
     a.type_ = b::PERF_TYPE_SOFTWARE;
-    a.config = b::PERF_COUNT_SW_DUMMY as u64;
-    a.__bindgen_anon_1.sample_period = 1;
+    a.config = b::PERF_COUNT_SW_CPU_CLOCK as u64;
+    a.__bindgen_anon_1.sample_period = 0;
     set_tracking(&mut a, wakeup_bytes);
     a
 }
@@ -182,6 +183,8 @@ pub fn describe(a: &b::perf_event_attr) -> String {
     };
     let rate = if a.freq() != 0 {
         format!("freq {period_or_freq} Hz")
+    } else if period_or_freq == 0 {
+        "counting only".to_string()
     } else {
         format!("period {period_or_freq}")
     };

@@ -248,7 +248,7 @@ impl Session {
         };
         self.decoder.add_source(sys::event_id(&fd)?, source);
         if let Some(w) = &mut self.watcher {
-            for (id, slot) in w.add(pid, cpu, key, fd.as_raw_fd())? {
+            for (id, slot) in w.add(pid, cpu, key, &fd)? {
                 self.decoder.add_source(id, Source::Watch(slot));
             }
         }
@@ -268,8 +268,9 @@ impl Session {
     /// again until two consecutive listings find nothing new (bounded at 64 rounds for
     /// thread-spawning storms; the next poll continues). A thread that exits between listing
     /// and `perf_event_open` gives ESRCH and is skipped. Threads created after the last
-    /// listing are found on the next poll (every poll rescans, and Fork records from covered
-    /// threads make the poll return early); their first few milliseconds are unobserved.
+    /// listing are found on the next poll (every poll rescans; the CLI polls every ~100 ms);
+    /// their first moments until then are unobserved. The kernel's Fork record for such a
+    /// thread still arrives through its (covered) creator's ring, so the detector knows it.
     fn rescan_threads(&mut self) -> Result<(), DriverError> {
         let mut quiet = 0;
         for _ in 0..64 {
@@ -316,7 +317,7 @@ impl Session {
         }
         let now = Instant::now();
         let mut deadline = now + timeout;
-        if let Some(d) = self.watcher.as_ref().and_then(Watcher::next_deadline) {
+        if let Some(d) = self.watcher.as_ref().and_then(|w| w.next_deadline(now)) {
             deadline = deadline.min(d.max(now));
         }
         self.wait_readable(deadline.saturating_duration_since(now))?;
@@ -338,6 +339,9 @@ impl Session {
             self.exited = Some(st);
             // Everything the target wrote is in the rings now.
             self.drain_all(sink)?;
+            if let Some(w) = &mut self.watcher {
+                w.finish(Instant::now());
+            }
             return Ok(Status::Exited(st));
         }
         Ok(Status::Running)

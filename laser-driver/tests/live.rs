@@ -286,18 +286,12 @@ fn watchpoints_hit_in_both_threads_at_the_watched_address() {
         2,
         "hits from both (inherited) threads — MODIFY_ATTRIBUTES reached the children"
     );
-    let w = s.watch_mut().unwrap().stats();
-    eprintln!("watch: {} hits from {tids:?}, {w:?}", hits.len());
+    let watcher = s.watch_mut().unwrap();
+    let (w, duty) = (watcher.stats(), watcher.duty_cycle());
+    eprintln!("watch: {} hits from {tids:?}, {w:?}, {duty:?}", hits.len());
     assert_eq!(w.hits as usize, hits.len());
-    // The duty cycle bounded the traps: ≤ 5 % of wall time on average (+ one window of slack).
-    let traps = Duration::from_nanos(4500) * hits.len() as u32;
-    let wall = w.armed_time + w.cooldown_time;
-    assert!(
-        traps.as_secs_f64() <= 0.05 * wall.as_secs_f64() + 0.001 + 0.05 * 0.02,
-        "{} hits in {wall:?}",
-        hits.len()
-    );
-    assert!(w.windows >= 2, "{w:?}");
+    assert_within_budget(&w, &duty);
+    assert!(w.windows >= 1, "{w:?}");
 }
 
 #[test]
@@ -506,4 +500,46 @@ fn permission_denied_explains_itself() {
         "{text}"
     );
     assert!(text.contains("CAP_SYS_PTRACE"), "{text}");
+}
+
+#[test]
+fn duty_cycle_bounds_trap_time_on_a_hot_word() {
+    let t = target();
+    let cfg = Config {
+        backend: BackendKind::Watch,
+        ..Config::default()
+    };
+    let mut s = Session::launch(&argv(t, &["0.5", "0", "hot"]), &cfg).unwrap();
+    let spec = WatchSpec {
+        addr: t.shared_word,
+        len: 8,
+        kind: WatchKind::Write,
+    };
+    s.watch_mut().unwrap().arm(&[spec]).unwrap();
+    let (events, _) = run_to_exit(&mut s);
+    let w = s.watch_mut().unwrap();
+    let (stats, duty) = (w.stats(), w.duty_cycle());
+    let hits = samples(&events).count() as u64;
+    eprintln!("hot: {hits} hits, {stats:?}, {duty:?}");
+    assert_eq!(stats.hits, hits);
+    assert!(hits > 0 && stats.windows >= 1, "{stats:?}");
+    // Unbounded, two threads storing every few ns would trap ~100 % of the time; the duty
+    // cycle must have cooled down, and trap time stays within the bound.
+    assert!(stats.cooldown_time > Duration::ZERO, "{stats:?}");
+    assert_within_budget(&stats, &duty);
+}
+
+/// Trap time of every paid-for window (hits × the calibrated hit cost) ≤ s/(1+s) of the
+/// target's CPU time over the watched cycles. The last window may be unpaid when the target
+/// exits mid-cooldown; under load the reader wakes late and a window overshoots its cap, but
+/// never more than what the run's CPU time allowed before.
+fn assert_within_budget(w: &laser_driver::WatchStats, duty: &laser_driver::DutyCycle) {
+    let paid = duty.hit_cost.as_secs_f64() * (w.hits - w.unpaid_hits) as f64;
+    let s = duty.max_slowdown;
+    let budget = s / (1.0 + s) * w.target_cpu.as_secs_f64();
+    assert!(
+        paid <= budget * 1.001 + 1e-6,
+        "{paid} s of traps, budget {budget} s for {w:?}"
+    );
+    assert!(w.target_cpu > Duration::ZERO, "{w:?}");
 }
