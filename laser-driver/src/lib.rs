@@ -27,5 +27,7 @@ pub use event::{
     BackendKind, Event, Mmap, Reg, Sample, StreamStats, UserRegs, NUM_REGS, SOFT_REGS_MASK,
 };
 pub use launch::ExitStatus;
-pub use session::{AttrInfo, Config, HeaderInfo, Session, Status, DEFAULT_SOFT_FREQ};
+pub use session::{
+    AttrInfo, Config, HeaderInfo, Session, Status, DEFAULT_BUFFER_PAGES, DEFAULT_SOFT_FREQ,
+};
 pub use watch::{WatchSpec, Watcher, MAX_WATCHES};

@@ -11,7 +11,8 @@
 //! Without a command, the workload is built in: this binary re-executed with `--workload N`
 //! runs two threads that each do N fixed iterations of integer work on their own cache line
 //! (CPU-bound, no sharing), so the wall time measures only what sampling adds. `--work-ms`
-//! calibrates N to about that many milliseconds bare.
+//! calibrates N to about that many milliseconds bare. `--freq 0` measures observation
+//! without sampling (events, ring buffers and side-band records only): the floor.
 
 use std::ffi::OsString;
 use std::hint::black_box;
@@ -81,9 +82,18 @@ fn run_bare(cmd: &[OsString]) -> Duration {
 }
 
 fn run_sampled(cmd: &[OsString], freq: u64) -> (Duration, u64, u64) {
-    let cfg = Config {
-        frequency: freq,
-        ..Config::default()
+    // freq 0: observation without sampling (counting cpu-clock leader with tracking records,
+    // the watch backend never armed): the floor that is not due to samples.
+    let cfg = if freq == 0 {
+        Config {
+            backend: laser_driver::BackendKind::Watch,
+            ..Config::default()
+        }
+    } else {
+        Config {
+            frequency: freq,
+            ..Config::default()
+        }
     };
     let t = Instant::now();
     let mut s = match Session::launch(cmd, &cfg) {
