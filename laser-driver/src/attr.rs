@@ -53,6 +53,10 @@ fn base(binding: Binding) -> b::perf_event_attr {
     a.set_exclude_kernel(1);
     a.set_exclude_hv(1);
     a.set_sample_id_all(1);
+    // Timestamps in CLOCK_MONOTONIC (what `Event::time` documents), so they line up with
+    // laser's own clock (rates, repair timing) rather than the kernel's sched_clock.
+    a.set_use_clockid(1);
+    a.clockid = libc::CLOCK_MONOTONIC;
     match binding {
         Binding::Launch => {
             // Counting starts at execve of the target, not in laser's forked child.

@@ -48,7 +48,10 @@ pub struct Config {
     pub backend: BackendKind,
     /// cpu-clock samples per second per thread (soft).
     pub frequency: u64,
-    /// Data pages per ring buffer (rounded up to a power of two).
+    /// Data pages per ring buffer (rounded up to a power of two): per CPU when launching;
+    /// when attaching each thread gets its own ring of a quarter of this (at least 8 pages),
+    /// since a thread fills it at a per-thread rate and many threads would otherwise lock
+    /// many megabytes.
     pub buffer_pages: usize,
     /// Open watchpoint events so `watch_mut().arm(…)` works. Implied by `backend = Watch`.
     pub watch: bool,
@@ -206,7 +209,12 @@ impl Session {
         config: &Config,
         binding: Binding,
     ) -> Result<Session, DriverError> {
-        let pages = config.buffer_pages.max(1).next_power_of_two();
+        let pages = match mode {
+            Mode::Launched => config.buffer_pages,
+            Mode::Attached => (config.buffer_pages / 4).max(8),
+        }
+        .max(1)
+        .next_power_of_two();
         let wake = (pages * 4096 / 4).min(u32::MAX as usize) as u32;
         let (leader_attr, source) = match config.backend {
             BackendKind::Watch => (attr::tracking(binding, wake), Source::Tracking),
@@ -246,7 +254,7 @@ impl Session {
             }
         );
         let fd = sys::open(&self.leader_attr, pid, cpu, &what)?;
-        let ring = MmapRing::new(&fd, self.config.buffer_pages)?;
+        let ring = MmapRing::new(&fd, self.ring_pages())?;
         let source = if self.config.backend == BackendKind::Watch {
             Source::Tracking
         } else {
@@ -264,6 +272,29 @@ impl Session {
             ring,
             hup: false,
         });
+        Ok(())
+    }
+
+    fn ring_pages(&self) -> usize {
+        match self.mode {
+            Mode::Launched => self.config.buffer_pages,
+            Mode::Attached => (self.config.buffer_pages / 4).max(8),
+        }
+    }
+
+    /// Sends `signal` to the target (e.g. SIGINT when a `--duration` ends). Refused once the
+    /// target has exited: a reaped pid may already belong to another process.
+    pub fn signal(&self, signal: i32) -> Result<(), DriverError> {
+        if self.exited.is_some() {
+            return Err(DriverError::NoSuchProcess { pid: self.pid });
+        }
+        // SAFETY: kill has no memory-safety preconditions.
+        if unsafe { libc::kill(self.pid, signal) } != 0 {
+            return Err(DriverError::io(
+                format!("kill({}, {signal})", self.pid),
+                io::Error::last_os_error(),
+            ));
+        }
         Ok(())
     }
 
@@ -517,15 +548,67 @@ fn checked(config: &Config) -> Result<Config, DriverError> {
             })
         }
     }
-    if config.backend == BackendKind::Soft && config.frequency == 0 {
-        return Err(DriverError::io(
-            "soft backend",
-            io::Error::new(io::ErrorKind::InvalidInput, "frequency must be > 0 Hz"),
-        ));
+    if config.backend == BackendKind::Soft {
+        let max = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+            .ok()
+            .and_then(|t| t.trim().parse().ok());
+        check_frequency(config.frequency, max)?;
     }
     Ok(config.clone())
 }
 
+/// The kernel rejects `sample_freq` above `perf_event_max_sample_rate` with a bare EINVAL;
+/// say which limit it is and how to raise it instead.
+fn check_frequency(requested: u64, max: Option<u64>) -> Result<(), DriverError> {
+    if requested == 0 {
+        return Err(DriverError::BadFrequency {
+            requested,
+            reason: "must be at least 1 Hz".into(),
+        });
+    }
+    match max {
+        Some(max) if requested > max => Err(DriverError::BadFrequency {
+            requested,
+            reason: format!(
+                "/proc/sys/kernel/perf_event_max_sample_rate is {max} (the kernel lowers it \
+                 when sampling interrupts take too long); use a lower frequency or raise it \
+                 with `sudo sysctl kernel.perf_event_max_sample_rate={requested}`"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 fn read_maps(pid: i32) -> io::Result<String> {
     std::fs::read_to_string(format!("/proc/{pid}/maps"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frequency_limits_are_explained() {
+        assert!(check_frequency(1000, Some(100_000)).is_ok());
+        assert!(check_frequency(1000, None).is_ok());
+        let e = check_frequency(200_000, Some(100_000))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("200000") && e.contains("is 100000"), "{e}");
+        assert!(
+            e.contains("sysctl kernel.perf_event_max_sample_rate"),
+            "{e}"
+        );
+        assert!(check_frequency(0, Some(100_000)).is_err());
+    }
+
+    #[test]
+    fn unimplemented_backends_are_refused_with_advice() {
+        let c = Config {
+            backend: BackendKind::Ibs,
+            ..Config::default()
+        };
+        let e = checked(&c).unwrap_err().to_string();
+        assert!(e.contains("ibs") && e.contains("--backend soft"), "{e}");
+    }
 }
