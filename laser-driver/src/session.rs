@@ -98,6 +98,11 @@ pub struct HeaderInfo {
     pub maps: String,
     /// GNU build-id of each mapped ELF file, by path.
     pub build_ids: BTreeMap<String, Vec<u8>>,
+    /// Wall clock when the session started, nanoseconds since the Unix epoch…
+    pub start_time_unix_ns: u64,
+    /// …and the sample clock (CLOCK_MONOTONIC, see `attr::base`) at the same instant, so
+    /// event times map to wall time.
+    pub start_time_perf_ns: u64,
 }
 
 struct Leader {
@@ -131,6 +136,8 @@ pub struct Session {
     known_tids: BTreeSet<i32>,
     exited: Option<ExitStatus>,
     maps_snapshot: String,
+    start_unix_ns: u64,
+    start_perf_ns: u64,
 }
 
 impl Session {
@@ -240,6 +247,8 @@ impl Session {
             known_tids: BTreeSet::new(),
             exited: None,
             maps_snapshot: String::new(),
+            start_unix_ns: clock_ns(libc::CLOCK_REALTIME),
+            start_perf_ns: clock_ns(libc::CLOCK_MONOTONIC),
         })
     }
 
@@ -532,6 +541,8 @@ impl Session {
                 .and_then(|t| procinfo::cpu_model(&t)),
             build_ids: procinfo::read_build_ids(&parsed),
             maps,
+            start_time_unix_ns: self.start_unix_ns,
+            start_time_perf_ns: self.start_perf_ns,
         }
     }
 }
@@ -577,6 +588,16 @@ fn check_frequency(requested: u64, max: Option<u64>) -> Result<(), DriverError> 
         }),
         _ => Ok(()),
     }
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into a live local.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn read_maps(pid: i32) -> io::Result<String> {

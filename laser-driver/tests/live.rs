@@ -398,6 +398,11 @@ fn header_info_has_build_ids_maps_and_cpu_model() {
         assert!(h.cpu_model.is_some());
     }
     assert_eq!(h.command[1], "0.2");
+    assert!(h.start_time_perf_ns > 0 && h.start_time_perf_ns <= monotonic_ns());
+    assert!(
+        h.start_time_unix_ns > 1_600_000_000 * 1_000_000_000,
+        "after 2020"
+    );
     run_to_exit(&mut s);
 }
 
