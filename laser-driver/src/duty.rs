@@ -107,7 +107,9 @@ enum Phase {
     Cooling {
         since: Instant,
         cpu0: Duration,
-        until_cpu: Duration,
+        /// Target CPU at the start of the window being paid for.
+        win_cpu0: Duration,
+        /// That window's hits, including stragglers read after it was disabled.
         hits: u64,
     },
 }
@@ -182,7 +184,11 @@ impl DutyState {
     pub fn tick(&mut self, duty: &DutyCycle, now: Instant, new_hits: u64, cpu: Duration) -> Action {
         self.stats.hits += new_hits;
         match self.phase {
-            Phase::Idle => Action::Nothing,
+            Phase::Idle => {
+                // Stragglers of a window that was stopped: never paid for.
+                self.stats.unpaid_hits += new_hits;
+                Action::Nothing
+            }
             Phase::Armed { since, cpu0, hits } => {
                 let hits = hits + new_hits;
                 let armed = now.saturating_duration_since(since);
@@ -207,7 +213,7 @@ impl DutyState {
                     self.phase = Phase::Cooling {
                         since: now,
                         cpu0: cpu,
-                        until_cpu: cpu + (need - used),
+                        win_cpu0: cpu0,
                         hits,
                     };
                     Action::Disable
@@ -216,10 +222,19 @@ impl DutyState {
             Phase::Cooling {
                 since,
                 cpu0,
-                until_cpu,
-                ..
+                win_cpu0,
+                hits,
             } => {
-                if cpu < until_cpu {
+                // Hits read now were written before the disable took effect (the reader can
+                // be preempted between draining and disabling): they belong to the window.
+                let hits = hits + new_hits;
+                if cpu < win_cpu0 + duty.cpu_needed(hits) {
+                    self.phase = Phase::Cooling {
+                        since,
+                        cpu0,
+                        win_cpu0,
+                        hits,
+                    };
                     return Action::Nothing;
                 }
                 self.stats.cooldown_time += now.saturating_duration_since(since);
@@ -276,17 +291,20 @@ mod tests {
         assert_eq!(need, Duration::from_micros(23_100));
         // Wall time alone does not end the cooldown.
         assert_eq!(st.tick(&d, t0 + 80 * MS, 0, 20 * MS), Action::Nothing);
-        assert_eq!(st.tick(&d, t0 + 95 * MS, 0, 24 * MS), Action::Enable);
+        // A straggler read after the disable extends it (110 → 120 hits: 25.2 ms).
+        assert_eq!(st.tick(&d, t0 + 90 * MS, 10, 24 * MS), Action::Nothing);
+        assert_eq!(st.tick(&d, t0 + 95 * MS, 0, 25 * MS), Action::Nothing);
+        assert_eq!(st.tick(&d, t0 + 96 * MS, 0, 26 * MS), Action::Enable);
         assert!(st.is_armed());
         assert_eq!(st.stats.windows, 2);
-        assert_eq!(st.stats.hits, 110);
-        assert_eq!(st.stats.target_cpu, 24 * MS);
+        assert_eq!(st.stats.hits, 120);
+        assert_eq!(st.stats.target_cpu, 26 * MS);
         assert_eq!(st.stats.unpaid_hits, 0);
         // Stopping mid-window leaves that window's hits unpaid.
-        st.tick(&d, t0 + 96 * MS, 7, 24 * MS);
-        st.stop(t0 + 97 * MS, 25 * MS);
+        st.tick(&d, t0 + 97 * MS, 7, 26 * MS);
+        st.stop(t0 + 98 * MS, 27 * MS);
         assert_eq!(st.stats.unpaid_hits, 7);
-        let traps = d.hit_cost * 110;
+        let traps = d.hit_cost * 120;
         assert!(traps.as_secs_f64() <= 0.05 / 1.05 * st.stats.target_cpu.as_secs_f64() + 1e-12);
     }
 

@@ -276,6 +276,13 @@ fn watchpoints_hit_in_both_threads_at_the_watched_address() {
     let t = target();
     let cfg = Config {
         backend: BackendKind::Watch,
+        // Generous budget: this test is about every thread being armed, not the duty
+        // cycle (which has its own test); a loaded machine must not starve one thread.
+        duty_cycle: laser_driver::DutyCycle::new(
+            Duration::from_millis(50),
+            0.5,
+            Duration::from_micros(5),
+        ),
         ..Config::default()
     };
     let mut s = Session::launch(&argv(t, &["0.6", "0"]), &cfg).unwrap();
@@ -449,6 +456,13 @@ fn attach_arms_watchpoints_in_every_thread() {
     }
     let cfg = Config {
         backend: BackendKind::Watch,
+        // Generous budget: this test is about every thread being armed, not the duty
+        // cycle (which has its own test); a loaded machine must not starve one thread.
+        duty_cycle: laser_driver::DutyCycle::new(
+            Duration::from_millis(50),
+            0.5,
+            Duration::from_micros(5),
+        ),
         ..Config::default()
     };
     let mut s = Session::attach(pid, &cfg).unwrap();
