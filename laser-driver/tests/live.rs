@@ -582,3 +582,58 @@ fn assert_within_budget(w: &laser_driver::WatchStats, duty: &laser_driver::DutyC
     );
     assert!(w.target_cpu > Duration::ZERO, "{w:?}");
 }
+
+/// The main thread leaves early (pthread_exit): its per-CPU events hang up, yet the workers
+/// are still sampled until the process really ends, launched or attached.
+#[test]
+fn main_thread_exiting_first_does_not_end_observation() {
+    let t = target();
+    let mut s = Session::launch(&argv(t, &["0.5", "0", "mainexit"]), &Config::default()).unwrap();
+    let pid = s.pid() as u32;
+    let (events, status) = run_to_exit(&mut s);
+    assert_eq!(status, ExitStatus::Code(0));
+    let main_exit = events
+        .iter()
+        .find_map(|e| match e {
+            Event::Exit { tid, time, .. } if *tid == pid => Some(*time),
+            _ => None,
+        })
+        .expect("Exit record of the main thread");
+    let late = samples(&events)
+        .filter(|x| x.tid != pid && x.time > main_exit)
+        .count();
+    assert!(late > 0, "no worker samples after the main thread exited");
+
+    let mut child = Command::new(&t.path)
+        .args(["0.6", "0", "mainexit"])
+        .spawn()
+        .unwrap();
+    let cpid = child.id() as i32;
+    // Wait until the main thread is gone (a zombie leader) but workers run.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{cpid}/stat")).unwrap_or_default();
+        if stat.contains(") Z") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "main thread never exited");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut s = Session::attach(cpid, &Config::default()).unwrap();
+    let mut events = Vec::new();
+    let st = s
+        .poll(Duration::from_millis(100), &mut |e| events.push(e))
+        .unwrap();
+    assert_eq!(
+        st,
+        Status::Running,
+        "zombie leader is not the end of the process"
+    );
+    let (rest, _) = run_to_exit(&mut s);
+    events.extend(rest);
+    child.wait().unwrap();
+    assert!(
+        samples(&events).any(|x| x.tid as i32 != cpid),
+        "workers sampled after attaching behind a zombie leader"
+    );
+}
