@@ -327,9 +327,15 @@ fn watchpoints_rearm_and_disarm_while_running() {
     let cfg = Config {
         watch: true,
         frequency: 500,
+        duty_cycle: laser_driver::DutyCycle::new(
+            Duration::from_millis(50),
+            0.5,
+            Duration::from_micros(5),
+        ),
         ..Config::default()
     };
-    let mut s = Session::launch(&argv(t, &["0.8", "0"]), &cfg).unwrap();
+    let mut s = Session::launch(&argv(t, &["1.2", "0"]), &cfg).unwrap();
+    let pid = s.pid() as u32;
     let mut events = Vec::new();
     // Armed on a word nobody touches first, then on shared_word, then disarmed.
     let quiet = WatchSpec {
@@ -349,15 +355,27 @@ fn watchpoints_rearm_and_disarm_while_running() {
         len: 8,
         kind: WatchKind::ReadWrite,
     };
+    // Both workers exist by now: re-pointing must reach their inherited child events.
     s.watch_mut().unwrap().arm(&[quiet, busy]).unwrap();
     let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_millis(150) {
+    let slot1_tids = |events: &[Event]| -> BTreeSet<u32> {
+        samples(events)
+            .filter(|x| x.watch_slot == Some(1) && x.tid != pid)
+            .map(|x| x.tid)
+            .collect()
+    };
+    while t0.elapsed() < Duration::from_millis(150)
+        || (slot1_tids(&events).len() < 2 && t0.elapsed() < Duration::from_millis(600))
+    {
         s.poll(Duration::from_millis(25), &mut |e| events.push(e))
             .unwrap();
     }
     s.watch_mut().unwrap().disarm().unwrap();
-    let hits_slot1 = samples(&events).filter(|x| x.watch_slot == Some(1)).count();
-    assert!(hits_slot1 > 0, "re-pointed slot 1 never hit");
+    assert_eq!(
+        slot1_tids(&events).len(),
+        2,
+        "re-pointed slot 1 hit in both existing threads"
+    );
     // Drain what was in flight, then nothing new may arrive while disarmed.
     s.poll(Duration::from_millis(10), &mut |e| events.push(e))
         .unwrap();
