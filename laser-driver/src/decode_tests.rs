@@ -384,3 +384,16 @@ fn a_sample_split_at_every_byte_decodes_identically() {
         assert_eq!(out, vec![reference.clone()], "split at byte {split}");
     }
 }
+
+proptest::proptest! {
+    /// Arbitrary bodies of every record type decode or count as malformed, never panic.
+    #[test]
+    fn arbitrary_bodies_never_panic(
+        kind in 0u32..20,
+        misc in proptest::prelude::any::<u16>(),
+        body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
+    ) {
+        let mut d = decoder();
+        let _ = d.decode(RawRecord { kind, misc, body: &body });
+    }
+}
