@@ -1,10 +1,19 @@
 //! The facade the CLI uses: launch or attach, then `poll` in a loop until the target exits.
 //!
 //! One ring buffer per CPU (launch) or per thread (attach), owned by a *leader* event
-//! (cpu-clock for `soft`, a dummy tracking event for `watch`) that also carries the
+//! (sampling cpu-clock for `soft`, counting-only cpu-clock for `watch`) that also carries the
 //! Mmap/Comm/Fork/Exit side-band records; watchpoint events write into the leader's ring
-//! (`PERF_EVENT_IOC_SET_OUTPUT`). `poll` must run continuously: two threads sampled at 10 kHz
-//! fill 64 pages in well under a second.
+//! (`PERF_EVENT_IOC_SET_OUTPUT`). The leaders' counts are the target's CPU time (the
+//! watchpoint duty cycle's budget). `poll` must run continuously: two threads sampled at
+//! 10 kHz fill 64 pages in well under a second.
+//!
+//! ```text
+//!  launch (per CPU, inherit)           attach (per thread, no inherit: mmap-able)
+//!  cpu0: leader ◀─ watch slot 0..3     tid A: leader ◀─ watch slot 0..3
+//!   └ ring ──┐                           └ ring ──┐
+//!  cpu1: leader ◀─ watch slot 0..3     tid B: …   │
+//!   └ ring ──┴─▶ poll: drain all rings, decode, sort batch by time ─▶ sink(Event)
+//! ```
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ffi::OsString;

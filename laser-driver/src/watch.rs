@@ -4,8 +4,10 @@
 //! CPU (launch: `inherit`, so every thread the program creates gets child events) or per
 //! thread (attach), all parked at an unmapped address and disabled. [`Watcher::arm`]
 //! re-points them with `PERF_EVENT_IOC_MODIFY_ATTRIBUTES` — the kernel applies it to every
-//! inherited child too (`perf_event_modify_attr` walks `child_list`; the integration test
-//! `watchpoints_hit_in_both_threads` would see hits from the main thread only otherwise).
+//! inherited child too (`perf_event_modify_attr` walks `child_list`). The integration tests
+//! check it both ways: armed before the threads exist (`watchpoints_hit_in_both_threads_…`)
+//! and re-pointed after (`watchpoints_rearm_and_disarm_while_running`); each asserts hits
+//! from both worker threads, which only inherited child events can produce.
 //!
 //! Hits are rate-limited by the duty cycle in [`crate::duty`].
 
@@ -26,7 +28,6 @@ pub const MAX_WATCHES: usize = 4;
 /// Largest user-space address + 1 on x86-64 (47-bit user half).
 const USER_END: u64 = 0x0000_8000_0000_0000;
 
-/// One watched range.
 /// Measures what one watchpoint hit costs on this machine now: `n` writes to a word of
 /// laser's own with a breakpoint on it, on the thread's CPU clock (so time spent preempted on
 /// a loaded machine does not count), minus the same writes without. The trap is the same
@@ -64,6 +65,7 @@ fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// One watched range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct WatchSpec {
     pub addr: u64,
