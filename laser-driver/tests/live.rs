@@ -25,6 +25,18 @@ struct Target {
 fn target() -> &'static Target {
     static T: OnceLock<Target> = OnceLock::new();
     T.get_or_init(|| {
+        // One directory per test process (concurrent runs must not overwrite a binary another
+        // is executing); directories of test processes that are gone are removed.
+        if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(pid) = name.strip_prefix("laser-driver-live-") {
+                    if !Path::new(&format!("/proc/{pid}")).exists() {
+                        let _ = std::fs::remove_dir_all(e.path());
+                    }
+                }
+            }
+        }
         let dir = std::env::temp_dir().join(format!("laser-driver-live-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/two_threads.c");
