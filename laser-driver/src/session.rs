@@ -127,7 +127,10 @@ enum Mode {
     Attached,
 }
 
-/// A target under observation.
+/// A target under observation. `Send`, so the CLI may poll it from a worker thread.
+///
+/// Dropping it closes every event (the target is no longer observed) but does not stop a
+/// launched program: use [`Session::signal`] first if it should end with laser.
 pub struct Session {
     mode: Mode,
     pid: i32,
@@ -616,6 +619,12 @@ fn read_maps(pid: i32) -> io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn session_is_send() {
+        fn assert_send<T: Send>() {}
+        assert_send::<Session>();
+    }
 
     #[test]
     fn frequency_limits_are_explained() {
