@@ -203,7 +203,12 @@ fn launch_samples_both_threads_with_registers_inside_program_text() {
 fn launch_reports_exit_status_and_missing_program() {
     let t = target();
     let mut s = Session::launch(&argv(t, &["0.05", "0"]), &Config::default()).unwrap();
+    assert!(matches!(s.watch_mut(), Err(DriverError::WatchNotEnabled)));
     assert_eq!(run_to_exit(&mut s).1, ExitStatus::Code(0));
+    assert!(matches!(
+        Session::attach(i32::MAX, &Config::default()),
+        Err(DriverError::NoSuchProcess { .. })
+    ));
     let mut s = Session::launch(&argv(t, &["30", "0"]), &Config::default()).unwrap();
     s.signal(libc::SIGKILL).unwrap();
     assert_eq!(run_to_exit(&mut s).1, ExitStatus::Signal(libc::SIGKILL));
