@@ -53,6 +53,10 @@ fn base(binding: Binding) -> b::perf_event_attr {
     a.set_exclude_kernel(1);
     a.set_exclude_hv(1);
     a.set_sample_id_all(1);
+    // Timestamps in CLOCK_MONOTONIC (what `Event::time` documents), so they line up with
+    // laser's own clock (rates, repair timing) rather than the kernel's sched_clock.
+    a.set_use_clockid(1);
+    a.clockid = libc::CLOCK_MONOTONIC;
     match binding {
         Binding::Launch => {
             // Counting starts at execve of the target, not in laser's forked child.
@@ -91,13 +95,14 @@ pub fn soft(binding: Binding, freq: u64, wakeup_bytes: u32) -> b::perf_event_att
     a
 }
 
-/// A `dummy` software event that only carries tracking records and owns the ring buffer when
-/// the session does not sample with cpu-clock (watch-only sessions).
+/// A counting (never sampling) cpu-clock event that carries the tracking records and owns
+/// the ring buffer when the session does not sample (watch-only sessions). Its count is the
+/// target's CPU time, which the watchpoint duty cycle budgets against.
 pub fn tracking(binding: Binding, wakeup_bytes: u32) -> b::perf_event_attr {
     let mut a = base(binding);
     a.type_ = b::PERF_TYPE_SOFTWARE;
-    a.config = b::PERF_COUNT_SW_DUMMY as u64;
-    a.__bindgen_anon_1.sample_period = 1;
+    a.config = b::PERF_COUNT_SW_CPU_CLOCK as u64;
+    a.__bindgen_anon_1.sample_period = 0;
     set_tracking(&mut a, wakeup_bytes);
     a
 }
@@ -182,6 +187,8 @@ pub fn describe(a: &b::perf_event_attr) -> String {
     };
     let rate = if a.freq() != 0 {
         format!("freq {period_or_freq} Hz")
+    } else if period_or_freq == 0 {
+        "counting only".to_string()
     } else {
         format!("period {period_or_freq}")
     };

@@ -361,3 +361,39 @@ fn truncated_and_corrupt_bodies_are_counted_not_panics() {
         }
     }
 }
+
+#[test]
+fn a_sample_split_at_every_byte_decodes_identically() {
+    let body = sample_body(ID_WATCH, 0x401008, 10, 12, 101, 0x404040, 1);
+    let len = 8 + body.len() as u64;
+    let reference = {
+        let mut d = decoder();
+        d.decode(RawRecord {
+            kind: 9,
+            misc: 2,
+            body: &body,
+        })
+        .unwrap()
+    };
+    for split in 0..=len {
+        let mut ring = SliceRing::new(512, 512 * 5 - split);
+        assert!(ring.push(9, 2, &body));
+        let mut d = decoder();
+        let mut out = Vec::new();
+        drain(&mut ring, &mut Vec::new(), |r| out.extend(d.decode(r))).unwrap();
+        assert_eq!(out, vec![reference.clone()], "split at byte {split}");
+    }
+}
+
+proptest::proptest! {
+    /// Arbitrary bodies of every record type decode or count as malformed, never panic.
+    #[test]
+    fn arbitrary_bodies_never_panic(
+        kind in 0u32..20,
+        misc in proptest::prelude::any::<u16>(),
+        body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
+    ) {
+        let mut d = decoder();
+        let _ = d.decode(RawRecord { kind, misc, body: &body });
+    }
+}

@@ -63,6 +63,8 @@ pub enum DriverError {
     },
     #[error("{requested} watchpoints requested, but x86 has {max} debug registers per thread")]
     TooManyWatches { requested: usize, max: usize },
+    #[error("sampling frequency {requested} Hz: {reason}")]
+    BadFrequency { requested: u64, reason: String },
     #[error("watchpoints were not enabled in this session's Config (watch = false)")]
     WatchNotEnabled,
     #[error("{what}: {source}")]

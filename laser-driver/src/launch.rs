@@ -98,6 +98,12 @@ pub fn spawn_stopped(argv: &[OsString]) -> Result<Stopped, DriverError> {
     let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
     c_argv.push(std::ptr::null());
 
+    // SAFETY: sigemptyset initialises the set it is given; a zeroed sigset_t is valid input.
+    let empty_mask = unsafe {
+        let mut m: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut m);
+        m
+    };
     let (go_r, go_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
     // SAFETY: fork has no preconditions; the child below only calls async-signal-safe
@@ -107,11 +113,17 @@ pub fn spawn_stopped(argv: &[OsString]) -> Result<Stopped, DriverError> {
         return Err(DriverError::io("fork", io::Error::last_os_error()));
     }
     if pid == 0 {
-        // SAFETY (whole block): child side of fork. Only read/execv/write/_exit/close are
-        // called, all async-signal-safe; the pointers are to CStrings that outlive the block.
+        // SAFETY (whole block): child side of fork. Only close/signal/sigprocmask/read/execv/
+        // write/_exit are called, all async-signal-safe; the pointers are to CStrings and a
+        // sigset prepared before the fork, alive for the whole block.
         unsafe {
             libc::close(go_w.as_raw_fd());
             libc::close(err_r.as_raw_fd());
+            // The program must start with default signal state, as from a shell: Rust sets
+            // SIGPIPE to SIG_IGN (ignored dispositions survive exec) and laser's threads may
+            // block signals (the mask survives exec too). std::process::Command does the same.
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::sigprocmask(libc::SIG_SETMASK, &empty_mask, std::ptr::null_mut());
             let mut b = 0u8;
             let n = loop {
                 let n = libc::read(go_r.as_raw_fd(), &mut b as *mut u8 as *mut libc::c_void, 1);
@@ -267,6 +279,21 @@ mod tests {
         let argv: Vec<OsString> = ["sh", "-c", "kill -9 $$"].iter().map(Into::into).collect();
         let pid = spawn_stopped(&argv).unwrap().release().unwrap();
         assert_eq!(wait(pid, false).unwrap(), Some(ExitStatus::Signal(9)));
+    }
+
+    #[test]
+    fn the_program_starts_with_default_signal_dispositions() {
+        // The test harness ignores SIGPIPE; a shell that inherits an ignored signal cannot
+        // un-ignore it, so this exits 3 unless the child reset SIGPIPE to default.
+        let argv: Vec<OsString> = ["sh", "-c", "kill -PIPE $$; exit 3"]
+            .iter()
+            .map(Into::into)
+            .collect();
+        let pid = spawn_stopped(&argv).unwrap().release().unwrap();
+        assert_eq!(
+            wait(pid, false).unwrap(),
+            Some(ExitStatus::Signal(libc::SIGPIPE))
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod trace;
 
 pub mod attr;
 pub mod decode;
+pub mod duty;
 pub mod error;
 pub mod launch;
 pub mod mmap_ring;
@@ -22,10 +23,13 @@ pub mod threads;
 pub mod watch;
 
 pub use attr::WatchKind;
+pub use duty::{DutyCycle, WatchStats};
 pub use error::DriverError;
 pub use event::{
     BackendKind, Event, Mmap, Reg, Sample, StreamStats, UserRegs, NUM_REGS, SOFT_REGS_MASK,
 };
 pub use launch::ExitStatus;
-pub use session::{AttrInfo, Config, HeaderInfo, Session, Status, DEFAULT_SOFT_FREQ};
-pub use watch::{DutyCycle, WatchSpec, Watcher, MAX_WATCHES};
+pub use session::{
+    AttrInfo, Config, HeaderInfo, Session, Status, DEFAULT_BUFFER_PAGES, DEFAULT_SOFT_FREQ,
+};
+pub use watch::{WatchSpec, Watcher, MAX_WATCHES};

@@ -1,10 +1,19 @@
 //! The facade the CLI uses: launch or attach, then `poll` in a loop until the target exits.
 //!
 //! One ring buffer per CPU (launch) or per thread (attach), owned by a *leader* event
-//! (cpu-clock for `soft`, a dummy tracking event for `watch`) that also carries the
+//! (sampling cpu-clock for `soft`, counting-only cpu-clock for `watch`) that also carries the
 //! Mmap/Comm/Fork/Exit side-band records; watchpoint events write into the leader's ring
-//! (`PERF_EVENT_IOC_SET_OUTPUT`). `poll` must run continuously: two threads sampled at 10 kHz
-//! fill 64 pages in well under a second.
+//! (`PERF_EVENT_IOC_SET_OUTPUT`). The leaders' counts are the target's CPU time (the
+//! watchpoint duty cycle's budget). `poll` must run continuously: two threads sampled at
+//! 10 kHz fill 64 pages in well under a second.
+//!
+//! ```text
+//!  launch (per CPU, inherit)           attach (per thread, no inherit: mmap-able)
+//!  cpu0: leader ◀─ watch slot 0..3     tid A: leader ◀─ watch slot 0..3
+//!   └ ring ──┐                           └ ring ──┐
+//!  cpu1: leader ◀─ watch slot 0..3     tid B: …   │
+//!   └ ring ──┴─▶ poll: drain all rings, decode, sort batch by time ─▶ sink(Event)
+//! ```
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ffi::OsString;
@@ -26,13 +35,19 @@ use crate::sys;
 use crate::threads;
 use crate::watch::{DutyCycle, Watcher};
 
-/// Default cpu-clock frequency of the soft backend. Chosen with
-/// `benchmarks/src/bin/soft_overhead.rs` to keep overhead ≤ 2 % (see benchmarks/RESULTS.md).
-pub const DEFAULT_SOFT_FREQ: u64 = 2000;
+/// Default cpu-clock frequency of the soft backend (per thread, Hz), chosen to keep the
+/// target's overhead ≤ 2 %. Measured with `benchmarks/src/bin/soft_overhead.rs` (2 CPU-bound
+/// threads, 7 interleaved pairs, target CPU time sampled/bare) on the 2-vCPU KVM guest at load
+/// average ~6: 10 Hz ×1.001, 250 Hz ×1.001, 500 Hz ×1.014, 1 kHz ×1.022, 2 kHz ×1.049,
+/// 4 kHz ×1.088 — each sample costs the target ≈ 20–25 µs here (timer VM exits), so the
+/// overhead is ≈ frequency × that cost and 1 kHz already misses the goal on this machine.
+/// Re-measure on a quiet host: if a sample costs ≤ 10 µs there, 1–2 kHz fits the goal.
+pub const DEFAULT_SOFT_FREQ: u64 = 500;
 
-/// Default data pages per ring (1 MiB with 4 KiB pages): at 2 kHz × 2 threads × 224-byte
-/// samples that is over a second of headroom between polls.
-pub const DEFAULT_BUFFER_PAGES: usize = 256;
+/// Default data pages per ring: 128 (512 KiB), perf's own default — with the control page it
+/// is exactly the 516 KiB `perf_event_mlock_kb` lets an unprivileged user lock per CPU. Even
+/// at 1 kHz × 2 threads × 224-byte samples that is over a second of headroom between polls.
+pub const DEFAULT_BUFFER_PAGES: usize = 128;
 
 /// What to sample and how.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,7 +57,10 @@ pub struct Config {
     pub backend: BackendKind,
     /// cpu-clock samples per second per thread (soft).
     pub frequency: u64,
-    /// Data pages per ring buffer (rounded up to a power of two).
+    /// Data pages per ring buffer (rounded up to a power of two): per CPU when launching;
+    /// when attaching each thread gets its own ring of a quarter of this (at least 8 pages),
+    /// since a thread fills it at a per-thread rate and many threads would otherwise lock
+    /// many megabytes.
     pub buffer_pages: usize,
     /// Open watchpoint events so `watch_mut().arm(…)` works. Implied by `backend = Watch`.
     pub watch: bool,
@@ -89,6 +107,11 @@ pub struct HeaderInfo {
     pub maps: String,
     /// GNU build-id of each mapped ELF file, by path.
     pub build_ids: BTreeMap<String, Vec<u8>>,
+    /// Wall clock when the session started, nanoseconds since the Unix epoch…
+    pub start_time_unix_ns: u64,
+    /// …and the sample clock (CLOCK_MONOTONIC, see `attr::base`) at the same instant, so
+    /// event times map to wall time.
+    pub start_time_perf_ns: u64,
 }
 
 struct Leader {
@@ -104,7 +127,10 @@ enum Mode {
     Attached,
 }
 
-/// A target under observation.
+/// A target under observation. `Send`, so the CLI may poll it from a worker thread.
+///
+/// Dropping it closes every event (the target is no longer observed) but does not stop a
+/// launched program: use [`Session::signal`] first if it should end with laser.
 pub struct Session {
     mode: Mode,
     pid: i32,
@@ -122,6 +148,8 @@ pub struct Session {
     known_tids: BTreeSet<i32>,
     exited: Option<ExitStatus>,
     maps_snapshot: String,
+    start_unix_ns: u64,
+    start_perf_ns: u64,
 }
 
 impl Session {
@@ -200,7 +228,12 @@ impl Session {
         config: &Config,
         binding: Binding,
     ) -> Result<Session, DriverError> {
-        let pages = config.buffer_pages.max(1).next_power_of_two();
+        let pages = match mode {
+            Mode::Launched => config.buffer_pages,
+            Mode::Attached => (config.buffer_pages / 4).max(8),
+        }
+        .max(1)
+        .next_power_of_two();
         let wake = (pages * 4096 / 4).min(u32::MAX as usize) as u32;
         let (leader_attr, source) = match config.backend {
             BackendKind::Watch => (attr::tracking(binding, wake), Source::Tracking),
@@ -226,6 +259,8 @@ impl Session {
             known_tids: BTreeSet::new(),
             exited: None,
             maps_snapshot: String::new(),
+            start_unix_ns: clock_ns(libc::CLOCK_REALTIME),
+            start_perf_ns: clock_ns(libc::CLOCK_MONOTONIC),
         })
     }
 
@@ -240,7 +275,7 @@ impl Session {
             }
         );
         let fd = sys::open(&self.leader_attr, pid, cpu, &what)?;
-        let ring = MmapRing::new(&fd, self.config.buffer_pages)?;
+        let ring = MmapRing::new(&fd, self.ring_pages())?;
         let source = if self.config.backend == BackendKind::Watch {
             Source::Tracking
         } else {
@@ -248,7 +283,7 @@ impl Session {
         };
         self.decoder.add_source(sys::event_id(&fd)?, source);
         if let Some(w) = &mut self.watcher {
-            for (id, slot) in w.add(pid, cpu, key, fd.as_raw_fd())? {
+            for (id, slot) in w.add(pid, cpu, key, &fd)? {
                 self.decoder.add_source(id, Source::Watch(slot));
             }
         }
@@ -261,6 +296,29 @@ impl Session {
         Ok(())
     }
 
+    fn ring_pages(&self) -> usize {
+        match self.mode {
+            Mode::Launched => self.config.buffer_pages,
+            Mode::Attached => (self.config.buffer_pages / 4).max(8),
+        }
+    }
+
+    /// Sends `signal` to the target (e.g. SIGINT when a `--duration` ends). Refused once the
+    /// target has exited: a reaped pid may already belong to another process.
+    pub fn signal(&self, signal: i32) -> Result<(), DriverError> {
+        if self.exited.is_some() {
+            return Err(DriverError::NoSuchProcess { pid: self.pid });
+        }
+        // SAFETY: kill has no memory-safety preconditions.
+        if unsafe { libc::kill(self.pid, signal) } != 0 {
+            return Err(DriverError::io(
+                format!("kill({}, {signal})", self.pid),
+                io::Error::last_os_error(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Attach mode: opens events for threads not yet covered.
     ///
     /// Race handling: a thread can be created between listing `/proc/PID/task` and opening
@@ -268,8 +326,9 @@ impl Session {
     /// again until two consecutive listings find nothing new (bounded at 64 rounds for
     /// thread-spawning storms; the next poll continues). A thread that exits between listing
     /// and `perf_event_open` gives ESRCH and is skipped. Threads created after the last
-    /// listing are found on the next poll (every poll rescans, and Fork records from covered
-    /// threads make the poll return early); their first few milliseconds are unobserved.
+    /// listing are found on the next poll (every poll rescans; the CLI polls every ~100 ms);
+    /// their first moments until then are unobserved. The kernel's Fork record for such a
+    /// thread still arrives through its (covered) creator's ring, so the detector knows it.
     fn rescan_threads(&mut self) -> Result<(), DriverError> {
         let mut quiet = 0;
         for _ in 0..64 {
@@ -316,7 +375,7 @@ impl Session {
         }
         let now = Instant::now();
         let mut deadline = now + timeout;
-        if let Some(d) = self.watcher.as_ref().and_then(Watcher::next_deadline) {
+        if let Some(d) = self.watcher.as_ref().and_then(|w| w.next_deadline(now)) {
             deadline = deadline.min(d.max(now));
         }
         self.wait_readable(deadline.saturating_duration_since(now))?;
@@ -338,6 +397,9 @@ impl Session {
             self.exited = Some(st);
             // Everything the target wrote is in the rings now.
             self.drain_all(sink)?;
+            if let Some(w) = &mut self.watcher {
+                w.finish(Instant::now());
+            }
             return Ok(Status::Exited(st));
         }
         Ok(Status::Running)
@@ -491,6 +553,8 @@ impl Session {
                 .and_then(|t| procinfo::cpu_model(&t)),
             build_ids: procinfo::read_build_ids(&parsed),
             maps,
+            start_time_unix_ns: self.start_unix_ns,
+            start_time_perf_ns: self.start_perf_ns,
         }
     }
 }
@@ -507,15 +571,83 @@ fn checked(config: &Config) -> Result<Config, DriverError> {
             })
         }
     }
-    if config.backend == BackendKind::Soft && config.frequency == 0 {
-        return Err(DriverError::io(
-            "soft backend",
-            io::Error::new(io::ErrorKind::InvalidInput, "frequency must be > 0 Hz"),
-        ));
+    if config.backend == BackendKind::Soft {
+        let max = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+            .ok()
+            .and_then(|t| t.trim().parse().ok());
+        check_frequency(config.frequency, max)?;
     }
     Ok(config.clone())
 }
 
+/// The kernel rejects `sample_freq` above `perf_event_max_sample_rate` with a bare EINVAL;
+/// say which limit it is and how to raise it instead.
+fn check_frequency(requested: u64, max: Option<u64>) -> Result<(), DriverError> {
+    if requested == 0 {
+        return Err(DriverError::BadFrequency {
+            requested,
+            reason: "must be at least 1 Hz".into(),
+        });
+    }
+    match max {
+        Some(max) if requested > max => Err(DriverError::BadFrequency {
+            requested,
+            reason: format!(
+                "/proc/sys/kernel/perf_event_max_sample_rate is {max} (the kernel lowers it \
+                 when sampling interrupts take too long); use a lower frequency or raise it \
+                 with `sudo sysctl kernel.perf_event_max_sample_rate={requested}`"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into a live local.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 fn read_maps(pid: i32) -> io::Result<String> {
     std::fs::read_to_string(format!("/proc/{pid}/maps"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_is_send() {
+        fn assert_send<T: Send>() {}
+        assert_send::<Session>();
+    }
+
+    #[test]
+    fn frequency_limits_are_explained() {
+        assert!(check_frequency(1000, Some(100_000)).is_ok());
+        assert!(check_frequency(1000, None).is_ok());
+        let e = check_frequency(200_000, Some(100_000))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("200000") && e.contains("is 100000"), "{e}");
+        assert!(
+            e.contains("sysctl kernel.perf_event_max_sample_rate"),
+            "{e}"
+        );
+        assert!(check_frequency(0, Some(100_000)).is_err());
+    }
+
+    #[test]
+    fn unimplemented_backends_are_refused_with_advice() {
+        let c = Config {
+            backend: BackendKind::Ibs,
+            ..Config::default()
+        };
+        let e = checked(&c).unwrap_err().to_string();
+        assert!(e.contains("ibs") && e.contains("--backend soft"), "{e}");
+    }
 }

@@ -106,6 +106,21 @@ pub fn event_id(fd: &OwnedFd) -> Result<u64, DriverError> {
     Ok(id)
 }
 
+/// Reads an event's count (default read_format: one u64). For an inherited event the kernel
+/// adds the counts of all its children, live and exited.
+pub fn read_count(fd: &OwnedFd) -> Result<u64, DriverError> {
+    let mut v = 0u64;
+    // SAFETY: reads at most 8 bytes into a live local u64.
+    let n = unsafe { libc::read(fd.as_raw_fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
+    if n != 8 {
+        return Err(DriverError::io(
+            "reading a perf event count",
+            io::Error::last_os_error(),
+        ));
+    }
+    Ok(v)
+}
+
 /// Parses a kernel CPU list such as `/sys/devices/system/cpu/online` ("0-3,6,8-9").
 pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
     let mut cpus = Vec::new();

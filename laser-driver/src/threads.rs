@@ -20,12 +20,21 @@ pub fn parse_stat_state(stat: &str) -> Option<char> {
     rest.split_whitespace().next()?.chars().next()
 }
 
-/// True while the process exists and is not a zombie/dead (`Z`, `X`, `x`).
+/// True while any thread of the process is not a zombie/dead (`Z`, `X`, `x`). The group
+/// leader alone is not enough: after the main thread calls `pthread_exit` it stays a zombie
+/// while the other threads run on.
 pub fn is_alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+    let live = |path: String| match std::fs::read_to_string(path) {
         Ok(s) => !matches!(parse_stat_state(&s), Some('Z' | 'X' | 'x') | None),
         Err(_) => false,
+    };
+    if live(format!("/proc/{pid}/stat")) {
+        return true;
     }
+    list_tids(pid).is_ok_and(|tids| {
+        tids.iter()
+            .any(|t| live(format!("/proc/{pid}/task/{t}/stat")))
+    })
 }
 
 #[cfg(test)]

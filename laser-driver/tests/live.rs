@@ -25,6 +25,18 @@ struct Target {
 fn target() -> &'static Target {
     static T: OnceLock<Target> = OnceLock::new();
     T.get_or_init(|| {
+        // One directory per test process (concurrent runs must not overwrite a binary another
+        // is executing); directories of test processes that are gone are removed.
+        if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(pid) = name.strip_prefix("laser-driver-live-") {
+                    if !Path::new(&format!("/proc/{pid}")).exists() {
+                        let _ = std::fs::remove_dir_all(e.path());
+                    }
+                }
+            }
+        }
         let dir = std::env::temp_dir().join(format!("laser-driver-live-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/two_threads.c");
@@ -52,6 +64,16 @@ fn target() -> &'static Target {
             path,
         }
     })
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into a live local.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn argv(t: &Target, args: &[&str]) -> Vec<OsString> {
@@ -104,10 +126,16 @@ fn launch_samples_both_threads_with_registers_inside_program_text() {
         frequency: 2000,
         ..Config::default()
     };
+    let t0 = monotonic_ns();
     let mut s = Session::launch(&argv(t, &["0.6", "3"]), &cfg).unwrap();
     let pid = s.pid() as u32;
     let (events, status) = run_to_exit(&mut s);
+    let t1 = monotonic_ns();
     assert_eq!(status, ExitStatus::Code(3));
+    // Timestamps are CLOCK_MONOTONIC, so they fall inside our own clock's window.
+    for e in &events {
+        assert!((t0..=t1).contains(&e.time()), "{e:?} outside [{t0}, {t1}]");
+    }
 
     let text = text_ranges(&events, &t.path);
     assert!(!text.is_empty(), "no exec Mmap for the program");
@@ -163,9 +191,6 @@ fn launch_samples_both_threads_with_registers_inside_program_text() {
     assert_eq!(st.samples as usize, samples(&events).count());
     assert_eq!(st.records as usize, events.len());
     assert_eq!(s.malformed_records(), 0);
-    // Sorted within each poll batch, and the stream as a whole is nearly ordered; at least
-    // the timestamps are real CLOCK_MONOTONIC-like nanoseconds.
-    assert!(worker_samples.iter().all(|x| x.time > 0));
 
     let h = s.header_info();
     assert_eq!(h.backend, BackendKind::Soft);
@@ -178,7 +203,15 @@ fn launch_samples_both_threads_with_registers_inside_program_text() {
 fn launch_reports_exit_status_and_missing_program() {
     let t = target();
     let mut s = Session::launch(&argv(t, &["0.05", "0"]), &Config::default()).unwrap();
+    assert!(matches!(s.watch_mut(), Err(DriverError::WatchNotEnabled)));
     assert_eq!(run_to_exit(&mut s).1, ExitStatus::Code(0));
+    assert!(matches!(
+        Session::attach(i32::MAX, &Config::default()),
+        Err(DriverError::NoSuchProcess { .. })
+    ));
+    let mut s = Session::launch(&argv(t, &["30", "0"]), &Config::default()).unwrap();
+    s.signal(libc::SIGKILL).unwrap();
+    assert_eq!(run_to_exit(&mut s).1, ExitStatus::Signal(libc::SIGKILL));
 
     let bad = [OsString::from("/nonexistent/laser-test-prog")];
     match Session::launch(&bad, &Config::default()) {
@@ -231,6 +264,10 @@ fn attach_sees_existing_threads_and_one_created_later() {
         ExitStatus::Unknown,
         "not our child: status unknowable"
     );
+    assert!(
+        s.signal(libc::SIGTERM).is_err(),
+        "no signals to an exited target"
+    );
     child.wait().unwrap();
 
     let after: BTreeSet<i32> = s.threads().into_iter().collect();
@@ -256,6 +293,13 @@ fn watchpoints_hit_in_both_threads_at_the_watched_address() {
     let t = target();
     let cfg = Config {
         backend: BackendKind::Watch,
+        // Generous budget: this test is about every thread being armed, not the duty
+        // cycle (which has its own test); a loaded machine must not starve one thread.
+        duty_cycle: laser_driver::DutyCycle::new(
+            Duration::from_millis(50),
+            0.5,
+            Duration::from_micros(5),
+        ),
         ..Config::default()
     };
     let mut s = Session::launch(&argv(t, &["0.6", "0"]), &cfg).unwrap();
@@ -286,18 +330,12 @@ fn watchpoints_hit_in_both_threads_at_the_watched_address() {
         2,
         "hits from both (inherited) threads — MODIFY_ATTRIBUTES reached the children"
     );
-    let w = s.watch_mut().unwrap().stats();
-    eprintln!("watch: {} hits from {tids:?}, {w:?}", hits.len());
+    let watcher = s.watch_mut().unwrap();
+    let (w, duty) = (watcher.stats(), watcher.duty_cycle());
+    eprintln!("watch: {} hits from {tids:?}, {w:?}, {duty:?}", hits.len());
     assert_eq!(w.hits as usize, hits.len());
-    // The duty cycle bounded the traps: ≤ 5 % of wall time on average (+ one window of slack).
-    let traps = Duration::from_nanos(4500) * hits.len() as u32;
-    let wall = w.armed_time + w.cooldown_time;
-    assert!(
-        traps.as_secs_f64() <= 0.05 * wall.as_secs_f64() + 0.001 + 0.05 * 0.02,
-        "{} hits in {wall:?}",
-        hits.len()
-    );
-    assert!(w.windows >= 2, "{w:?}");
+    assert_within_budget(&w, &duty);
+    assert!(w.windows >= 1, "{w:?}");
 }
 
 #[test]
@@ -306,9 +344,15 @@ fn watchpoints_rearm_and_disarm_while_running() {
     let cfg = Config {
         watch: true,
         frequency: 500,
+        duty_cycle: laser_driver::DutyCycle::new(
+            Duration::from_millis(50),
+            0.5,
+            Duration::from_micros(5),
+        ),
         ..Config::default()
     };
-    let mut s = Session::launch(&argv(t, &["0.8", "0"]), &cfg).unwrap();
+    let mut s = Session::launch(&argv(t, &["1.2", "0"]), &cfg).unwrap();
+    let pid = s.pid() as u32;
     let mut events = Vec::new();
     // Armed on a word nobody touches first, then on shared_word, then disarmed.
     let quiet = WatchSpec {
@@ -328,15 +372,27 @@ fn watchpoints_rearm_and_disarm_while_running() {
         len: 8,
         kind: WatchKind::ReadWrite,
     };
+    // Both workers exist by now: re-pointing must reach their inherited child events.
     s.watch_mut().unwrap().arm(&[quiet, busy]).unwrap();
     let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_millis(150) {
+    let slot1_tids = |events: &[Event]| -> BTreeSet<u32> {
+        samples(events)
+            .filter(|x| x.watch_slot == Some(1) && x.tid != pid)
+            .map(|x| x.tid)
+            .collect()
+    };
+    while t0.elapsed() < Duration::from_millis(150)
+        || (slot1_tids(&events).len() < 2 && t0.elapsed() < Duration::from_millis(600))
+    {
         s.poll(Duration::from_millis(25), &mut |e| events.push(e))
             .unwrap();
     }
     s.watch_mut().unwrap().disarm().unwrap();
-    let hits_slot1 = samples(&events).filter(|x| x.watch_slot == Some(1)).count();
-    assert!(hits_slot1 > 0, "re-pointed slot 1 never hit");
+    assert_eq!(
+        slot1_tids(&events).len(),
+        2,
+        "re-pointed slot 1 hit in both existing threads"
+    );
     // Drain what was in flight, then nothing new may arrive while disarmed.
     s.poll(Duration::from_millis(10), &mut |e| events.push(e))
         .unwrap();
@@ -384,6 +440,11 @@ fn header_info_has_build_ids_maps_and_cpu_model() {
         assert!(h.cpu_model.is_some());
     }
     assert_eq!(h.command[1], "0.2");
+    assert!(h.start_time_perf_ns > 0 && h.start_time_perf_ns <= monotonic_ns());
+    assert!(
+        h.start_time_unix_ns > 1_600_000_000 * 1_000_000_000,
+        "after 2020"
+    );
     run_to_exit(&mut s);
 }
 
@@ -430,6 +491,13 @@ fn attach_arms_watchpoints_in_every_thread() {
     }
     let cfg = Config {
         backend: BackendKind::Watch,
+        // Generous budget: this test is about every thread being armed, not the duty
+        // cycle (which has its own test); a loaded machine must not starve one thread.
+        duty_cycle: laser_driver::DutyCycle::new(
+            Duration::from_millis(50),
+            0.5,
+            Duration::from_micros(5),
+        ),
         ..Config::default()
     };
     let mut s = Session::attach(pid, &cfg).unwrap();
@@ -506,4 +574,101 @@ fn permission_denied_explains_itself() {
         "{text}"
     );
     assert!(text.contains("CAP_SYS_PTRACE"), "{text}");
+}
+
+#[test]
+fn duty_cycle_bounds_trap_time_on_a_hot_word() {
+    let t = target();
+    let cfg = Config {
+        backend: BackendKind::Watch,
+        ..Config::default()
+    };
+    let mut s = Session::launch(&argv(t, &["0.5", "0", "hot"]), &cfg).unwrap();
+    let spec = WatchSpec {
+        addr: t.shared_word,
+        len: 8,
+        kind: WatchKind::Write,
+    };
+    s.watch_mut().unwrap().arm(&[spec]).unwrap();
+    let (events, _) = run_to_exit(&mut s);
+    let w = s.watch_mut().unwrap();
+    let (stats, duty) = (w.stats(), w.duty_cycle());
+    let hits = samples(&events).count() as u64;
+    eprintln!("hot: {hits} hits, {stats:?}, {duty:?}");
+    assert_eq!(stats.hits, hits);
+    assert!(hits > 0 && stats.windows >= 1, "{stats:?}");
+    // Unbounded, two threads storing every few ns would trap ~100 % of the time; the duty
+    // cycle must have cooled down, and trap time stays within the bound.
+    assert!(stats.cooldown_time > Duration::ZERO, "{stats:?}");
+    assert_within_budget(&stats, &duty);
+}
+
+/// Trap time of every paid-for window (hits × the calibrated hit cost) ≤ s/(1+s) of the
+/// target's CPU time over the watched cycles. The last window may be unpaid when the target
+/// exits mid-cooldown; under load the reader wakes late and a window overshoots its cap, but
+/// never more than what the run's CPU time allowed before.
+fn assert_within_budget(w: &laser_driver::WatchStats, duty: &laser_driver::DutyCycle) {
+    let paid = duty.hit_cost.as_secs_f64() * (w.hits - w.unpaid_hits) as f64;
+    let s = duty.max_slowdown;
+    let budget = s / (1.0 + s) * w.target_cpu.as_secs_f64();
+    assert!(
+        paid <= budget * 1.001 + 1e-6,
+        "{paid} s of traps, budget {budget} s for {w:?}"
+    );
+    assert!(w.target_cpu > Duration::ZERO, "{w:?}");
+}
+
+/// The main thread leaves early (pthread_exit): its per-CPU events hang up, yet the workers
+/// are still sampled until the process really ends, launched or attached.
+#[test]
+fn main_thread_exiting_first_does_not_end_observation() {
+    let t = target();
+    let mut s = Session::launch(&argv(t, &["0.5", "0", "mainexit"]), &Config::default()).unwrap();
+    let pid = s.pid() as u32;
+    let (events, status) = run_to_exit(&mut s);
+    assert_eq!(status, ExitStatus::Code(0));
+    let main_exit = events
+        .iter()
+        .find_map(|e| match e {
+            Event::Exit { tid, time, .. } if *tid == pid => Some(*time),
+            _ => None,
+        })
+        .expect("Exit record of the main thread");
+    let late = samples(&events)
+        .filter(|x| x.tid != pid && x.time > main_exit)
+        .count();
+    assert!(late > 0, "no worker samples after the main thread exited");
+
+    let mut child = Command::new(&t.path)
+        .args(["0.6", "0", "mainexit"])
+        .spawn()
+        .unwrap();
+    let cpid = child.id() as i32;
+    // Wait until the main thread is gone (a zombie leader) but workers run.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{cpid}/stat")).unwrap_or_default();
+        if stat.contains(") Z") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "main thread never exited");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut s = Session::attach(cpid, &Config::default()).unwrap();
+    let mut events = Vec::new();
+    let st = s
+        .poll(Duration::from_millis(100), &mut |e| events.push(e))
+        .unwrap();
+    assert_eq!(
+        st,
+        Status::Running,
+        "zombie leader is not the end of the process"
+    );
+    let (rest, _) = run_to_exit(&mut s);
+    events.extend(rest);
+    child.wait().unwrap();
+    assert!(
+        samples(&events).any(|x| x.tid as i32 != cpid),
+        "workers sampled after attaching behind a zombie leader"
+    );
 }

@@ -11,7 +11,8 @@
 //! Without a command, the workload is built in: this binary re-executed with `--workload N`
 //! runs two threads that each do N fixed iterations of integer work on their own cache line
 //! (CPU-bound, no sharing), so the wall time measures only what sampling adds. `--work-ms`
-//! calibrates N to about that many milliseconds bare.
+//! calibrates N to about that many milliseconds bare. `--freq 0` measures observation
+//! without sampling (events, ring buffers and side-band records only): the floor.
 
 use std::ffi::OsString;
 use std::hint::black_box;
@@ -81,9 +82,18 @@ fn run_bare(cmd: &[OsString]) -> Duration {
 }
 
 fn run_sampled(cmd: &[OsString], freq: u64) -> (Duration, u64, u64) {
-    let cfg = Config {
-        frequency: freq,
-        ..Config::default()
+    // freq 0: observation without sampling (counting cpu-clock leader with tracking records,
+    // the watch backend never armed): the floor that is not due to samples.
+    let cfg = if freq == 0 {
+        Config {
+            backend: laser_driver::BackendKind::Watch,
+            ..Config::default()
+        }
+    } else {
+        Config {
+            frequency: freq,
+            ..Config::default()
+        }
     };
     let t = Instant::now();
     let mut s = match Session::launch(cmd, &cfg) {
@@ -166,12 +176,21 @@ fn main() {
         println!("built-in workload: 2 threads × {n} iterations (~{work_ms} ms bare)");
     }
     println!(
-        "{:>8} {:>5} {:>9} {:>11} {:>12} {:>10} {:>9} {:>5}",
-        "freq_hz", "runs", "bare_ms", "sampled_ms", "median_ratio", "cpu_ratio", "samples", "lost"
+        "{:>8} {:>5} {:>9} {:>11} {:>12} {:>10} {:>9} {:>5} {:>10}",
+        "freq_hz",
+        "runs",
+        "bare_ms",
+        "sampled_ms",
+        "median_ratio",
+        "cpu_ratio",
+        "samples",
+        "lost",
+        "us/sample"
     );
     for &freq in &freqs {
         let (mut bare, mut sampled, mut ratios) = (vec![], vec![], vec![]);
         let mut cpu_ratios = vec![];
+        let mut per_sample_us = vec![];
         let (mut nsamples, mut lost) = (vec![], 0);
         for _ in 0..runs {
             let c0 = children_cpu();
@@ -180,6 +199,11 @@ fn main() {
             let (s, n, l) = run_sampled(&cmd, freq);
             let c2 = children_cpu();
             cpu_ratios.push((c2 - c1).as_secs_f64() / (c1 - c0).as_secs_f64().max(1e-9));
+            if n > 0 {
+                // Extra target CPU per sample: the per-sample cost on this machine.
+                let extra = (c2 - c1).as_secs_f64() - (c1 - c0).as_secs_f64();
+                per_sample_us.push(extra / n as f64 * 1e6);
+            }
             bare.push(b.as_secs_f64() * 1e3);
             sampled.push(s.as_secs_f64() * 1e3);
             ratios.push(s.as_secs_f64() / b.as_secs_f64());
@@ -187,7 +211,7 @@ fn main() {
             lost += l;
         }
         println!(
-            "{:>8} {:>5} {:>9.1} {:>11.1} {:>12.4} {:>10.4} {:>9.0} {:>5}",
+            "{:>8} {:>5} {:>9.1} {:>11.1} {:>12.4} {:>10.4} {:>9.0} {:>5} {:>10.1}",
             freq,
             runs,
             median(&mut bare),
@@ -195,7 +219,8 @@ fn main() {
             median(&mut ratios),
             median(&mut cpu_ratios),
             median(&mut nsamples),
-            lost
+            lost,
+            median(&mut per_sample_us)
         );
     }
 }

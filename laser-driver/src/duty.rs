@@ -1,0 +1,331 @@
+//! The watchpoint duty cycle: a pure state machine (times and CPU totals are passed in), so
+//! it is tested with synthetic clocks.
+//!
+//! Each hit is a debug trap (≈ 4.5 µs on an idle KVM guest, 15–18 µs on the same guest under
+//! load). A hot watched word could trap continuously, so watchpoints are armed in windows:
+//!
+//! ```text
+//!  target CPU time ─────────────────────────────────────────────────────────────▶
+//!   ├── ARMED (≤ window wall time, ≤ max_hits) ──┼── COOLING ──────────────┼── ARMED …
+//!   cpu0                               hits·cost ┘   until the target has used
+//!                                                    hits·cost·(1+s)/s of CPU since cpu0
+//! ```
+//!
+//! The bound is on the target's *CPU time*, not wall time: on a loaded machine a thread that
+//! gets 20 % of a CPU pays a trap at five times its wall-clock weight, so a wall-time budget
+//! would under-count (measured: 21 % CPU overhead while a wall-time budget claimed 6 %). Per
+//! cycle, traps ≤ s/(1+s) of the target's CPU time, i.e. traps ≤ s × useful work: the target
+//! needs at most `max_slowdown` more CPU than without watchpoints. Every hit counts against
+//! the whole target (conservative with several threads). The last cycle of a run may end
+//! before its cooldown is paid: one window of slack, `max_hits_per_window · hit_cost`.
+
+use std::time::{Duration, Instant};
+
+/// The policy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DutyCycle {
+    /// Longest armed window (wall time).
+    pub window: Duration,
+    /// Hits after which a window ends early.
+    pub max_hits_per_window: u64,
+    /// Bound on extra target CPU time from traps, as a fraction of its useful CPU time.
+    pub max_slowdown: f64,
+    /// Cost of one hit. A floor: with `calibrate`, the first `arm` measures the real cost
+    /// (`watch::measure_hit_cost`) and uses the larger of the two.
+    pub hit_cost: Duration,
+    /// Measure the hit cost at the first `arm` (≈ 1000 traps on laser's own thread).
+    pub calibrate: bool,
+}
+
+impl Default for DutyCycle {
+    fn default() -> Self {
+        DutyCycle::new(Duration::from_millis(20), 0.05, Duration::from_nanos(4500))
+    }
+}
+
+impl DutyCycle {
+    /// A policy whose per-window cap alone keeps a fully busy window within `max_slowdown`.
+    pub fn new(window: Duration, max_slowdown: f64, hit_cost: Duration) -> Self {
+        let cap = (window.as_secs_f64() * max_slowdown / hit_cost.as_secs_f64().max(1e-9))
+            .floor()
+            .max(1.0) as u64;
+        DutyCycle {
+            window,
+            max_hits_per_window: cap,
+            max_slowdown,
+            hit_cost,
+            calibrate: true,
+        }
+    }
+
+    /// The same policy with a (measured) hit cost: the per-window cap shrinks to match.
+    pub fn with_hit_cost(&self, hit_cost: Duration) -> Self {
+        DutyCycle {
+            calibrate: self.calibrate,
+            ..DutyCycle::new(self.window, self.max_slowdown, hit_cost)
+        }
+    }
+
+    /// Target CPU time a cycle with `hits` must span: traps ≤ s/(1+s) of it.
+    pub fn cpu_needed(&self, hits: u64) -> Duration {
+        let s = self.max_slowdown.max(1e-6);
+        Duration::from_secs_f64(self.hit_cost.as_secs_f64() * hits as f64 * (1.0 + s) / s)
+    }
+}
+
+/// Counters for reports: how much of the run was watched, at what cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WatchStats {
+    /// Armed windows started.
+    pub windows: u64,
+    pub hits: u64,
+    pub armed_time: Duration,
+    pub cooldown_time: Duration,
+    /// CPU time the target used during armed windows and cooldowns.
+    pub target_cpu: Duration,
+    /// Hits of the last window whose cooldown was not (fully) served when watching stopped
+    /// (target exited or disarmed). All other hits were paid for by their cooldown.
+    pub unpaid_hits: u64,
+}
+
+/// What the watcher must do to its events after a tick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Nothing,
+    Enable,
+    Disable,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Phase {
+    Idle,
+    Armed {
+        since: Instant,
+        cpu0: Duration,
+        hits: u64,
+    },
+    Cooling {
+        since: Instant,
+        cpu0: Duration,
+        /// Target CPU at the start of the window being paid for.
+        win_cpu0: Duration,
+        /// That window's hits, including stragglers read after it was disabled.
+        hits: u64,
+    },
+}
+
+/// Where in the cycle we are, plus the totals.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DutyState {
+    phase: Phase,
+    pub stats: WatchStats,
+}
+
+impl Default for DutyState {
+    fn default() -> Self {
+        DutyState {
+            phase: Phase::Idle,
+            stats: WatchStats::default(),
+        }
+    }
+}
+
+impl DutyState {
+    /// Watchpoints were (re)armed: a window starts now.
+    pub fn start(&mut self, now: Instant, cpu: Duration) {
+        self.stop(now, cpu);
+        self.stats.windows += 1;
+        self.phase = Phase::Armed {
+            since: now,
+            cpu0: cpu,
+            hits: 0,
+        };
+    }
+
+    /// Disarmed or target gone: account the phase in progress and go idle.
+    pub fn stop(&mut self, now: Instant, cpu: Duration) {
+        match self.phase {
+            Phase::Armed { since, cpu0, hits } => {
+                self.stats.armed_time += now.saturating_duration_since(since);
+                self.stats.target_cpu += cpu.saturating_sub(cpu0);
+                self.stats.unpaid_hits += hits;
+            }
+            Phase::Cooling {
+                since, cpu0, hits, ..
+            } => {
+                self.stats.cooldown_time += now.saturating_duration_since(since);
+                self.stats.target_cpu += cpu.saturating_sub(cpu0);
+                self.stats.unpaid_hits += hits;
+            }
+            Phase::Idle => {}
+        }
+        self.phase = Phase::Idle;
+    }
+
+    pub fn is_armed(&self) -> bool {
+        matches!(self.phase, Phase::Armed { .. })
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.phase == Phase::Idle
+    }
+
+    /// When the next tick is due: end of the window, or (cooling) a re-check of the target's
+    /// CPU time half a window from now.
+    pub fn next_deadline(&self, duty: &DutyCycle, now: Instant) -> Option<Instant> {
+        match self.phase {
+            Phase::Idle => None,
+            Phase::Armed { since, .. } => Some(since + duty.window),
+            Phase::Cooling { .. } => Some(now + duty.window / 2),
+        }
+    }
+
+    /// `new_hits` watch samples were read; the target has used `cpu` in total so far.
+    pub fn tick(&mut self, duty: &DutyCycle, now: Instant, new_hits: u64, cpu: Duration) -> Action {
+        self.stats.hits += new_hits;
+        match self.phase {
+            Phase::Idle => {
+                // Stragglers of a window that was stopped: never paid for.
+                self.stats.unpaid_hits += new_hits;
+                Action::Nothing
+            }
+            Phase::Armed { since, cpu0, hits } => {
+                let hits = hits + new_hits;
+                let armed = now.saturating_duration_since(since);
+                if hits < duty.max_hits_per_window && armed < duty.window {
+                    self.phase = Phase::Armed { since, cpu0, hits };
+                    return Action::Nothing;
+                }
+                self.stats.armed_time += armed;
+                let used = cpu.saturating_sub(cpu0);
+                self.stats.target_cpu += used;
+                let need = duty.cpu_needed(hits);
+                if used >= need {
+                    // Cheap window: the next one starts at once, events stay enabled.
+                    self.stats.windows += 1;
+                    self.phase = Phase::Armed {
+                        since: now,
+                        cpu0: cpu,
+                        hits: 0,
+                    };
+                    Action::Nothing
+                } else {
+                    self.phase = Phase::Cooling {
+                        since: now,
+                        cpu0: cpu,
+                        win_cpu0: cpu0,
+                        hits,
+                    };
+                    Action::Disable
+                }
+            }
+            Phase::Cooling {
+                since,
+                cpu0,
+                win_cpu0,
+                hits,
+            } => {
+                // Hits read now were written before the disable took effect (the reader can
+                // be preempted between draining and disabling): they belong to the window.
+                let hits = hits + new_hits;
+                if cpu < win_cpu0 + duty.cpu_needed(hits) {
+                    self.phase = Phase::Cooling {
+                        since,
+                        cpu0,
+                        win_cpu0,
+                        hits,
+                    };
+                    return Action::Nothing;
+                }
+                self.stats.cooldown_time += now.saturating_duration_since(since);
+                self.stats.target_cpu += cpu.saturating_sub(cpu0);
+                self.stats.windows += 1;
+                self.phase = Phase::Armed {
+                    since: now,
+                    cpu0: cpu,
+                    hits: 0,
+                };
+                Action::Enable
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn default_cap_keeps_a_busy_window_under_the_bound() {
+        let d = DutyCycle::default();
+        // 20 ms · 5 % / 4.5 µs = 222 hits.
+        assert_eq!(d.max_hits_per_window, 222);
+        let m = d.with_hit_cost(d.hit_cost * 4);
+        assert_eq!(m.max_hits_per_window, 55);
+    }
+
+    #[test]
+    fn cpu_needed_makes_traps_at_most_s_of_useful_work() {
+        let d = DutyCycle::new(10 * MS, 0.02, Duration::from_micros(5));
+        let need = d.cpu_needed(1000); // 5 ms of traps
+        let traps = 5e-3;
+        let useful = need.as_secs_f64() - traps;
+        assert!((traps / useful - 0.02).abs() < 1e-9, "{need:?}");
+    }
+
+    /// A hot word on a target that gets a quarter of a CPU: the window hits its cap after
+    /// 1 ms; cooling lasts until the target has used enough CPU, not wall time.
+    #[test]
+    fn hot_window_cools_down_on_target_cpu_time() {
+        let d = DutyCycle::new(20 * MS, 0.05, Duration::from_micros(10)); // cap 100
+        let mut st = DutyState::default();
+        let t0 = Instant::now();
+        st.start(t0, Duration::ZERO);
+        assert_eq!(st.tick(&d, t0 + MS, 50, MS / 4), Action::Nothing);
+        assert_eq!(st.tick(&d, t0 + 2 * MS, 60, MS / 2), Action::Disable);
+        assert!(!st.is_armed());
+        // 110 hits · 10 µs = 1.1 ms of traps → 23.1 ms of target CPU per cycle.
+        let need = d.cpu_needed(110);
+        assert_eq!(need, Duration::from_micros(23_100));
+        // Wall time alone does not end the cooldown.
+        assert_eq!(st.tick(&d, t0 + 80 * MS, 0, 20 * MS), Action::Nothing);
+        // A straggler read after the disable extends it (110 → 120 hits: 25.2 ms).
+        assert_eq!(st.tick(&d, t0 + 90 * MS, 10, 24 * MS), Action::Nothing);
+        assert_eq!(st.tick(&d, t0 + 95 * MS, 0, 25 * MS), Action::Nothing);
+        assert_eq!(st.tick(&d, t0 + 96 * MS, 0, 26 * MS), Action::Enable);
+        assert!(st.is_armed());
+        assert_eq!(st.stats.windows, 2);
+        assert_eq!(st.stats.hits, 120);
+        assert_eq!(st.stats.target_cpu, 26 * MS);
+        assert_eq!(st.stats.unpaid_hits, 0);
+        // Stopping mid-window leaves that window's hits unpaid.
+        st.tick(&d, t0 + 97 * MS, 7, 26 * MS);
+        st.stop(t0 + 98 * MS, 27 * MS);
+        assert_eq!(st.stats.unpaid_hits, 7);
+        let traps = d.hit_cost * 120;
+        assert!(traps.as_secs_f64() <= 0.05 / 1.05 * st.stats.target_cpu.as_secs_f64() + 1e-12);
+    }
+
+    #[test]
+    fn quiet_window_rolls_over_without_touching_events() {
+        let d = DutyCycle::default();
+        let mut st = DutyState::default();
+        let t0 = Instant::now();
+        st.start(t0, Duration::ZERO);
+        assert_eq!(st.tick(&d, t0 + 25 * MS, 3, 40 * MS), Action::Nothing);
+        assert!(st.is_armed());
+        assert_eq!(st.stats.windows, 2);
+        assert_eq!(
+            st.next_deadline(&d, t0 + 25 * MS),
+            Some(t0 + 25 * MS + d.window)
+        );
+        st.stop(t0 + 30 * MS, 45 * MS);
+        assert!(st.is_idle());
+        assert_eq!(st.stats.armed_time, 30 * MS);
+        assert_eq!(st.stats.target_cpu, 45 * MS);
+        assert_eq!(st.next_deadline(&d, t0), None);
+        assert_eq!(st.tick(&d, t0 + 40 * MS, 0, 50 * MS), Action::Nothing);
+    }
+}
