@@ -3,7 +3,6 @@
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use laser_detect::{Detector, ElfCode};
@@ -61,9 +60,8 @@ fn header(info: &HeaderInfo) -> TraceHeader {
     h.cpu_model = info.cpu_model.clone().unwrap_or_default();
     h.cmdline = info.command.clone();
     h.pid = info.pid;
-    h.start_time_unix_ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
+    h.start_time_unix_ns = info.start_time_unix_ns;
+    h.start_time_perf_ns = info.start_time_perf_ns;
     h.maps = info.maps.clone();
     h.build_ids = info.build_ids.clone();
     h

@@ -31,6 +31,11 @@ pub use detector::{Config, Detector, FilterStats, WatchCandidate};
 pub use estimate::{Estimator, LineEstimate};
 pub use findings::{Analysis, Kind, LineFinding, Location, ModuleInfo, Op, SourceAccess};
 
+pub use render_text::render_text;
+pub use report::{Report, ReportError, SCHEMA};
+pub use report_build::{build_report, ReportOptions};
+pub use symbolize::Symbolizer;
+
 #[cfg(test)]
 pub(crate) mod test_util {
     /// Start addresses of the instructions in `bytes` (assembled at `ip`).
@@ -43,7 +48,3 @@ pub(crate) mod test_util {
         v
     }
 }
-pub use render_text::render_text;
-pub use report::{Report, ReportError, SCHEMA};
-pub use report_build::{build_report, ReportOptions};
-pub use symbolize::Symbolizer;

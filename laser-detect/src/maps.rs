@@ -317,6 +317,14 @@ impl AddressSpace {
 mod tests {
     use super::*;
 
+    #[test]
+    fn perf_anon_name_is_heap() {
+        // A live MMAP2 record of anonymous memory carries the name `//anon`.
+        assert!(matches!(owner_of_name("//anon"), Some(Owner::Heap)));
+        assert!(matches!(owner_of_name(""), Some(Owner::Heap)));
+        assert!(owner_of_name("/usr/lib/libc.so.6").is_none());
+    }
+
     const MAPS: &str = "\
 55d0c0a00000-55d0c0a01000 r--p 00000000 08:01 1234                       /usr/bin/app
 55d0c0a01000-55d0c0a02000 r-xp 00001000 08:01 1234                       /usr/bin/app
@@ -489,18 +497,5 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         let (lo, hi) = s.note_stack_pointer(0x7e00_0000_5000).unwrap();
         assert!(lo <= 0x7e00_0000_5000 && 0x7e00_0000_5000 < hi);
         assert_eq!(s.classify(0x7e00_0000_5008), Class::Stack);
-    }
-}
-
-#[cfg(test)]
-mod anon_name_tests {
-    use super::*;
-
-    #[test]
-    fn perf_anon_name_is_heap() {
-        // A live MMAP2 record of anonymous memory carries the name `//anon`.
-        assert!(matches!(owner_of_name("//anon"), Some(Owner::Heap)));
-        assert!(matches!(owner_of_name(""), Some(Owner::Heap)));
-        assert!(owner_of_name("/usr/lib/libc.so.6").is_none());
     }
 }
