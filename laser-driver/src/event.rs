@@ -211,6 +211,14 @@ pub enum Event {
         time: u64,
         throttled: bool,
     },
+    /// From `time` on, exactly `words` (address, length) are watched in every thread of the
+    /// target; empty = nothing is. Emitted by the `watch` backend at every arm, disarm and
+    /// duty-cycle transition, so a consumer knows how long each word was watched (the watch
+    /// estimator turns hit counts into rates with it), live or replayed from a recording.
+    WatchSet {
+        time: u64,
+        words: Vec<(u64, u8)>,
+    },
 }
 
 impl Event {
@@ -223,7 +231,8 @@ impl Event {
             | Event::Fork { time, .. }
             | Event::Exit { time, .. }
             | Event::Lost { time, .. }
-            | Event::Throttle { time, .. } => *time,
+            | Event::Throttle { time, .. }
+            | Event::WatchSet { time, .. } => *time,
         }
     }
 }
@@ -241,8 +250,9 @@ impl StreamStats {
     pub fn account(&mut self, e: &Event) {
         self.records += 1;
         match e {
-            Event::Sample(_) => self.samples += 1,
-            Event::Lost { count, .. } => self.lost += count,
+            // Saturating: a corrupt or hostile Lost count must not panic a debug build.
+            Event::Sample(_) => self.samples = self.samples.saturating_add(1),
+            Event::Lost { count, .. } => self.lost = self.lost.saturating_add(*count),
             Event::Throttle {
                 throttled: true, ..
             } => self.throttles += 1,

@@ -399,6 +399,11 @@ impl Session {
             self.drain_all(sink)?;
             if let Some(w) = &mut self.watcher {
                 w.finish(Instant::now());
+                // Deliver the closing marker now: callers stop polling after `Exited`.
+                for e in w.take_markers() {
+                    self.stats.account(&e);
+                    sink(e);
+                }
             }
             return Ok(Status::Exited(st));
         }
@@ -474,6 +479,12 @@ impl Session {
             if r.is_err() {
                 *ring_errors += 1;
             }
+        }
+        // Watch markers queued since the last drain (arm/disarm between polls, duty-cycle
+        // transitions at the last tick) are later than everything drained before and are
+        // sorted in with the records that arrived since.
+        if let Some(w) = &mut self.watcher {
+            batch.extend(w.take_markers());
         }
         // Rings are drained one after another; order the batch so the detector sees
         // cross-CPU accesses in time order (stable: same-time records keep ring order).
@@ -602,7 +613,7 @@ fn check_frequency(requested: u64, max: Option<u64>) -> Result<(), DriverError> 
     }
 }
 
-fn clock_ns(clock: libc::clockid_t) -> u64 {
+pub(crate) fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -21,6 +21,7 @@ use crate::duty::{Action, DutyState};
 pub use crate::duty::{DutyCycle, WatchStats};
 use crate::error::DriverError;
 use crate::sys;
+use crate::Event;
 
 /// Debug registers per thread on x86-64.
 pub const MAX_WATCHES: usize = 4;
@@ -114,6 +115,10 @@ pub struct Watcher {
     clocks: Vec<(i64, OwnedFd)>,
     /// CPU time of threads whose leaders were closed (attach), so the total stays monotonic.
     retired_cpu: Duration,
+    /// `WatchSet` events not yet handed to the session.
+    markers: Vec<Event>,
+    /// The last marker said "nothing watched" (or none was sent yet).
+    last_marked_empty: bool,
 }
 
 impl Watcher {
@@ -127,6 +132,8 @@ impl Watcher {
             calibrated: false,
             clocks: Vec::new(),
             retired_cpu: Duration::ZERO,
+            markers: Vec::new(),
+            last_marked_empty: true,
         }
     }
 
@@ -199,6 +206,16 @@ impl Watcher {
     /// Points the first `specs.len()` slots at `specs` and starts a window. Replaces whatever
     /// was armed before.
     pub fn arm(&mut self, specs: &[WatchSpec]) -> Result<(), DriverError> {
+        // A window opens when the first event is enabled, so its time is taken before any is:
+        // an announced window may start a little early, never after a hit it contains.
+        let t = now_ns();
+        let r = self.arm_inner(specs);
+        // Announce what is armed now, also after a partial failure (some slots re-pointed).
+        self.mark(self.state.is_armed(), t);
+        r
+    }
+
+    fn arm_inner(&mut self, specs: &[WatchSpec]) -> Result<(), DriverError> {
         if specs.len() > MAX_WATCHES {
             return Err(DriverError::TooManyWatches {
                 requested: specs.len(),
@@ -223,10 +240,30 @@ impl Watcher {
     pub fn disarm(&mut self) -> Result<(), DriverError> {
         self.state.stop(Instant::now(), self.target_cpu());
         self.specs.clear();
-        for ev in &self.events {
-            sys::disable(&ev.fd)?;
+        let r = self.events.iter().try_for_each(|ev| sys::disable(&ev.fd));
+        // Closing times are taken after the last event is disabled, for the same reason.
+        self.mark(false, now_ns());
+        r
+    }
+
+    /// Queues an [`Event::WatchSet`] saying what is being watched from now on (nothing unless
+    /// `counting`). The session merges these into the event stream by time.
+    fn mark(&mut self, counting: bool, time: u64) {
+        let words = if counting {
+            self.specs.iter().map(|s| (s.addr, s.len)).collect()
+        } else {
+            Vec::new()
+        };
+        if !counting && self.last_marked_empty {
+            return; // already announced as idle; don't flood the stream
         }
-        Ok(())
+        self.last_marked_empty = !counting;
+        self.markers.push(Event::WatchSet { time, words });
+    }
+
+    /// The `WatchSet` markers queued since the last call, oldest first.
+    pub(crate) fn take_markers(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.markers)
     }
 
     /// The armed set (slot n = index n), empty when disarmed.
@@ -254,6 +291,7 @@ impl Watcher {
     /// The target exited: close the books on the current window or cooldown.
     pub(crate) fn finish(&mut self, now: Instant) {
         self.state.stop(now, self.target_cpu());
+        self.mark(false, now_ns());
     }
 
     /// When `tick` next needs to run (end of window, or a cooldown re-check).
@@ -270,8 +308,17 @@ impl Watcher {
         let cpu = self.target_cpu();
         match self.state.tick(&self.duty, now, new_hits, cpu) {
             Action::Nothing => Ok(()),
-            Action::Enable => self.enable_all(),
-            Action::Disable => self.events.iter().try_for_each(|ev| sys::disable(&ev.fd)),
+            Action::Enable => {
+                let t = now_ns();
+                let r = self.enable_all();
+                self.mark(true, t);
+                r
+            }
+            Action::Disable => {
+                let r = self.events.iter().try_for_each(|ev| sys::disable(&ev.fd));
+                self.mark(false, now_ns());
+                r
+            }
         }
     }
 
@@ -285,6 +332,11 @@ impl Watcher {
         }
         Ok(())
     }
+}
+
+/// The sample clock (`Event::time`: CLOCK_MONOTONIC, see `attr::base`) now.
+fn now_ns() -> u64 {
+    crate::session::clock_ns(libc::CLOCK_MONOTONIC)
 }
 
 /// Re-points one event at its slot's spec (enabled or not), or disables an unused slot.

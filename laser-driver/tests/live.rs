@@ -336,6 +336,31 @@ fn watchpoints_hit_in_both_threads_at_the_watched_address() {
     assert_eq!(w.hits as usize, hits.len());
     assert_within_budget(&w, &duty);
     assert!(w.windows >= 1, "{w:?}");
+
+    // The stream says when the word was watched: it opens with the armed word, every hit
+    // falls inside an announced window, and it closes with "nothing watched".
+    let marks: Vec<(u64, &Vec<(u64, u8)>)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::WatchSet { time, words } => Some((*time, words)),
+            _ => None,
+        })
+        .collect();
+    assert!(marks.len() >= 2, "{marks:?}");
+    assert_eq!(marks[0].1, &vec![(t.shared_word, 8u8)]);
+    assert!(marks.last().unwrap().1.is_empty(), "{marks:?}");
+    assert!(
+        marks.windows(2).all(|p| p[0].0 <= p[1].0),
+        "markers in time order"
+    );
+    for h in &hits {
+        let open = marks.iter().rev().find(|(t0, _)| *t0 <= h.time);
+        assert!(
+            open.is_some_and(|(_, w)| !w.is_empty()),
+            "hit at {} outside an announced window: {marks:?}",
+            h.time
+        );
+    }
 }
 
 #[test]

@@ -79,6 +79,14 @@ fn events() -> Vec<Event> {
             time: 32,
             throttled: false,
         },
+        Event::WatchSet {
+            time: 32,
+            words: vec![(0x5555_0000_4000, 8), (0x5555_0000_4008, 4)],
+        },
+        Event::WatchSet {
+            time: 33,
+            words: vec![],
+        },
         Event::Exit {
             pid: 100,
             ppid: 100,
@@ -161,6 +169,9 @@ fn fixture_covers_every_variant() {
     assert!(has(|e| matches!(e, Event::Exit { .. })));
     assert!(has(|e| matches!(e, Event::Lost { .. })));
     assert!(has(|e| matches!(e, Event::Throttle { .. })));
+    assert!(has(
+        |e| matches!(e, Event::WatchSet { words, .. } if words.len() == 2)
+    ));
 }
 
 #[test]

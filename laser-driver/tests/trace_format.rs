@@ -76,6 +76,8 @@ fn event() -> impl Strategy<Value = Event> {
         // Kernel lost counts are small; `StreamStats::account` adds them unchecked.
         1 => (0..u64::from(u32::MAX), any::<u64>()).prop_map(|(count, time)| Event::Lost { count, time }),
         1 => any::<(u64, bool)>().prop_map(|(time, throttled)| Event::Throttle { time, throttled }),
+        1 => (any::<u64>(), proptest::collection::vec(any::<(u64, u8)>(), 0..5))
+            .prop_map(|(time, words)| Event::WatchSet { time, words }),
     ]
 }
 

@@ -100,6 +100,20 @@ pub(crate) fn encode_event(e: &Event, out: &mut Vec<u8>) -> Result<(), TraceErro
             out.push(u8::from(*throttled));
             kind::THROTTLE
         }
+        Event::WatchSet { time, words } => {
+            out.extend_from_slice(&time.to_le_bytes());
+            // At most 4 debug registers; a u8 count is plenty and keeps the frame tiny.
+            let n = u8::try_from(words.len()).map_err(|_| TraceError::FieldTooLarge {
+                len: words.len(),
+                max: u8::MAX as usize,
+            })?;
+            out.push(n);
+            for (addr, len) in words {
+                out.extend_from_slice(&addr.to_le_bytes());
+                out.push(*len);
+            }
+            kind::WATCH_SET
+        }
     };
     finish_frame(out, start, k)
 }
@@ -156,7 +170,7 @@ fn encode_mmap(m: &Mmap, out: &mut Vec<u8>) -> Result<(), TraceError> {
 /// skipped using the frame's length.
 #[inline(always)]
 pub(crate) fn is_known(k: u8) -> bool {
-    (kind::SAMPLE..=kind::THROTTLE).contains(&k)
+    (kind::SAMPLE..=kind::WATCH_SET).contains(&k)
 }
 
 /// Decodes the payload of a record of kind `k` (one [`is_known`]) that starts at byte
@@ -230,6 +244,14 @@ fn decode_other(k: u8, p: &[u8]) -> Result<Event, Why> {
                 time,
                 throttled: bool_of(t)?,
             }
+        }
+        kind::WATCH_SET => {
+            let (time, n) = (|| Some((c.u64()?, c.u8()?)))().ok_or(SHORT)?;
+            let words = (0..n)
+                .map(|_| Some((c.u64()?, c.u8()?)))
+                .collect::<Option<Vec<_>>>()
+                .ok_or(SHORT)?;
+            Event::WatchSet { time, words }
         }
         _ => return Err("unknown record kind"),
     };

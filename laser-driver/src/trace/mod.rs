@@ -113,6 +113,7 @@ pub(crate) mod kind {
     pub const EXIT: u8 = 5;
     pub const LOST: u8 = 6;
     pub const THROTTLE: u8 = 7;
+    pub const WATCH_SET: u8 = 8;
     pub const FOOTER: u8 = 0xff;
 }
 
