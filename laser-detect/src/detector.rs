@@ -94,9 +94,13 @@ pub struct Detector<C: CodeSource> {
     first_time: u64,
     last_time: u64,
     backends: [u64; 4],
-    stacks: HashMap<u32, (u64, u64)>,
+    /// Per thread (direct-mapped by tid), the stack extent its sp was last seen in, so the
+    /// stack lookup runs only when a thread's sp leaves it.
+    stacks: [(u32, u64, u64); STACK_SLOTS],
     out: Accesses,
 }
+
+const STACK_SLOTS: usize = 64;
 
 fn backend_index(b: BackendKind) -> usize {
     match b {
@@ -124,7 +128,7 @@ impl<C: CodeSource> Detector<C> {
             first_time: u64::MAX,
             last_time: 0,
             backends: [0; 4],
-            stacks: HashMap::new(),
+            stacks: [(0, 0, 0); STACK_SLOTS],
             out: Accesses::default(),
         }
     }
@@ -140,6 +144,11 @@ impl<C: CodeSource> Detector<C> {
     /// Lines the model tracks (its memory is proportional to this).
     pub fn lines_tracked(&self) -> usize {
         self.model.lines_tracked()
+    }
+
+    /// Lines forgotten by the bounded line table.
+    pub fn line_evictions(&self) -> u64 {
+        self.model.evictions()
     }
 
     /// Seed a process's address space from `/proc/PID/maps` text (what a recording's header
@@ -239,23 +248,23 @@ impl<C: CodeSource> Detector<C> {
             return;
         }
         self.main_pid.get_or_insert(s.pid);
+        // One map lookup per sample; the fields below are borrowed disjointly.
         let space = self.spaces.entry(s.pid).or_default();
-        if space.classify(s.ip) == Class::Special {
+        let info = self
+            .pcs
+            .get_with(s.ip, &self.code, || space.classify(s.ip) == Class::Special);
+        if info.special {
             self.filter.special_pc += 1;
             return;
         }
         if let Some(sp) = s.regs.as_ref().and_then(|r| r.get(laser_driver::Reg::Sp)) {
-            let known = self
-                .stacks
-                .get(&s.tid)
-                .is_some_and(|&(lo, hi)| lo <= sp && sp < hi);
-            if !known {
-                if let Some(range) = space.note_stack_pointer(sp) {
-                    self.stacks.insert(s.tid, range);
+            let slot = &mut self.stacks[s.tid as usize % STACK_SLOTS];
+            if !(slot.0 == s.tid && slot.1 <= sp && sp < slot.2) {
+                if let Some((lo, hi)) = space.note_stack_pointer(sp) {
+                    *slot = (s.tid, lo, hi);
                 }
             }
         }
-        let info = self.pcs.get(s.ip, &self.code);
         if let Err(why) = resolve(s, &info, &mut self.out) {
             match why {
                 DropReason::Undecodable => self.filter.undecodable += 1,
@@ -266,7 +275,6 @@ impl<C: CodeSource> Detector<C> {
             }
             return;
         }
-        let space = &self.spaces[&s.pid];
         for a in self.out.iter() {
             match space.classify(a.addr) {
                 Class::Stack | Class::Special => {
@@ -396,11 +404,10 @@ impl<C: CodeSource> Detector<C> {
         let mut findings: Vec<LineFinding> = self
             .model
             .contended()
-            .iter()
             .map(|l| self.finding(l, est_of(l.line_addr), duration))
             .filter(|f| f.events >= self.config.min_events.max(1))
             .collect();
-        let total: u64 = findings.iter().map(|f| f.events).sum();
+        let total: u64 = findings.iter().map(|f| f.events).sum::<u64>() + self.model.pruned().1;
         for f in &mut findings {
             f.share = if total > 0 {
                 f.events as f64 / total as f64
@@ -486,6 +493,20 @@ impl<C: CodeSource> Detector<C> {
                         .to_string(),
                 );
             }
+        }
+        let (pl, pe) = self.model.pruned();
+        if pl > 0 {
+            notes.push(format!(
+                "{pl} weakly contended line(s) with {pe} events in all were dropped to bound \
+                 memory; shares count them"
+            ));
+        }
+        if self.model.evictions() > 0 {
+            notes.push(format!(
+                "{} line(s) forgotten by the bounded line table (lines idle while a million \
+                 others were touched); events they would have formed later are not counted",
+                self.model.evictions()
+            ));
         }
         if self.stats.lost > 0 {
             notes.push(format!(

@@ -15,6 +15,7 @@ pub mod effaddr;
 pub mod estimate;
 pub mod findings;
 pub mod line_model;
+pub mod line_table;
 pub mod maps;
 pub mod pccache;
 

@@ -31,6 +31,8 @@ pub struct PcInfo {
     pub prev: Option<Insn>,
     /// Whether `pc` is the target of a direct branch inside its function.
     pub join: bool,
+    /// The PC lies in vdso/vvar/vsyscall (decided by the caller at first sight).
+    pub special: bool,
 }
 
 struct Sweep {
@@ -79,10 +81,29 @@ impl PcCache {
     /// The decoded facts for `pc`, decoding on first sight.
     #[inline]
     pub fn get<C: CodeSource + ?Sized>(&mut self, pc: u64, code: &C) -> PcInfo {
+        self.get_with(pc, code, || false)
+    }
+
+    /// As [`Self::get`]; on first sight `special` decides whether the PC is in kernel-provided
+    /// pages (then it is not decoded).
+    #[inline]
+    pub fn get_with<C: CodeSource + ?Sized>(
+        &mut self,
+        pc: u64,
+        code: &C,
+        special: impl FnOnce() -> bool,
+    ) -> PcInfo {
         if let Some(p) = self.pcs.get(&pc) {
             return *p;
         }
-        let info = self.decode(pc, code);
+        let info = if special() {
+            PcInfo {
+                special: true,
+                ..PcInfo::default()
+            }
+        } else {
+            self.decode(pc, code)
+        };
         self.pcs.insert(pc, info);
         info
     }
@@ -93,8 +114,7 @@ impl PcCache {
         let at = self.classifier.classify(pc, &b[..n]);
         let mut info = PcInfo {
             at,
-            prev: None,
-            join: false,
+            ..PcInfo::default()
         };
         let Some((fs, fe)) = code.function_bounds(pc.wrapping_sub(1)) else {
             return info;
