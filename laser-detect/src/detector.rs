@@ -487,6 +487,13 @@ impl<C: CodeSource> Detector<C> {
                  statistical; bytes not watched are not counted",
                 armed * 1e3
             ));
+            if estimates.iter().any(|e| e.inferred) {
+                notes.push(
+                    "watch windows not recorded: armed time inferred from first to last hit \
+                     per line (rates are upper estimates)"
+                        .to_string(),
+                );
+            }
             if estimates.iter().any(|e| e.clamped) {
                 notes.push(
                     "watchpoint trap time exceeded 90% of a window: its rate is unreliable"
