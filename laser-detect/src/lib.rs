@@ -19,7 +19,7 @@ pub mod line_table;
 pub mod maps;
 pub mod pccache;
 
-pub use code::{CodeSource, ElfCode, MemoryCode};
+pub use code::{CodeSource, ElfCode, Fallback, MemoryCode, ProcessCode};
 pub use detector::{Config, Detector, FilterStats, WatchCandidate};
 pub use estimate::{Estimator, LineEstimate};
 pub use findings::{Analysis, Kind, LineFinding, Location, ModuleInfo, Op, SourceAccess};
