@@ -297,7 +297,16 @@ impl AddressSpace {
             Some(Owner::Heap) => Class::Heap,
             Some(Owner::Stack) => Class::Stack,
             Some(Owner::Special) => Class::Special,
-            None => Class::Unknown,
+            // Streams without data mmaps (perf records only executable mappings unless asked)
+            // still know each module's extent from its program headers: globals are there.
+            None => self
+                .modules
+                .iter()
+                .position(|m| m.span.is_some_and(|(lo, hi)| lo <= addr && addr < hi))
+                .map_or(Class::Unknown, |i| Class::Module {
+                    module: i as u32,
+                    vaddr: addr.wrapping_sub(self.modules[i].bias),
+                }),
         }
     }
 
