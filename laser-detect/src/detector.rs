@@ -12,6 +12,16 @@
 //!   proves at least one real line transfer in between, and those intervals are disjoint: the
 //!   count is a LOWER BOUND of the real transfers ("sampled events"), counted with weight 1.
 //!   Real rates for soft runs come from watch windows on the candidates (`candidates`).
+//!
+//! # Order
+//! The line model compares each access with the previous one to its line, so the stream must
+//! be in time order across CPUs (merge the per-CPU ring buffers by timestamp, as perf's
+//! ordered-events does). A stream fed CPU by CPU still finds the lines, with fewer events.
+//!
+//! # Threads, not cores
+//! Contention is counted between threads, not CPUs: a false-sharing pattern in the code is
+//! found even when the run's threads happened to share a core (then the reported rate is
+//! higher than the hardware's transfers).
 
 use hashbrown::HashMap;
 use laser_driver::{BackendKind, Event, Mmap, Sample, StreamStats};

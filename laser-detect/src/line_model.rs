@@ -16,7 +16,7 @@
 //!
 //! Memory is bounded and nothing is kept per sample: a 32-byte entry per recently touched line
 //! in a set-associative table ([`crate::line_table`], LRU, default 1 Mi lines = 32 MiB), and per
-//! *contended* line its source PCs and threads (default at most 64 Ki lines; the least
+//! *contended* line its source PCs and threads (default at most 16 Ki lines; the least
 //! contended half is dropped when full).
 
 use hashbrown::HashMap;
@@ -112,8 +112,10 @@ pub enum Event {
 
 /// Default bound on lines remembered (32 bytes each: 32 MiB).
 pub const DEFAULT_MAX_LINES: usize = 1 << 20;
-/// Default bound on contended lines kept with per-PC detail.
-pub const DEFAULT_MAX_CONTENDED: usize = 1 << 16;
+/// Default bound on contended lines kept with per-PC detail (≈ 0.5–1 KiB each with a few
+/// threads and PCs: ≤ 16 MiB). Real programs have a handful of hot lines; the bound only
+/// matters for adversarial streams where every line is shared.
+pub const DEFAULT_MAX_CONTENDED: usize = 1 << 14;
 
 pub struct LineModel {
     line_size: u32,

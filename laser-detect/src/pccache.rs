@@ -119,6 +119,12 @@ impl PcCache {
         let Some((fs, fe)) = code.function_bounds(pc.wrapping_sub(1)) else {
             return info;
         };
+        if pc == fe && code.function_bounds(pc).is_some_and(|(s, _)| s == pc) {
+            // `pc` starts the next function: it is entered by calls and jumps, never by
+            // falling off the end of the one before.
+            info.join = true;
+            return info;
+        }
         if !self.sweeps.contains_key(&fs) {
             let s = self.sweep(fs, fe, code);
             self.sweeps.insert(fs, s);
@@ -242,6 +248,18 @@ mod tests {
         let mut c = PcCache::new();
         let p = c.get(pcs[3] + 1, &m);
         assert!(p.prev.is_none());
+    }
+
+    #[test]
+    fn function_start_has_no_prev_from_the_function_before() {
+        let mut m = MemoryCode::new();
+        m.add_function(0x1000, vec![0x48, 0x89, 0x07]); // mov [rdi],rax (no ret: falls off)
+        m.add_function(0x1003, vec![0x90, 0xc3]); // nop; ret
+        let mut c = PcCache::new();
+        let p = c.get(0x1003, &m);
+        assert!(p.prev.is_none() && p.join);
+        // Inside the second function the sweep works as usual.
+        assert_eq!(c.get(0x1004, &m).prev.map(|i| i.pc), Some(0x1003));
     }
 
     #[test]
