@@ -49,6 +49,19 @@ pub trait CodeSource {
     }
 }
 
+/// A boxed source is a source: lets the CLI pick one at run time (`Detector<Box<dyn CodeSource>>`).
+impl<T: CodeSource + ?Sized> CodeSource for Box<T> {
+    fn read_code(&self, addr: u64, buf: &mut [u8]) -> usize {
+        (**self).read_code(addr, buf)
+    }
+    fn function_bounds(&self, addr: u64) -> Option<(u64, u64)> {
+        (**self).function_bounds(addr)
+    }
+    fn map_file(&mut self, m: &FileMapping<'_>) -> Option<ModuleLayout> {
+        (**self).map_file(m)
+    }
+}
+
 /// Code bytes held in memory: for tests, and for code copied out of a process.
 #[derive(Clone, Debug, Default)]
 pub struct MemoryCode {
@@ -334,7 +347,7 @@ mod tests {
         a.add_function(0x1000, vec![0x90; 4]);
         let mut b = MemoryCode::new();
         b.add_function(0x2000, vec![0xc3; 2]);
-        let f = Fallback(a, b);
+        let f: Box<dyn CodeSource> = Box::new(Fallback(a, b));
         let mut buf = [0u8; 4];
         assert_eq!(f.read_code(0x1000, &mut buf), 4);
         assert_eq!(buf, [0x90; 4]);

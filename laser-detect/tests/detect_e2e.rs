@@ -277,3 +277,45 @@ fn line_128_merges_adjacent_lines() {
     }
     assert!(d64.finish().findings.is_empty());
 }
+
+#[test]
+fn fork_copies_the_address_space_and_exec_resets_it() {
+    let (code, c, _) = program();
+    let mut d = Detector::new(Config::default(), code);
+    d.add_maps(PID, MAPS);
+    let child = PID + 1;
+    d.feed(&Event::Fork {
+        pid: child,
+        ppid: PID,
+        tid: child,
+        ptid: PID,
+        time: 1,
+    });
+    let in_stack = 0x7ffd_0000_0100; // inside the parent's [stack] mapping
+    let sample = |pid: u32, time: u64| {
+        let Event::Sample(mut s) = soft(child, time, c[1], in_stack) else {
+            unreachable!()
+        };
+        s.pid = pid;
+        Event::Sample(s)
+    };
+    d.feed(&sample(child, 10));
+    assert_eq!(
+        d.filter_stats().stack_data,
+        1,
+        "the child knows the parent's stack"
+    );
+    d.feed(&Event::Comm {
+        pid: child,
+        tid: child,
+        time: 20,
+        name: "new".into(),
+        exec: true,
+    });
+    d.feed(&sample(child, 30));
+    let fs = d.filter_stats();
+    // After exec the old mappings are gone: the same address is no longer known as stack
+    // (the new image's stack is recognised only around the sampled rsp).
+    assert_eq!(fs.stack_data, 1);
+    assert_eq!(fs.accesses, 1, "{fs:?}");
+}
