@@ -47,6 +47,10 @@ pub struct Config {
     pub trap_cost_ns: u64,
     /// Lines with fewer events are left out (noise floor; the rate threshold is the report's).
     pub min_events: u64,
+    /// Bound on lines whose last access is remembered (32 bytes each; LRU beyond).
+    pub max_lines: usize,
+    /// Bound on contended lines kept with per-PC detail (least contended half dropped beyond).
+    pub max_contended: usize,
 }
 
 impl Default for Config {
@@ -56,6 +60,8 @@ impl Default for Config {
             duration_s: None,
             trap_cost_ns: DEFAULT_TRAP_COST_NS,
             min_events: 1,
+            max_lines: crate::line_model::DEFAULT_MAX_LINES,
+            max_contended: crate::line_model::DEFAULT_MAX_CONTENDED,
         }
     }
 }
@@ -123,7 +129,8 @@ fn backend_index(b: BackendKind) -> usize {
 
 impl<C: CodeSource> Detector<C> {
     pub fn new(config: Config, code: C) -> Self {
-        let model = LineModel::new(config.line_size);
+        let model =
+            LineModel::with_limits(config.line_size, config.max_lines, config.max_contended);
         let estimator = Estimator::new(config.line_size).with_trap_cost(config.trap_cost_ns);
         Self {
             config,
@@ -520,9 +527,10 @@ impl<C: CodeSource> Detector<C> {
         }
         if self.model.evictions() > 0 {
             notes.push(format!(
-                "{} line(s) forgotten by the bounded line table (lines idle while a million \
-                 others were touched); events they would have formed later are not counted",
-                self.model.evictions()
+                "{} line(s) forgotten by the bounded line table (idle while {} others were \
+                 touched); events they would have formed later are not counted",
+                self.model.evictions(),
+                self.config.max_lines
             ));
         }
         if self.stats.lost > 0 {

@@ -15,7 +15,7 @@
 //! and a thread is what a programmer can act on.
 //!
 //! Memory is bounded and nothing is kept per sample: a 32-byte entry per recently touched line
-//! in a set-associative table ([`crate::line_table`], LRU, default 1 Mi lines = 32 MiB), and per
+//! in a set-associative table ([`crate::line_table`], LRU, default 128 Ki lines = 4 MiB), and per
 //! *contended* line its source PCs and threads (default at most 16 Ki lines; the least
 //! contended half is dropped when full).
 
@@ -110,8 +110,12 @@ pub enum Event {
     FalseSharing,
 }
 
-/// Default bound on lines remembered (32 bytes each: 32 MiB).
-pub const DEFAULT_MAX_LINES: usize = 1 << 20;
+/// Default bound on lines remembered: 128 Ki lines, 32 bytes each = 4 MiB, small enough to
+/// stay in the CPU's caches (the table lookup is the detector's one random memory access).
+/// A line is forgotten only after 128 Ki other distinct lines were accessed since its last
+/// access: at soft sampling rates (~10–20 k samples/s) that is seconds, so only transfers
+/// rarer than one per several seconds can be missed, far below any reporting threshold.
+pub const DEFAULT_MAX_LINES: usize = 1 << 17;
 /// Default bound on contended lines kept with per-PC detail (≈ 0.5–1 KiB each with a few
 /// threads and PCs: ≤ 16 MiB). Real programs have a handful of hot lines; the bound only
 /// matters for adversarial streams where every line is shared.
