@@ -319,3 +319,47 @@ fn fork_copies_the_address_space_and_exec_resets_it() {
     assert_eq!(fs.stack_data, 1);
     assert_eq!(fs.accesses, 1, "{fs:?}");
 }
+
+#[test]
+fn soft_run_with_watch_windows_rates_watched_lines_from_the_windows() {
+    let (code, c, r) = program();
+    let cfg = Config {
+        trap_cost_ns: 0,
+        ..Config::default()
+    };
+    let mut d = Detector::new(cfg, code);
+    d.add_maps(PID, MAPS);
+    // Soft samples: false sharing on LINE; a second falsely shared line, never watched.
+    let other = HEAP + 0x3000;
+    for e in stream(&c, &r, 100) {
+        d.feed(&e);
+    }
+    let mut t = 2_000_000_000u64;
+    for _ in 0..50 {
+        for (tid, off) in [(5, 0), (6, 8)] {
+            t += 100_000;
+            d.feed(&soft(tid, t, c[3], other + off));
+        }
+    }
+    // Then a 1 ms watch window on LINE's candidate words: 20 alternating stores.
+    let cand = d.candidates(1);
+    assert_eq!(cand[0].line_addr, LINE);
+    let t0 = t + 1_000_000;
+    d.watch_window_begin(LINE, t0);
+    for i in 0..10u64 {
+        d.feed(&watch(1, t0 + 10 + 4 * i, c[3], cand[0].words[0].0));
+        d.feed(&watch(2, t0 + 12 + 4 * i, c[3], cand[0].words[1].0));
+    }
+    d.watch_window_end(LINE, t0 + 1_000_000);
+    let a = d.finish();
+    assert_eq!(a.backend, BackendKind::Soft);
+    let watched = a.findings.iter().find(|f| f.line_addr == LINE).unwrap();
+    assert_eq!(watched.events, 19, "exact transfers in the window");
+    assert!((watched.rate_per_s - 19_000.0).abs() < 1e-6);
+    let unwatched = a.findings.iter().find(|f| f.line_addr == other).unwrap();
+    assert!((unwatched.rate_per_s - unwatched.events as f64 / a.duration_s).abs() < 1e-6);
+    assert!(a.notes.iter().any(|n| n.contains("lower bound")));
+    assert!(a.notes.iter().any(|n| n.contains("watchpoint windows")));
+    // Ranked by rate: the honestly rated line first.
+    assert_eq!(a.findings[0].line_addr, LINE);
+}
