@@ -363,3 +363,41 @@ fn soft_run_with_watch_windows_rates_watched_lines_from_the_windows() {
     // Ranked by rate: the honestly rated line first.
     assert_eq!(a.findings[0].line_addr, LINE);
 }
+
+#[test]
+fn precise_samples_are_weighted_by_their_period() {
+    // PEBS-style samples: precise IP, data address and data_src given, weight = period.
+    let (code, c, _) = program();
+    let mut d = Detector::new(Config::default(), code);
+    d.add_maps(PID, MAPS);
+    let mut t = 0;
+    for i in 0..100u64 {
+        for (tid, off) in [(1, 0), (2, 8)] {
+            t += 1_000_000;
+            let (ip, src) = if i % 2 == 0 { (c[0], 0x2) } else { (c[2], 0x4) };
+            d.feed(&Event::Sample(Sample {
+                backend: BackendKind::Pebs,
+                pid: PID,
+                tid,
+                cpu: tid,
+                time: t,
+                ip,
+                addr: Some(LINE + off),
+                data_src: Some(src),
+                weight: 1000,
+                regs: None,
+                watch_slot: None,
+            }));
+        }
+    }
+    let a = d.finish();
+    assert_eq!(a.backend, BackendKind::Pebs);
+    let f = &a.findings[0];
+    assert_eq!(f.kind, Kind::FalseSharing);
+    // Every sample after the first meets the other thread's previous access; the pairs where
+    // both are loads (even rounds) are not contention: 100 rounds × 2 samples − 1 − 50.
+    assert_eq!(f.events, 149 * 1000);
+    assert!(!a.notes.iter().any(|n| n.contains("lower bound")));
+    let ops: Vec<Op> = f.sources.iter().map(|s| s.op).collect();
+    assert!(ops.contains(&Op::Load) && ops.contains(&Op::Store));
+}
