@@ -1,6 +1,6 @@
-//! Recorded input: real `cpu-clock` samples with user registers of a real false-sharing program
-//! (tests/fixtures/README.md says how they were made), replayed through the detector with the
-//! ELF code source. This is the soft backend's whole claim on real skid: the load and store of
+//! Recorded input: real `cpu-clock` samples with user registers of a real false-sharing
+//! program (tests/fixtures/detect/README.md says how they were made), replayed through the
+//! detector with the ELF code source. This is the soft backend's whole claim on real skid: the load and store of
 //! both threads' loops resolve to exact addresses, and the two adjacent counters come out as
 //! false sharing on one line of the global `c`.
 
@@ -11,7 +11,7 @@ use laser_driver::{BackendKind, Event, Mmap, Reg, Sample, UserRegs};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
+        .join("tests/fixtures/detect")
         .join(name)
 }
 
@@ -220,9 +220,9 @@ fn real_watch_samples_give_exact_transfers() {
 
     // Bounds on the transfers of the exact history, computed here independently of the
     // estimator. Trap IPs (after the access) in `fs`: 0x11e3/0x120f follow the loads,
-    // 0x11ea/0x121a the stores (objdump -d tests/fixtures/fs). A thread switch where either
-    // access is a store always moves the line (lower bound); no more than two transfers can
-    // happen per switch (a load, then the store upgrading the shared copy: upper bound).
+    // 0x11ea/0x121a the stores (objdump -d tests/fixtures/detect/fs). A thread switch where
+    // either access is a store always moves the line (lower bound); no more than two transfers
+    // can happen per switch (a load, then the store upgrading the shared copy: upper bound).
     let bias = 0x5555_5555_4000u64;
     let hist: Vec<(u32, bool)> = evs
         .iter()
@@ -252,8 +252,8 @@ fn real_watch_samples_give_exact_transfers() {
     assert_eq!(f.events, e.transfers);
     assert!(f.rate_per_s > 0.0);
     eprintln!(
-        "{} accesses, {switches} switches ({with_store} with a store), {} transfers, {:.0}/s over {:.1} ms armed \
-         ({:.1} ms effective, clamped {})",
+        "{} accesses, {switches} switches ({with_store} with a store), {} transfers, \
+         {:.0}/s over {:.1} ms armed ({:.1} ms effective, clamped {})",
         e.accesses,
         e.transfers,
         e.rate_per_s,
