@@ -287,7 +287,7 @@ mod tests {
         a.nop().unwrap();
         a.ret().unwrap();
         let bytes = a.assemble(F).unwrap();
-        let offs = crate::pccache::instruction_starts(F, &bytes);
+        let offs = crate::test_util::starts(F, &bytes);
         let mut m = MemoryCode::new();
         m.add_function(F, bytes);
         (m, offs)

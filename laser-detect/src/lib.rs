@@ -23,3 +23,16 @@ pub use code::{CodeSource, ElfCode, Fallback, MemoryCode, ProcessCode};
 pub use detector::{Config, Detector, FilterStats, WatchCandidate};
 pub use estimate::{Estimator, LineEstimate};
 pub use findings::{Analysis, Kind, LineFinding, Location, ModuleInfo, Op, SourceAccess};
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    /// Start addresses of the instructions in `bytes` (assembled at `ip`).
+    pub fn starts(ip: u64, bytes: &[u8]) -> Vec<u64> {
+        let mut d = iced_x86::Decoder::with_ip(64, bytes, ip, iced_x86::DecoderOptions::NONE);
+        let mut v = Vec::new();
+        while d.can_decode() {
+            v.push(d.decode().ip());
+        }
+        v
+    }
+}

@@ -173,17 +173,6 @@ impl PcCache {
     }
 }
 
-/// Start addresses of the instructions in `bytes` (assembled at `ip`): test helper.
-#[cfg(test)]
-pub(crate) fn instruction_starts(ip: u64, bytes: &[u8]) -> Vec<u64> {
-    let mut d = Decoder::with_ip(64, bytes, ip, DecoderOptions::NONE);
-    let mut v = Vec::new();
-    while d.can_decode() {
-        v.push(d.decode().ip());
-    }
-    v
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,7 +203,7 @@ mod tests {
         a.jnz(top).unwrap();
         a.ret().unwrap();
         let bytes = a.assemble(F).unwrap();
-        let offs = super::instruction_starts(F, &bytes);
+        let offs = crate::test_util::starts(F, &bytes);
         let mut m = MemoryCode::new();
         m.add_function(F, bytes);
         (m, offs)
