@@ -193,10 +193,29 @@ fn pick_operand<'a>(insn: &'a Insn, s: &Sample, addr: u64) -> Option<&'a MemOper
         .or(ops.first())
 }
 
+/// Watched words are at most 8 bytes.
+const WATCH_LEN: u64 = 8;
+
 fn watch(s: &Sample, info: &PcInfo, out: &mut Accesses) {
     let (Some(addr), Some(prev)) = (s.addr, info.prev.as_ref()) else {
         return;
     };
+    // The kernel reports the watchpoint's address, not the access's: a 4-byte store to the
+    // second half of a watched 8-byte word reports the word's start. With registers whose
+    // values survived the access, the exact address is recomputable.
+    if let Some(regs) = s.regs.as_ref() {
+        for m in prev.mem() {
+            if !prev.address_survives(m) {
+                continue;
+            }
+            if let Ok(a) = effective_address(m, regs) {
+                if a < addr.wrapping_add(WATCH_LEN) && addr < a.wrapping_add(m.size as u64) {
+                    push_operand(s, prev.pc, m, Ok(a), out);
+                    return;
+                }
+            }
+        }
+    }
     if let Some(m) = pick_operand(prev, s, addr) {
         push_operand(s, prev.pc, m, Ok(addr), out);
     }
@@ -383,6 +402,23 @@ mod tests {
             (v[0].pc, v[0].addr, v[0].op, v[0].size),
             (pcs[2], 0x60_0008, Op::Store, 8)
         );
+    }
+
+    #[test]
+    fn watch_uses_the_exact_address_when_registers_survived() {
+        let (m, pcs) = setup();
+        // Trap after `mov [rcx+8],rsi` on a watchpoint at 0x60_0008 … but say the kernel
+        // reported the watched word 0x60_0004 (an 8-byte watch over bytes 4..12).
+        let mut s = soft_sample(pcs[3]);
+        s.backend = BackendKind::Watch;
+        s.addr = Some(0x60_0004);
+        s.weight = 1;
+        let (_, v) = run(&m, &s);
+        assert_eq!((v[0].pc, v[0].addr, v[0].size), (pcs[2], 0x60_0008, 8));
+        // Registers that do not reach the watched word: fall back to the reported address.
+        s.regs.as_mut().unwrap().set(Reg::Cx, 0x90_0000);
+        let (_, v) = run(&m, &s);
+        assert_eq!(v[0].addr, 0x60_0004);
     }
 
     #[test]

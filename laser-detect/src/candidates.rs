@@ -76,8 +76,11 @@ fn slots(l: &LineStat) -> Vec<Slot> {
     out
 }
 
-pub fn candidates(lines: &[LineStat], max_lines: usize) -> Vec<WatchCandidate> {
-    let mut order: Vec<&LineStat> = lines.iter().collect();
+pub fn candidates<'a>(
+    lines: impl IntoIterator<Item = &'a LineStat>,
+    max_lines: usize,
+) -> Vec<WatchCandidate> {
+    let mut order: Vec<&LineStat> = lines.into_iter().collect();
     order.sort_by(|a, b| b.events.cmp(&a.events).then(a.line_addr.cmp(&b.line_addr)));
     order
         .into_iter()
@@ -167,7 +170,7 @@ mod tests {
     #[test]
     fn one_word_per_thread_on_false_sharing() {
         let l = line(0x1000, 10, &[(1, byte_mask(0, 4)), (2, byte_mask(8, 8))]);
-        let c = candidates(&[l], 4);
+        let c = candidates([&l], 4);
         assert_eq!(c[0].words, vec![(0x1000, 4), (0x1008, 8)]);
     }
 
@@ -180,7 +183,7 @@ mod tests {
             100,
             &[(1, t1), (2, byte_mask(48, 8)), (3, byte_mask(56, 2))],
         );
-        let c = candidates(&[l], 1);
+        let c = candidates([&l], 1);
         let w = &c[0].words;
         assert_eq!(w.len(), 4);
         assert!(w.contains(&(0x2030, 8)));
@@ -192,7 +195,7 @@ mod tests {
     fn top_lines_by_events() {
         let a = line(0x1000, 5, &[(1, 0xff), (2, 0xff00)]);
         let b = line(0x2000, 50, &[(1, 0xff), (2, 0xff00)]);
-        let c = candidates(&[a, b], 1);
+        let c = candidates([&a, &b], 1);
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].line_addr, 0x2000);
     }

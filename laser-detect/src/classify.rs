@@ -363,6 +363,26 @@ mod tests {
     }
 
     #[test]
+    fn wide_and_non_temporal_forms() {
+        let c16 = one(|a| a.lock().cmpxchg16b(xmmword_ptr(rsi)));
+        assert_eq!(
+            (c16.mem[0].op, c16.mem[0].size, c16.locked),
+            (Op::Rmw, 16, true)
+        );
+        let nt = one(|a| a.movnti(qword_ptr(rdi), rax));
+        assert_eq!((nt.mem[0].op, nt.mem[0].size), (Op::Store, 8));
+        let z = one(|a| a.vmovdqu64(zmmword_ptr(rdi), zmm1));
+        assert_eq!((z.mem[0].op, z.mem[0].size), (Op::Store, 64));
+        let plain = one(|a| a.xadd(qword_ptr(rcx), rax));
+        assert!(!plain.locked, "xadd without lock is not atomic");
+        let or = one(|a| a.lock().or(dword_ptr(rdx), 1));
+        assert_eq!(
+            (or.mem[0].op, or.mem[0].size, or.locked),
+            (Op::Rmw, 4, true)
+        );
+    }
+
+    #[test]
     fn vector_sizes() {
         let a16 = one(|a| a.movdqa(xmmword_ptr(rsi), xmm0));
         assert_eq!((a16.mem[0].op, a16.mem[0].size), (Op::Store, 16));

@@ -12,6 +12,16 @@
 //!   proves at least one real line transfer in between, and those intervals are disjoint: the
 //!   count is a LOWER BOUND of the real transfers ("sampled events"), counted with weight 1.
 //!   Real rates for soft runs come from watch windows on the candidates (`candidates`).
+//!
+//! # Order
+//! The line model compares each access with the previous one to its line, so the stream must
+//! be in time order across CPUs (merge the per-CPU ring buffers by timestamp, as perf's
+//! ordered-events does). A stream fed CPU by CPU still finds the lines, with fewer events.
+//!
+//! # Threads, not cores
+//! Contention is counted between threads, not CPUs: a false-sharing pattern in the code is
+//! found even when the run's threads happened to share a core (then the reported rate is
+//! higher than the hardware's transfers).
 
 use hashbrown::HashMap;
 use laser_driver::{BackendKind, Event, Mmap, Sample, StreamStats};
@@ -37,6 +47,10 @@ pub struct Config {
     pub trap_cost_ns: u64,
     /// Lines with fewer events are left out (noise floor; the rate threshold is the report's).
     pub min_events: u64,
+    /// Bound on lines whose last access is remembered (32 bytes each; LRU beyond).
+    pub max_lines: usize,
+    /// Bound on contended lines kept with per-PC detail (least contended half dropped beyond).
+    pub max_contended: usize,
 }
 
 impl Default for Config {
@@ -46,6 +60,8 @@ impl Default for Config {
             duration_s: None,
             trap_cost_ns: DEFAULT_TRAP_COST_NS,
             min_events: 1,
+            max_lines: crate::line_model::DEFAULT_MAX_LINES,
+            max_contended: crate::line_model::DEFAULT_MAX_CONTENDED,
         }
     }
 }
@@ -94,9 +110,13 @@ pub struct Detector<C: CodeSource> {
     first_time: u64,
     last_time: u64,
     backends: [u64; 4],
-    stacks: HashMap<u32, (u64, u64)>,
+    /// Per thread (direct-mapped by tid), the stack extent its sp was last seen in, so the
+    /// stack lookup runs only when a thread's sp leaves it.
+    stacks: [(u32, u64, u64); STACK_SLOTS],
     out: Accesses,
 }
+
+const STACK_SLOTS: usize = 64;
 
 fn backend_index(b: BackendKind) -> usize {
     match b {
@@ -109,7 +129,8 @@ fn backend_index(b: BackendKind) -> usize {
 
 impl<C: CodeSource> Detector<C> {
     pub fn new(config: Config, code: C) -> Self {
-        let model = LineModel::new(config.line_size);
+        let model =
+            LineModel::with_limits(config.line_size, config.max_lines, config.max_contended);
         let estimator = Estimator::new(config.line_size).with_trap_cost(config.trap_cost_ns);
         Self {
             config,
@@ -124,7 +145,7 @@ impl<C: CodeSource> Detector<C> {
             first_time: u64::MAX,
             last_time: 0,
             backends: [0; 4],
-            stacks: HashMap::new(),
+            stacks: [(0, 0, 0); STACK_SLOTS],
             out: Accesses::default(),
         }
     }
@@ -140,6 +161,11 @@ impl<C: CodeSource> Detector<C> {
     /// Lines the model tracks (its memory is proportional to this).
     pub fn lines_tracked(&self) -> usize {
         self.model.lines_tracked()
+    }
+
+    /// Lines forgotten by the bounded line table.
+    pub fn line_evictions(&self) -> u64 {
+        self.model.evictions()
     }
 
     /// Seed a process's address space from `/proc/PID/maps` text (what a recording's header
@@ -239,23 +265,23 @@ impl<C: CodeSource> Detector<C> {
             return;
         }
         self.main_pid.get_or_insert(s.pid);
+        // One map lookup per sample; the fields below are borrowed disjointly.
         let space = self.spaces.entry(s.pid).or_default();
-        if space.classify(s.ip) == Class::Special {
+        let info = self
+            .pcs
+            .get_with(s.ip, &self.code, || space.classify(s.ip) == Class::Special);
+        if info.special {
             self.filter.special_pc += 1;
             return;
         }
         if let Some(sp) = s.regs.as_ref().and_then(|r| r.get(laser_driver::Reg::Sp)) {
-            let known = self
-                .stacks
-                .get(&s.tid)
-                .is_some_and(|&(lo, hi)| lo <= sp && sp < hi);
-            if !known {
-                if let Some(range) = space.note_stack_pointer(sp) {
-                    self.stacks.insert(s.tid, range);
+            let slot = &mut self.stacks[s.tid as usize % STACK_SLOTS];
+            if !(slot.0 == s.tid && slot.1 <= sp && sp < slot.2) {
+                if let Some((lo, hi)) = space.note_stack_pointer(sp) {
+                    *slot = (s.tid, lo, hi);
                 }
             }
         }
-        let info = self.pcs.get(s.ip, &self.code);
         if let Err(why) = resolve(s, &info, &mut self.out) {
             match why {
                 DropReason::Undecodable => self.filter.undecodable += 1,
@@ -266,7 +292,6 @@ impl<C: CodeSource> Detector<C> {
             }
             return;
         }
-        let space = &self.spaces[&s.pid];
         for a in self.out.iter() {
             match space.classify(a.addr) {
                 Class::Stack | Class::Special => {
@@ -396,11 +421,10 @@ impl<C: CodeSource> Detector<C> {
         let mut findings: Vec<LineFinding> = self
             .model
             .contended()
-            .iter()
             .map(|l| self.finding(l, est_of(l.line_addr), duration))
             .filter(|f| f.events >= self.config.min_events.max(1))
             .collect();
-        let total: u64 = findings.iter().map(|f| f.events).sum();
+        let total: u64 = findings.iter().map(|f| f.events).sum::<u64>() + self.model.pruned().1;
         for f in &mut findings {
             f.share = if total > 0 {
                 f.events as f64 / total as f64
@@ -480,12 +504,34 @@ impl<C: CodeSource> Detector<C> {
                  statistical; bytes not watched are not counted",
                 armed * 1e3
             ));
+            if estimates.iter().any(|e| e.inferred) {
+                notes.push(
+                    "watch windows not recorded: armed time inferred from first to last hit \
+                     per line (rates are upper estimates)"
+                        .to_string(),
+                );
+            }
             if estimates.iter().any(|e| e.clamped) {
                 notes.push(
                     "watchpoint trap time exceeded 90% of a window: its rate is unreliable"
                         .to_string(),
                 );
             }
+        }
+        let (pl, pe) = self.model.pruned();
+        if pl > 0 {
+            notes.push(format!(
+                "{pl} weakly contended line(s) with {pe} events in all were dropped to bound \
+                 memory; shares count them"
+            ));
+        }
+        if self.model.evictions() > 0 {
+            notes.push(format!(
+                "{} line(s) forgotten by the bounded line table (idle while {} others were \
+                 touched); events they would have formed later are not counted",
+                self.model.evictions(),
+                self.config.max_lines
+            ));
         }
         if self.stats.lost > 0 {
             notes.push(format!(

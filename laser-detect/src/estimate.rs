@@ -55,9 +55,12 @@ struct LineEst {
     /// Latest access per thread: (tid, bytes, sequence number).
     recent: Vec<(u32, u128, u64)>,
     seq: u64,
-    open_since: Option<u64>,
-    armed_ns: u64,
-    windows: u32,
+    /// Announced windows `[start, end)` (end `u64::MAX` while open), in announcement order.
+    windows: Vec<(u64, u64)>,
+    /// The window the previous observed access fell in (state resets when it changes).
+    cur: Option<usize>,
+    /// Latest access time seen (closes an open window at `estimates` time).
+    last_time: u64,
     accesses: u64,
     outside: u64,
     transfers: u64,
@@ -65,6 +68,9 @@ struct LineEst {
     false_transfers: u64,
     per_pc: Vec<(u64, u64)>,
     hits: Vec<(u32, u64)>,
+    /// No window was ever announced for this line (a replayed recording): the window is
+    /// inferred as first..last observed access.
+    implicit: Option<(u64, u64)>,
 }
 
 /// The estimate for one watched line.
@@ -78,6 +84,9 @@ pub struct LineEstimate {
     pub accesses: u64,
     pub outside: u64,
     pub windows: u32,
+    /// No window was announced: armed time inferred as first..last access (it is at least
+    /// that long, so the rate is an upper estimate).
+    pub inferred: bool,
     pub armed_s: f64,
     /// Armed time less the most-trapped thread's trap time.
     pub effective_s: f64,
@@ -114,22 +123,24 @@ impl Estimator {
         addr & !(self.line_size - 1)
     }
 
-    /// Watchpoints covering (part of) `line_addr`'s line were armed at `time` (ns). The
-    /// coherence state restarts unknown: what happened while unwatched cannot be known.
+    /// Watchpoints covering (part of) `line_addr`'s line were armed at `time` (ns). Windows
+    /// are matched to accesses by timestamp, so they may be announced before or after the
+    /// samples are fed. The coherence state restarts unknown in each window: what happened
+    /// while unwatched cannot be known.
     pub fn begin_window(&mut self, line_addr: u64, time: u64) {
         let l = self.lines.entry(self.line_of(line_addr)).or_default();
-        l.holders.clear();
-        l.dirty = false;
-        l.recent.clear();
-        l.open_since = Some(time);
+        if l.implicit.take().is_some() {
+            // Announced windows replace an inferred one: start the line over.
+            *l = LineEst::default();
+        }
+        l.windows.push((time, u64::MAX));
     }
 
     /// The watchpoints on the line were disarmed at `time`.
     pub fn end_window(&mut self, line_addr: u64, time: u64) {
         if let Some(l) = self.lines.get_mut(&self.line_of(line_addr)) {
-            if let Some(t0) = l.open_since.take() {
-                l.armed_ns += time.saturating_sub(t0);
-                l.windows += 1;
+            if let Some(w) = l.windows.iter_mut().rev().find(|w| w.1 == u64::MAX) {
+                w.1 = time.max(w.0);
             }
         }
     }
@@ -138,18 +149,38 @@ impl Estimator {
     pub fn is_armed(&self, addr: u64) -> bool {
         self.lines
             .get(&self.line_of(addr))
-            .is_some_and(|l| l.open_since.is_some())
+            .is_some_and(|l| l.windows.iter().any(|w| w.1 == u64::MAX))
     }
 
-    /// One exact access (from a watch sample). Accesses outside any window are ignored.
+    /// One exact access (from a watch sample). Accesses outside announced windows are ignored;
+    /// on a line with no announced window at all (a replay of a recording that kept none), the
+    /// window is inferred as the span from its first to its last access.
     pub fn observe(&mut self, a: &Access) {
         let line = self.line_of(a.addr);
-        let Some(l) = self.lines.get_mut(&line) else {
-            return;
-        };
-        if l.open_since.is_none() {
-            l.outside += 1;
-            return;
+        let l = self.lines.entry(line).or_insert_with(|| LineEst {
+            implicit: Some((a.time, a.time)),
+            ..LineEst::default()
+        });
+        l.last_time = l.last_time.max(a.time);
+        if let Some((t0, t1)) = &mut l.implicit {
+            *t0 = (*t0).min(a.time);
+            *t1 = (*t1).max(a.time);
+        } else {
+            let inside = |w: &(u64, u64)| w.0 <= a.time && a.time < w.1;
+            let w = match l.cur {
+                Some(i) if inside(&l.windows[i]) => Some(i),
+                _ => l.windows.iter().rposition(inside),
+            };
+            let Some(w) = w else {
+                l.outside += 1;
+                return;
+            };
+            if l.cur != Some(w) {
+                l.cur = Some(w);
+                l.holders.clear();
+                l.dirty = false;
+                l.recent.clear();
+            }
         }
         l.accesses += 1;
         match l.hits.iter_mut().find(|h| h.0 == a.tid) {
@@ -207,9 +238,24 @@ impl Estimator {
         let mut v: Vec<LineEstimate> = self
             .lines
             .iter()
-            .filter(|(_, l)| l.armed_ns > 0)
             .map(|(&line, l)| {
-                let armed = l.armed_ns as f64 * 1e-9;
+                // An open window counts up to the last access seen in it.
+                let armed_ns = match l.implicit {
+                    Some((a, b)) => b - a,
+                    None => l
+                        .windows
+                        .iter()
+                        .map(|&(s, e)| {
+                            let e = if e == u64::MAX { l.last_time.max(s) } else { e };
+                            e - s
+                        })
+                        .sum(),
+                };
+                (line, l, armed_ns)
+            })
+            .filter(|&(_, _, armed_ns)| armed_ns > 0)
+            .map(|(line, l, armed_ns)| {
+                let armed = armed_ns as f64 * 1e-9;
                 let max_hits = l.hits.iter().map(|h| h.1).max().unwrap_or(0);
                 let trap = (max_hits.saturating_mul(self.trap_cost_ns)) as f64 * 1e-9;
                 let floor = armed * 0.1;
@@ -224,7 +270,12 @@ impl Estimator {
                     false_transfers: l.false_transfers,
                     accesses: l.accesses,
                     outside: l.outside,
-                    windows: l.windows,
+                    windows: if l.implicit.is_some() {
+                        1
+                    } else {
+                        l.windows.len() as u32
+                    },
+                    inferred: l.implicit.is_some(),
                     armed_s: armed,
                     effective_s: effective,
                     clamped,
@@ -362,6 +413,40 @@ mod tests {
         let r = est(&f);
         assert!(r.clamped);
         assert!((r.effective_s - 0.0001).abs() < 1e-12);
+    }
+
+    #[test]
+    fn windows_matched_by_time_whatever_the_call_order() {
+        // The CLI may announce the window's end before the buffered samples are fed.
+        let mut e = Estimator::new(64).with_trap_cost(0);
+        e.begin_window(L, 1000);
+        e.end_window(L, 2000);
+        e.observe(&a(1, Op::Store, 0, 1100));
+        e.observe(&a(2, Op::Store, 8, 1200));
+        e.observe(&a(1, Op::Store, 0, 2500)); // after the window: ignored
+        let r = est(&e);
+        assert_eq!((r.transfers, r.outside, r.windows), (1, 1, 1));
+        assert!((r.armed_s - 1e-6).abs() < 1e-15);
+    }
+
+    #[test]
+    fn window_inferred_when_none_announced() {
+        // 3 alternating stores spread over 2 ms with no begin/end: 2 transfers over 2 ms.
+        let mut e = Estimator::new(64).with_trap_cost(0);
+        e.observe(&a(1, Op::Store, 0, 1_000_000));
+        e.observe(&a(2, Op::Store, 8, 2_000_000));
+        e.observe(&a(1, Op::Store, 0, 3_000_000));
+        let r = est(&e);
+        assert!(r.inferred);
+        assert_eq!(r.transfers, 2);
+        assert!((r.rate_per_s - 1000.0).abs() < 1e-6);
+        // An announced window afterwards replaces the inferred one.
+        e.begin_window(L, 10_000_000);
+        e.observe(&a(2, Op::Store, 8, 10_000_001));
+        e.end_window(L, 11_000_000);
+        let r = est(&e);
+        assert!(!r.inferred);
+        assert_eq!((r.transfers, r.accesses), (0, 1));
     }
 
     /// Cross-check against an independent brute-force coherence simulation on random streams:

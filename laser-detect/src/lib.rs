@@ -19,6 +19,7 @@ pub mod estimate;
 pub mod findings;
 pub mod fix;
 pub mod line_model;
+pub mod line_table;
 pub mod maps;
 pub mod pccache;
 pub mod render_text;
@@ -26,7 +27,7 @@ pub mod report;
 pub mod report_build;
 pub mod symbolize;
 
-pub use code::{CodeSource, ElfCode, MemoryCode};
+pub use code::{CodeSource, ElfCode, Fallback, MemoryCode, ProcessCode};
 pub use detector::{Config, Detector, FilterStats, WatchCandidate};
 pub use estimate::{Estimator, LineEstimate};
 pub use findings::{Analysis, Kind, LineFinding, Location, ModuleInfo, Op, SourceAccess};

@@ -14,13 +14,16 @@
 //! Threads stand in for cores (the paper used cores): with threads pinned or few, they agree,
 //! and a thread is what a programmer can act on.
 //!
-//! Memory: one small entry per line ever touched, and per *contended* line a list of its
-//! source PCs and threads; nothing per sample.
+//! Memory is bounded and nothing is kept per sample: a 32-byte entry per recently touched line
+//! in a set-associative table ([`crate::line_table`], LRU, default 128 Ki lines = 4 MiB), and per
+//! *contended* line its source PCs and threads (default at most 16 Ki lines; the least
+//! contended half is dropped when full).
 
 use hashbrown::HashMap;
 
 use crate::access::Access;
 use crate::findings::Op;
+use crate::line_table::{LastAccess, LineTable};
 
 /// Bytes `[off, off+len)` of a line as a bitmap (bit N = byte N).
 #[inline]
@@ -95,23 +98,8 @@ impl LineStat {
     }
 }
 
-/// 24 bytes: the byte range is kept as offset + length (an access is contiguous), not as a
-/// 16-byte bitmap, to keep the per-line table small.
-#[derive(Clone, Copy)]
-struct LastAccess {
-    pc: u64,
-    tid: u32,
-    /// Index + 1 into `contended`, 0 when the line has had no event.
-    contended: u32,
-    off: u8,
-    len: u8,
-    op: Op,
-}
-
-impl LastAccess {
-    fn bytes(&self) -> u128 {
-        byte_mask(self.off as u32, self.len as u32)
-    }
+fn bytes_of(a: &LastAccess) -> u128 {
+    byte_mask(a.off as u32, a.len as u32)
 }
 
 /// What one access did to the model.
@@ -122,19 +110,44 @@ pub enum Event {
     FalseSharing,
 }
 
+/// Default bound on lines remembered: 128 Ki lines, 32 bytes each = 4 MiB, small enough to
+/// stay in the CPU's caches (the table lookup is the detector's one random memory access).
+/// A line is forgotten only after 128 Ki other distinct lines were accessed since its last
+/// access: at soft sampling rates (~10–20 k samples/s) that is seconds, so only transfers
+/// rarer than one per several seconds can be missed, far below any reporting threshold.
+pub const DEFAULT_MAX_LINES: usize = 1 << 17;
+/// Default bound on contended lines kept with per-PC detail (≈ 0.5–1 KiB each with a few
+/// threads and PCs: ≤ 16 MiB). Real programs have a handful of hot lines; the bound only
+/// matters for adversarial streams where every line is shared.
+pub const DEFAULT_MAX_CONTENDED: usize = 1 << 14;
+
 pub struct LineModel {
     line_size: u32,
-    lines: HashMap<u64, LastAccess>,
-    contended: Vec<LineStat>,
+    lines: LineTable,
+    contended: HashMap<u64, LineStat>,
+    max_contended: usize,
+    /// Events of contended lines pruned to bound memory (counted for shares and notes).
+    pruned_events: u64,
+    pruned_lines: u64,
 }
 
 impl LineModel {
     /// `line_size` is 64 or 128 (adjacent-line pairs); other values are rounded to those.
     pub fn new(line_size: u32) -> Self {
+        Self::with_limits(line_size, DEFAULT_MAX_LINES, DEFAULT_MAX_CONTENDED)
+    }
+
+    /// Bounded memory: at most `max_lines` remembered lines and `max_contended` contended
+    /// lines with detail. When the contended table is full, the half with the fewest events is
+    /// dropped (a line that becomes hot later re-enters and is counted from then on).
+    pub fn with_limits(line_size: u32, max_lines: usize, max_contended: usize) -> Self {
         Self {
             line_size: if line_size > 64 { 128 } else { 64 },
-            lines: HashMap::new(),
-            contended: Vec::new(),
+            lines: LineTable::new(max_lines),
+            contended: HashMap::new(),
+            max_contended: max_contended.max(2),
+            pruned_events: 0,
+            pruned_lines: 0,
         }
     }
 
@@ -146,13 +159,24 @@ impl LineModel {
         addr & !(self.line_size as u64 - 1)
     }
 
-    /// Lines ever touched (the model's memory is proportional to this).
+    /// Lines remembered now (the model's memory is proportional to this, up to its bound).
     pub fn lines_tracked(&self) -> usize {
         self.lines.len()
     }
 
-    pub fn contended(&self) -> &[LineStat] {
-        &self.contended
+    /// Lines forgotten because the table was full.
+    pub fn evictions(&self) -> u64 {
+        self.lines.evictions()
+    }
+
+    /// (lines, events) of contended lines dropped to bound memory.
+    pub fn pruned(&self) -> (u64, u64) {
+        (self.pruned_lines, self.pruned_events)
+    }
+
+    /// Contended lines, in no particular order.
+    pub fn contended(&self) -> impl Iterator<Item = &LineStat> + '_ {
+        self.contended.values()
     }
 
     /// Feed one access; an access straddling lines is split. Returns the last event caused.
@@ -179,49 +203,31 @@ impl LineModel {
         let new = LastAccess {
             pc: a.pc,
             tid: a.tid,
-            contended: 0,
+            stamp: 0,
             off: off as u8,
             len: len as u8,
             op: a.op,
         };
-        let bytes = new.bytes();
-        let prev = match self.lines.entry(line) {
-            hashbrown::hash_map::Entry::Vacant(v) => {
-                v.insert(new);
-                return Event::None;
-            }
-            hashbrown::hash_map::Entry::Occupied(mut o) => {
-                let p = *o.get();
-                *o.get_mut() = LastAccess {
-                    contended: p.contended,
-                    ..new
-                };
-                p
-            }
+        let Some(prev) = self.lines.swap(line, new) else {
+            return Event::None;
         };
         if prev.tid == a.tid || !(prev.op.writes() || a.op.writes()) {
             return Event::None;
         }
-        let prev_bytes = prev.bytes();
+        let bytes = bytes_of(&new);
+        let prev_bytes = bytes_of(&prev);
         let is_true = prev_bytes & bytes != 0;
-        let idx = if prev.contended == 0 {
-            self.contended.push(LineStat {
-                line_addr: line,
-                events: 0,
-                true_events: 0,
-                false_events: 0,
-                sources: Vec::new(),
-                threads: Vec::new(),
-            });
-            let i = self.contended.len() as u32;
-            if let Some(l) = self.lines.get_mut(&line) {
-                l.contended = i;
-            }
-            i - 1
-        } else {
-            prev.contended - 1
-        };
-        let st = &mut self.contended[idx as usize];
+        if self.contended.len() >= self.max_contended && !self.contended.contains_key(&line) {
+            self.prune();
+        }
+        let st = self.contended.entry(line).or_insert_with(|| LineStat {
+            line_addr: line,
+            events: 0,
+            true_events: 0,
+            false_events: 0,
+            sources: Vec::new(),
+            threads: Vec::new(),
+        });
         let w = a.weight;
         st.events += w;
         if is_true {
@@ -240,6 +246,27 @@ impl LineModel {
             s.false_events += w;
             Event::FalseSharing
         }
+    }
+
+    /// Drop the contended lines with the fewest events (the lower half).
+    fn prune(&mut self) {
+        let mut ev: Vec<u64> = self.contended.values().map(|l| l.events).collect();
+        let mid = ev.len() / 2;
+        let (_, &mut cut, _) = ev.select_nth_unstable(mid);
+        let mut budget = mid; // drop at most half, even when many lines tie at the cut
+        let (mut lines, mut events) = (0, 0);
+        self.contended.retain(|_, l| {
+            if budget > 0 && l.events <= cut {
+                budget -= 1;
+                lines += 1;
+                events += l.events;
+                false
+            } else {
+                true
+            }
+        });
+        self.pruned_lines += lines;
+        self.pruned_events += events;
     }
 }
 
@@ -279,7 +306,7 @@ mod tests {
             acc(1, W, 0, 8, 0xa),
         ]);
         assert_eq!(ev, vec![N, F, F]);
-        let l = &m.contended()[0];
+        let l = &m.contended().next().unwrap();
         assert_eq!(
             (l.line_addr, l.events, l.false_events, l.true_events),
             (0x1000, 2, 2, 0)
@@ -298,7 +325,7 @@ mod tests {
         let (m, ev) = run(&[acc(1, W, 0, 8, 1), acc(2, R, 4, 4, 2), acc(1, R, 0, 8, 1)]);
         assert_eq!(ev, vec![N, T, N]);
         // The second read follows a read: no write on either side, no event.
-        assert_eq!(m.contended()[0].true_events, 1);
+        assert_eq!(m.contended().next().unwrap().true_events, 1);
     }
 
     #[test]
@@ -312,7 +339,7 @@ mod tests {
             acc(2, R, 8, 8, 2),
         ]);
         assert_eq!(ev, vec![N, N, N, N]);
-        assert!(m.contended().is_empty());
+        assert!(m.contended().next().is_none());
     }
 
     #[test]
@@ -324,7 +351,7 @@ mod tests {
             acc(1, R, 0, 8, 1),
             acc(1, W, 0, 8, 1),
         ]);
-        assert!(m.contended().is_empty());
+        assert!(m.contended().next().is_none());
     }
 
     #[test]
@@ -333,6 +360,30 @@ mod tests {
         // T2:         R[32..40)   → false sharing (reader of other bytes pays the transfer)
         let (_, ev) = run(&[acc(1, W, 0, 4, 1), acc(2, R, 32, 8, 2)]);
         assert_eq!(ev, vec![N, F]);
+    }
+
+    #[test]
+    fn contended_lines_are_bounded() {
+        // 1000 lines each ping-ponged once; room for 100: the least contended are pruned and
+        // the hottest line (many events) survives.
+        let mut m = LineModel::with_limits(64, 1 << 12, 100);
+        for i in 0..1000u64 {
+            let base = 0x10_0000 + i * 64;
+            for _ in 0..(if i == 500 { 50 } else { 1 }) {
+                m.access(&Access {
+                    addr: base,
+                    ..acc(1, W, 0, 8, 1)
+                });
+                m.access(&Access {
+                    addr: base,
+                    ..acc(2, W, 0, 8, 2)
+                });
+            }
+        }
+        assert!(m.contended().count() <= 100);
+        assert!(m.contended().any(|l| l.line_addr == 0x10_0000 + 500 * 64));
+        let (lines, events) = m.pruned();
+        assert!(lines >= 900 && events >= lines, "{lines} {events}");
     }
 
     #[test]
@@ -349,7 +400,10 @@ mod tests {
         let mut m = LineModel::new(128);
         m.access(&acc(1, W, 0, 8, 1));
         assert_eq!(m.access(&acc(2, W, 64, 8, 2)), F);
-        assert_eq!(m.contended()[0].sources[1].offsets, byte_mask(64, 8));
+        assert_eq!(
+            m.contended().next().unwrap().sources[1].offsets,
+            byte_mask(64, 8)
+        );
     }
 
     #[test]
@@ -377,7 +431,7 @@ mod tests {
         let mut c = acc(1, W, 8, 8, 3);
         c.weight = 5;
         m.access(&c); // false, weight 5
-        let l = &m.contended()[0];
+        let l = &m.contended().next().unwrap();
         assert_eq!((l.events, l.true_events, l.false_events), (15, 10, 5));
         assert_eq!(l.threads.len(), 2);
     }

@@ -15,6 +15,8 @@
 //! Without program headers (file unreadable) the bias falls back to `start − pgoff`, right for
 //! the usual layout where the first segment has `p_vaddr == p_offset` (PIE, shared libraries).
 
+use std::cell::Cell;
+
 /// Addresses at or above this are kernel addresses (x86-64 canonical upper half).
 pub const KERNEL_START: u64 = 0xffff_8000_0000_0000;
 
@@ -140,6 +142,8 @@ pub enum Class {
 pub struct AddressSpace {
     maps: Vec<Mapping>,
     pub modules: Vec<Module>,
+    /// Index of the mapping the last lookup hit: consecutive accesses mostly hit the same one.
+    hint: Cell<usize>,
 }
 
 fn owner_of_name(path: &str) -> Option<Owner> {
@@ -260,13 +264,28 @@ impl AddressSpace {
         }
     }
 
+    #[inline]
     pub fn find(&self, addr: u64) -> Option<&Mapping> {
-        let i = self.maps.partition_point(|m| m.start <= addr);
-        let m = self.maps.get(i.checked_sub(1)?)?;
-        (addr < m.end).then_some(m)
+        if let Some(m) = self.maps.get(self.hint.get()) {
+            if m.start <= addr && addr < m.end {
+                return Some(m);
+            }
+        }
+        let i = self
+            .maps
+            .partition_point(|m| m.start <= addr)
+            .checked_sub(1)?;
+        let m = self.maps.get(i)?;
+        if addr < m.end {
+            self.hint.set(i);
+            Some(m)
+        } else {
+            None
+        }
     }
 
     /// Classify a data or code address.
+    #[inline]
     pub fn classify(&self, addr: u64) -> Class {
         if addr >= KERNEL_START {
             return Class::Special;
@@ -279,7 +298,16 @@ impl AddressSpace {
             Some(Owner::Heap) => Class::Heap,
             Some(Owner::Stack) => Class::Stack,
             Some(Owner::Special) => Class::Special,
-            None => Class::Unknown,
+            // Streams without data mmaps (perf records only executable mappings unless asked)
+            // still know each module's extent from its program headers: globals are there.
+            None => self
+                .modules
+                .iter()
+                .position(|m| m.span.is_some_and(|(lo, hi)| lo <= addr && addr < hi))
+                .map_or(Class::Unknown, |i| Class::Module {
+                    module: i as u32,
+                    vaddr: addr.wrapping_sub(self.modules[i].bias),
+                }),
         }
     }
 

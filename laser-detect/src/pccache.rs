@@ -31,6 +31,8 @@ pub struct PcInfo {
     pub prev: Option<Insn>,
     /// Whether `pc` is the target of a direct branch inside its function.
     pub join: bool,
+    /// The PC lies in vdso/vvar/vsyscall (decided by the caller at first sight).
+    pub special: bool,
 }
 
 struct Sweep {
@@ -79,10 +81,29 @@ impl PcCache {
     /// The decoded facts for `pc`, decoding on first sight.
     #[inline]
     pub fn get<C: CodeSource + ?Sized>(&mut self, pc: u64, code: &C) -> PcInfo {
+        self.get_with(pc, code, || false)
+    }
+
+    /// As [`Self::get`]; on first sight `special` decides whether the PC is in kernel-provided
+    /// pages (then it is not decoded).
+    #[inline]
+    pub fn get_with<C: CodeSource + ?Sized>(
+        &mut self,
+        pc: u64,
+        code: &C,
+        special: impl FnOnce() -> bool,
+    ) -> PcInfo {
         if let Some(p) = self.pcs.get(&pc) {
             return *p;
         }
-        let info = self.decode(pc, code);
+        let info = if special() {
+            PcInfo {
+                special: true,
+                ..PcInfo::default()
+            }
+        } else {
+            self.decode(pc, code)
+        };
         self.pcs.insert(pc, info);
         info
     }
@@ -93,12 +114,17 @@ impl PcCache {
         let at = self.classifier.classify(pc, &b[..n]);
         let mut info = PcInfo {
             at,
-            prev: None,
-            join: false,
+            ..PcInfo::default()
         };
         let Some((fs, fe)) = code.function_bounds(pc.wrapping_sub(1)) else {
             return info;
         };
+        if pc == fe && code.function_bounds(pc).is_some_and(|(s, _)| s == pc) {
+            // `pc` starts the next function: it is entered by calls and jumps, never by
+            // falling off the end of the one before.
+            info.join = true;
+            return info;
+        }
         if !self.sweeps.contains_key(&fs) {
             let s = self.sweep(fs, fe, code);
             self.sweeps.insert(fs, s);
@@ -222,6 +248,18 @@ mod tests {
         let mut c = PcCache::new();
         let p = c.get(pcs[3] + 1, &m);
         assert!(p.prev.is_none());
+    }
+
+    #[test]
+    fn function_start_has_no_prev_from_the_function_before() {
+        let mut m = MemoryCode::new();
+        m.add_function(0x1000, vec![0x48, 0x89, 0x07]); // mov [rdi],rax (no ret: falls off)
+        m.add_function(0x1003, vec![0x90, 0xc3]); // nop; ret
+        let mut c = PcCache::new();
+        let p = c.get(0x1003, &m);
+        assert!(p.prev.is_none() && p.join);
+        // Inside the second function the sweep works as usual.
+        assert_eq!(c.get(0x1004, &m).prev.map(|i| i.pc), Some(0x1003));
     }
 
     #[test]

@@ -277,3 +277,127 @@ fn line_128_merges_adjacent_lines() {
     }
     assert!(d64.finish().findings.is_empty());
 }
+
+#[test]
+fn fork_copies_the_address_space_and_exec_resets_it() {
+    let (code, c, _) = program();
+    let mut d = Detector::new(Config::default(), code);
+    d.add_maps(PID, MAPS);
+    let child = PID + 1;
+    d.feed(&Event::Fork {
+        pid: child,
+        ppid: PID,
+        tid: child,
+        ptid: PID,
+        time: 1,
+    });
+    let in_stack = 0x7ffd_0000_0100; // inside the parent's [stack] mapping
+    let sample = |pid: u32, time: u64| {
+        let Event::Sample(mut s) = soft(child, time, c[1], in_stack) else {
+            unreachable!()
+        };
+        s.pid = pid;
+        Event::Sample(s)
+    };
+    d.feed(&sample(child, 10));
+    assert_eq!(
+        d.filter_stats().stack_data,
+        1,
+        "the child knows the parent's stack"
+    );
+    d.feed(&Event::Comm {
+        pid: child,
+        tid: child,
+        time: 20,
+        name: "new".into(),
+        exec: true,
+    });
+    d.feed(&sample(child, 30));
+    let fs = d.filter_stats();
+    // After exec the old mappings are gone: the same address is no longer known as stack
+    // (the new image's stack is recognised only around the sampled rsp).
+    assert_eq!(fs.stack_data, 1);
+    assert_eq!(fs.accesses, 1, "{fs:?}");
+}
+
+#[test]
+fn soft_run_with_watch_windows_rates_watched_lines_from_the_windows() {
+    let (code, c, r) = program();
+    let cfg = Config {
+        trap_cost_ns: 0,
+        ..Config::default()
+    };
+    let mut d = Detector::new(cfg, code);
+    d.add_maps(PID, MAPS);
+    // Soft samples: false sharing on LINE; a second falsely shared line, never watched.
+    let other = HEAP + 0x3000;
+    for e in stream(&c, &r, 100) {
+        d.feed(&e);
+    }
+    let mut t = 2_000_000_000u64;
+    for _ in 0..50 {
+        for (tid, off) in [(5, 0), (6, 8)] {
+            t += 100_000;
+            d.feed(&soft(tid, t, c[3], other + off));
+        }
+    }
+    // Then a 1 ms watch window on LINE's candidate words: 20 alternating stores.
+    let cand = d.candidates(1);
+    assert_eq!(cand[0].line_addr, LINE);
+    let t0 = t + 1_000_000;
+    d.watch_window_begin(LINE, t0);
+    for i in 0..10u64 {
+        d.feed(&watch(1, t0 + 10 + 4 * i, c[3], cand[0].words[0].0));
+        d.feed(&watch(2, t0 + 12 + 4 * i, c[3], cand[0].words[1].0));
+    }
+    d.watch_window_end(LINE, t0 + 1_000_000);
+    let a = d.finish();
+    assert_eq!(a.backend, BackendKind::Soft);
+    let watched = a.findings.iter().find(|f| f.line_addr == LINE).unwrap();
+    assert_eq!(watched.events, 19, "exact transfers in the window");
+    assert!((watched.rate_per_s - 19_000.0).abs() < 1e-6);
+    let unwatched = a.findings.iter().find(|f| f.line_addr == other).unwrap();
+    assert!((unwatched.rate_per_s - unwatched.events as f64 / a.duration_s).abs() < 1e-6);
+    assert!(a.notes.iter().any(|n| n.contains("lower bound")));
+    assert!(a.notes.iter().any(|n| n.contains("watchpoint windows")));
+    // Ranked by rate: the honestly rated line first.
+    assert_eq!(a.findings[0].line_addr, LINE);
+}
+
+#[test]
+fn precise_samples_are_weighted_by_their_period() {
+    // PEBS-style samples: precise IP, data address and data_src given, weight = period.
+    let (code, c, _) = program();
+    let mut d = Detector::new(Config::default(), code);
+    d.add_maps(PID, MAPS);
+    let mut t = 0;
+    for i in 0..100u64 {
+        for (tid, off) in [(1, 0), (2, 8)] {
+            t += 1_000_000;
+            let (ip, src) = if i % 2 == 0 { (c[0], 0x2) } else { (c[2], 0x4) };
+            d.feed(&Event::Sample(Sample {
+                backend: BackendKind::Pebs,
+                pid: PID,
+                tid,
+                cpu: tid,
+                time: t,
+                ip,
+                addr: Some(LINE + off),
+                data_src: Some(src),
+                weight: 1000,
+                regs: None,
+                watch_slot: None,
+            }));
+        }
+    }
+    let a = d.finish();
+    assert_eq!(a.backend, BackendKind::Pebs);
+    let f = &a.findings[0];
+    assert_eq!(f.kind, Kind::FalseSharing);
+    // Every sample after the first meets the other thread's previous access; the pairs where
+    // both are loads (even rounds) are not contention: 100 rounds × 2 samples − 1 − 50.
+    assert_eq!(f.events, 149 * 1000);
+    assert!(!a.notes.iter().any(|n| n.contains("lower bound")));
+    let ops: Vec<Op> = f.sources.iter().map(|s| s.op).collect();
+    assert!(ops.contains(&Op::Load) && ops.contains(&Op::Store));
+}

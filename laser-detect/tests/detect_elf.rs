@@ -8,7 +8,7 @@ use std::process::Command;
 
 use iced_x86::{Decoder, DecoderOptions, OpKind, Register};
 use laser_detect::{Config, Detector, ElfCode, Kind, Location};
-use laser_driver::{BackendKind, Event, Reg, Sample, UserRegs};
+use laser_driver::{BackendKind, Event, Mmap, Reg, Sample, UserRegs};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 const SRC: &str = r#"
@@ -22,8 +22,9 @@ void __attribute__((noinline)) work(long *p, long n) {
 int main(int argc, char **argv) { (void)argv; work(&shared.a, argc); work(&shared.b, argc); return 0; }
 "#;
 
-fn build() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("laser-detect-elf-{}", std::process::id()));
+fn build(seed: Seed) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("laser-detect-elf-{}-{seed:?}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("fs.c");
     std::fs::write(&src, SRC).unwrap();
@@ -68,9 +69,26 @@ fn maps_text(path: &str, data: &[u8], bias: u64) -> String {
     s
 }
 
+/// How the detector learns the address space: maps text (attach, recording header) or Mmap
+/// events (launch, dlopen).
+#[derive(Clone, Copy, Debug)]
+enum Seed {
+    MapsText,
+    MmapEvents,
+}
+
 #[test]
-fn real_loop_pcs_through_elf_code_source() {
-    let exe = build();
+fn real_loop_pcs_through_elf_code_source_from_maps_text() {
+    run(Seed::MapsText);
+}
+
+#[test]
+fn real_loop_pcs_through_elf_code_source_from_mmap_events() {
+    run(Seed::MmapEvents);
+}
+
+fn run(seed: Seed) {
+    let exe = build(seed);
     let path = exe.to_str().unwrap().to_string();
     let data = std::fs::read(&exe).unwrap();
     let file = object::File::parse(&*data).unwrap();
@@ -109,7 +127,26 @@ fn real_loop_pcs_through_elf_code_source() {
 
     let bias = 0x5555_5555_0000u64;
     let mut d = Detector::new(Config::default(), ElfCode::new());
-    d.add_maps(7, &maps_text(&path, &data, bias));
+    let maps = maps_text(&path, &data, bias);
+    match seed {
+        Seed::MapsText => d.add_maps(7, &maps),
+        Seed::MmapEvents => {
+            for r in laser_detect::maps::parse(&maps) {
+                d.feed(&Event::Mmap(Mmap {
+                    pid: 7,
+                    tid: 7,
+                    time: 1,
+                    addr: r.start,
+                    len: r.end - r.start,
+                    pgoff: r.offset,
+                    prot: (r.read as u32) | (r.write as u32) << 1 | (r.exec as u32) << 2,
+                    flags: 0x2, // MAP_PRIVATE
+                    path: r.path.clone(),
+                    build_id: None,
+                }));
+            }
+        }
+    }
     let mut t = 1_000_000u64;
     for i in 0..100u64 {
         for (tid, field) in [(1u32, 0u64), (2, 8)] {
