@@ -105,6 +105,8 @@ pub struct Detector<C: CodeSource> {
     main_pid: Option<u32>,
     model: LineModel,
     estimator: Estimator,
+    /// Lines whose watch window is open (from the last `Event::WatchSet`).
+    watched_lines: Vec<u64>,
     stats: StreamStats,
     filter: FilterStats,
     first_time: u64,
@@ -140,6 +142,7 @@ impl<C: CodeSource> Detector<C> {
             main_pid: None,
             model,
             estimator,
+            watched_lines: Vec::new(),
             stats: StreamStats::default(),
             filter: FilterStats::default(),
             first_time: u64::MAX,
@@ -252,8 +255,26 @@ impl<C: CodeSource> Detector<C> {
                     self.spaces.insert(*pid, parent);
                 }
             }
+            Event::WatchSet { time, words } => self.on_watch_set(*time, words),
             _ => {}
         }
+    }
+
+    /// The driver says exactly `words` are watched from `time` on: close the windows of the
+    /// lines watched until now and open windows on the lines of `words` (the estimator's armed
+    /// time comes from these, so replayed recordings get the same rates as the live run).
+    fn on_watch_set(&mut self, time: u64, words: &[(u64, u8)]) {
+        for line in std::mem::take(&mut self.watched_lines) {
+            self.estimator.end_window(line, time);
+        }
+        let mask = !(u64::from(self.config.line_size.max(1)) - 1);
+        let mut lines: Vec<u64> = words.iter().map(|&(a, _)| a & mask).collect();
+        lines.sort_unstable();
+        lines.dedup();
+        for &line in &lines {
+            self.estimator.begin_window(line, time);
+        }
+        self.watched_lines = lines;
     }
 
     fn sample(&mut self, s: &Sample) {
