@@ -127,6 +127,18 @@ pub struct AttachArgs {
     pub output: Option<PathBuf>,
 }
 
+impl Default for AnalysisArgs {
+    /// The same values as the flags' defaults.
+    fn default() -> Self {
+        AnalysisArgs {
+            threshold: 1000.0,
+            line: 64,
+            json: None,
+            quiet: false,
+        }
+    }
+}
+
 fn parse_line_size(s: &str) -> Result<u32, String> {
     match s.parse::<u32>() {
         Ok(n @ (64 | 128)) => Ok(n),
@@ -187,6 +199,19 @@ mod tests {
         };
         assert_eq!(r.command, ["./app", "-x", "--json", "y"]);
         assert!(r.analysis.json.is_none());
+    }
+
+    #[test]
+    fn analysis_defaults_match_the_flags() {
+        let cli = Cli::try_parse_from(["laser", "report", "x.laser"]).unwrap();
+        let Command::Report(r) = cli.command else {
+            panic!("not report")
+        };
+        let d = AnalysisArgs::default();
+        assert_eq!(
+            (r.analysis.threshold, r.analysis.line),
+            (d.threshold, d.line)
+        );
     }
 
     #[test]

@@ -54,12 +54,20 @@ pub fn record(args: RecordArgs) -> Result<i32> {
     let config = session_config(&args.monitor)?;
     let mut session = Session::launch(&args.command, &config)?;
     let mut recorder = Recorder::create(&args.output, &session.header_info())?;
+    // The detector runs only to steer watchpoints at the lines it suspects, so the recording
+    // holds the same exact histories (and WatchSet windows) a live `run` would have used.
+    let mut steering = crate::analyze::detector(&crate::cli::AnalysisArgs::default(), None);
     let opts = LoopOptions {
         duration: None,
         stop_on_interrupt: false,
-        steer_watchpoints: false,
+        steer_watchpoints: config.watch,
     };
-    let outcome = monitor::run_loop(&mut session, &opts, None, Some(&mut recorder))?;
+    let outcome = monitor::run_loop(
+        &mut session,
+        &opts,
+        Some(&mut steering),
+        Some(&mut recorder),
+    )?;
     recorder.finish(outcome.elapsed.as_nanos() as u64)?;
     let st = session.stats();
     eprintln!(

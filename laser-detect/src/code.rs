@@ -178,10 +178,47 @@ pub fn parse_elf(data: &[u8]) -> Option<ElfFacts> {
         .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.is_definition())
         .map(|s| (s.address(), s.address() + s.size()))
         .collect();
+    if functions.is_empty() {
+        // Stripped (`strip --strip-all`): no symbols, but the unwind tables survive, and each
+        // FDE covers one function. Without bounds the skid rule (decode the instruction before
+        // the sampled IP) would be lost, and with it most exact accesses.
+        functions = eh_frame_functions(&f);
+    }
     functions.sort_unstable();
     functions.dedup();
     let build_id = f.build_id().ok().flatten().map(<[u8]>::to_vec);
     Some((segments, functions, build_id))
+}
+
+/// `[start, end)` of every FDE in `.eh_frame`: function extents of a binary with no symbols.
+fn eh_frame_functions(f: &object::File<'_>) -> Vec<(u64, u64)> {
+    use gimli::{BaseAddresses, CieOrFde, EhFrame, NativeEndian, UnwindSection};
+    use object::ObjectSection;
+    let Some(sec) = f.section_by_name(".eh_frame") else {
+        return Vec::new();
+    };
+    let Ok(data) = sec.data() else {
+        return Vec::new();
+    };
+    let mut eh = EhFrame::new(data, NativeEndian);
+    eh.set_address_size(8);
+    let mut bases = BaseAddresses::default().set_eh_frame(sec.address());
+    if let Some(text) = f.section_by_name(".text") {
+        bases = bases.set_text(text.address());
+    }
+    let mut out = Vec::new();
+    let mut entries = eh.entries(&bases);
+    // A malformed table ends the walk; what was read so far is still right.
+    while let Ok(Some(entry)) = entries.next() {
+        if let CieOrFde::Fde(partial) = entry {
+            if let Ok(fde) = partial.parse(|_, b, o| eh.cie_from_offset(b, o)) {
+                if fde.len() > 0 {
+                    out.push((fde.initial_address(), fde.initial_address() + fde.len()));
+                }
+            }
+        }
+    }
+    out
 }
 
 struct LoadedModule {

@@ -1,0 +1,323 @@
+//! End-to-end tests of the `laser` command on programs compiled here with gcc: exit codes, bad
+//! input, reports (text and JSON), recordings and attach. They really sample (soft backend +
+//! watchpoints), so they assert on what any working run must show, not on exact counts.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+const LASER: &str = env!("CARGO_BIN_EXE_laser");
+
+/// Two threads incrementing neighbouring words of one line: the simplest false sharing.
+/// Runs for argv[1] seconds (default 1). Line numbers below are asserted on.
+const FS_C: &str = r#"#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+struct pair { volatile long a; volatile long b; } __attribute__((aligned(64)));
+struct pair counters;
+static double secs;
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+static void *bump_b(void *arg) {
+    (void)arg; double end = now() + secs;
+    while (now() < end) for (int i = 0; i < 1000; i++)
+        counters.b++; /* line 13: thread 2 */
+    return 0;
+}
+int main(int argc, char **argv) {
+    secs = argc > 1 ? atof(argv[1]) : 1.0;
+    if (getenv("FS_PRINT_PID")) { printf("%d\n", getpid()); fflush(stdout); }
+    pthread_t t; pthread_create(&t, 0, bump_b, 0);
+    double end = now() + secs;
+    while (now() < end) for (int i = 0; i < 1000; i++)
+        counters.a++; /* line 22: thread 1 */
+    pthread_join(t, 0);
+    printf("done %ld\n", counters.a > 0 && counters.b > 0 ? 1L : 0L);
+    return 0;
+}
+"#;
+
+/// Tests that measure contention run one at a time: two busy programs on 2 cores time-slice
+/// each other's threads, and threads that don't run at once don't contend (really: the
+/// counts drop, which is what laser then reports).
+fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn workdir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = std::env::temp_dir().join(format!("laser-cli-tests-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    })
+}
+
+/// Builds the false-sharing program once (with -g; and a stripped copy).
+fn fs_program() -> &'static (PathBuf, PathBuf) {
+    static P: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    P.get_or_init(|| {
+        let d = workdir();
+        let src = d.join("fs.c");
+        std::fs::write(&src, FS_C).unwrap();
+        let bin = d.join("fs");
+        let ok = Command::new("gcc")
+            .args(["-O2", "-g", "-pthread", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .status()
+            .expect("gcc runs");
+        assert!(ok.success(), "gcc failed");
+        let stripped = d.join("fs-stripped");
+        std::fs::copy(&bin, &stripped).unwrap();
+        let ok = Command::new("strip").arg(&stripped).status().unwrap();
+        assert!(ok.success());
+        (bin, stripped)
+    })
+}
+
+fn laser(args: &[&str]) -> Output {
+    Command::new(LASER)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("laser runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    let s = std::fs::read_to_string(path).unwrap();
+    serde_json::from_str(&s).unwrap()
+}
+
+/// The false-sharing finding on `counters` with both source lines, from a laser-report/1 JSON.
+fn assert_finds_counters(report: &serde_json::Value, ctx: &str) {
+    assert_eq!(report["schema"], "laser-report/1", "{ctx}");
+    let findings = report["findings"].as_array().unwrap();
+    let f = findings
+        .iter()
+        .find(|f| {
+            f["data"]["name"]
+                .as_str()
+                .unwrap_or("")
+                .contains("counters")
+        })
+        .unwrap_or_else(|| panic!("no finding on `counters`: {report:#}\n{ctx}"));
+    assert_eq!(f["kind"], "false_sharing", "{f:#}");
+    let lines: Vec<u64> = f["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["line"].as_u64())
+        .collect();
+    assert!(
+        lines.contains(&13) && lines.contains(&22),
+        "{lines:?}\n{f:#}"
+    );
+    assert!(f["rate_per_s"].as_f64().unwrap() >= 1000.0, "{f:#}");
+}
+
+#[test]
+fn run_reports_false_sharing_with_source_lines_and_json() {
+    let _serial = exclusive();
+    let (bin, _) = fs_program();
+    let out = workdir().join("run.json");
+    let o = laser(&[
+        "run",
+        "--json",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        "1.5",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("done 1"),
+        "program output passes through\n{t}"
+    );
+    assert!(stdout.contains("FALSE SHARING"), "{t}");
+    assert!(
+        stdout.contains("fs.c:13") && stdout.contains("fs.c:22"),
+        "{t}"
+    );
+    assert!(stdout.contains("counters"), "{t}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("backend soft"),
+        "says which backend and why\n{t}"
+    );
+    assert_finds_counters(&json(&out), &t);
+}
+
+#[test]
+fn exit_status_of_the_program_passes_through() {
+    let o = laser(&["run", "--quiet", "--", "sh", "-c", "exit 3"]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let o = laser(&["run", "--quiet", "--", "sh", "-c", "kill -SEGV $$"]);
+    assert_eq!(o.status.code(), Some(128 + 11), "{}", text(&o));
+    let o = laser(&["run", "--quiet", "--", "true"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+#[test]
+fn missing_and_non_executable_programs_are_clear_errors() {
+    let o = laser(&["run", "--", "/nonexistent/program"]);
+    assert_eq!(o.status.code(), Some(127), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("not found"),
+        "{}",
+        text(&o)
+    );
+
+    let f = workdir().join("not-executable");
+    std::fs::write(&f, "just text\n").unwrap();
+    let o = laser(&["run", "--", f.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(126), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("laser: error"), "{}", text(&o));
+    assert!(!err.contains("panicked"), "{}", text(&o));
+}
+
+#[test]
+fn a_program_that_exits_at_once_gives_an_empty_report() {
+    let out = workdir().join("true.json");
+    let o = laser(&["run", "--json", out.to_str().unwrap(), "--", "true"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let r = json(&out);
+    assert_eq!(r["schema"], "laser-report/1");
+    assert_eq!(r["findings"].as_array().unwrap().len(), 0, "{r:#}");
+}
+
+#[test]
+fn stripped_binary_reports_addresses_and_says_debug_info_is_missing() {
+    let _serial = exclusive();
+    let (_, stripped) = fs_program();
+    let o = laser(&["run", "--", stripped.to_str().unwrap(), "1"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("FALSE SHARING"), "{t}");
+    assert!(
+        stdout.contains("0x"),
+        "addresses instead of source lines\n{t}"
+    );
+    assert!(stdout.to_lowercase().contains("debug info"), "{t}");
+}
+
+#[test]
+fn fork_and_exec_children_are_followed_without_trouble() {
+    let _serial = exclusive();
+    let (bin, _) = fs_program();
+    let cmd = format!("{} 1; exit 5", bin.display());
+    let o = laser(&["run", "--", "sh", "-c", &cmd]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(5), "{t}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("done 1"), "{t}");
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("panicked"),
+        "{t}"
+    );
+}
+
+#[test]
+fn record_then_report_gives_the_same_finding_and_survives_truncation() {
+    let _serial = exclusive();
+    let (bin, _) = fs_program();
+    let rec = workdir().join("fs.laser");
+    let o = laser(&[
+        "record",
+        "-o",
+        rec.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        "1.5",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = workdir().join("report.json");
+    let o = laser(&[
+        "report",
+        "--json",
+        out.to_str().unwrap(),
+        rec.to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert_finds_counters(&json(&out), &t);
+
+    // Cut the recording in half: a warning, the first half analysed, no failure.
+    let bytes = std::fs::read(&rec).unwrap();
+    let cut = workdir().join("cut.laser");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let o = laser(&["report", cut.to_str().unwrap()]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("truncated"),
+        "{t}"
+    );
+
+    // Not a recording at all: a clear error, exit 1.
+    let o = laser(&["report", bin.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a laser recording"));
+}
+
+#[test]
+fn attach_monitors_a_running_process_for_a_duration() {
+    let _serial = exclusive();
+    let (bin, _) = fs_program();
+    let mut child = Command::new(bin)
+        .arg("4")
+        .env("FS_PRINT_PID", "1")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = child.id().to_string();
+    let out = workdir().join("attach.json");
+    let o = laser(&[
+        "attach",
+        "-p",
+        &pid,
+        "--duration",
+        "1.5s",
+        "--json",
+        out.to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert_finds_counters(&json(&out), &t);
+    // The target was left running, unharmed, and finishes normally.
+    let status = child.wait().unwrap();
+    assert!(status.success());
+
+    let o = laser(&["attach", "-p", "999999999", "--duration", "1s"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("does not exist"));
+}
+
+#[test]
+fn backends_lists_soft_as_available() {
+    let o = laser(&["backends"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        s.lines()
+            .any(|l| l.starts_with("soft") && l.contains("available")),
+        "{t}"
+    );
+    assert!(s.contains("auto"), "{t}");
+}
