@@ -1,1 +1,3 @@
 //! laser-repair: `plan` (pure code rewriting) and `tracee` (the only ptrace code).
+
+pub mod plan;

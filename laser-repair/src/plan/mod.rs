@@ -1,0 +1,193 @@
+//! `plan`: the pure half of the repair. Code bytes and addresses in; the bytes of a code cache
+//! (SSB runtime + rewritten region), a patch list and a pc map out. No process needed: the
+//! only input seam is [`CodeSource`].
+
+pub mod cfg;
+pub mod classify;
+pub mod refusal;
+pub mod region;
+pub mod rewrite;
+pub mod source;
+pub mod ssb_runtime;
+
+pub use refusal::{Refusal, RefusalReason};
+pub use region::Region;
+pub use source::{CodeBytes, CodeSource};
+pub use ssb_runtime::{RuntimeConfig, RuntimeInfo, SsbMode};
+
+/// What to repair and where the code cache will live.
+#[derive(Clone, Copy)]
+pub struct PlanRequest<'a> {
+    pub code: &'a dyn CodeSource,
+    /// `[start, end)` of the enclosing function from ELF symbols, if known; otherwise the
+    /// planner scans (see [`cfg::guess_function_bounds`]).
+    pub function: Option<(u64, u64)>,
+    pub contending_pcs: &'a [u64],
+    /// Page-aligned address of the mapping the tracee will create, within ±2 GiB of the code.
+    /// Layout: `[cache_addr, +data_len)` RW zero-filled data, then the code (RX).
+    pub cache_addr: u64,
+    pub options: PlanOptions,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlanOptions {
+    pub runtime: RuntimeConfig,
+    /// Refuse regions whose estimated stores per flush are below this (flushes cost a
+    /// helper call and a line transfer each; one store per flush is slower than native).
+    pub min_stores_per_flush: f64,
+    /// Bytes to scan either side of a PC when no function bounds are given.
+    pub scan_limit: u64,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            runtime: RuntimeConfig::default(),
+            min_stores_per_flush: 4.0,
+            scan_limit: 16 * 1024,
+        }
+    }
+}
+
+/// Bytes to write into the target, and what they replace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Patch {
+    pub addr: u64,
+    pub old_bytes: Vec<u8>,
+    pub new_bytes: Vec<u8>,
+}
+
+/// The code cache image: `data_len` zero bytes (RW) followed by `code` (RX) at `code_addr`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodeCache {
+    pub addr: u64,
+    pub data_len: u64,
+    pub code_addr: u64,
+    pub code: Vec<u8>,
+}
+
+impl CodeCache {
+    /// Total bytes to map at `addr`, rounded to pages.
+    pub fn map_len(&self) -> u64 {
+        (self.data_len + self.code.len() as u64).div_ceil(4096) * 4096
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RepairPlan {
+    pub function: (u64, u64),
+    pub region: Region,
+    pub cache: CodeCache,
+    /// Entry jumps; apply after the cache is mapped and written, undo by writing `old_bytes`.
+    pub patches: Vec<Patch>,
+    /// `(old_pc, new_pc)` for every instruction of the region: a thread stopped at `old_pc`
+    /// continues correctly at `new_pc` (its log is empty: it has not used the SSB yet).
+    pub pc_map: Vec<(u64, u64)>,
+    pub runtime: RuntimeInfo,
+}
+
+impl RepairPlan {
+    /// Where a thread stopped at `pc` must continue, if `pc` is inside the region.
+    pub fn map_pc(&self, pc: u64) -> Option<u64> {
+        self.pc_map.iter().find(|&&(o, _)| o == pc).map(|&(_, n)| n)
+    }
+}
+
+const JMP_LEN: u64 = 5;
+
+/// Plans the repair of the code around `req.contending_pcs`.
+pub fn plan(req: &PlanRequest<'_>) -> Result<RepairPlan, Refusal> {
+    let first_pc = *req
+        .contending_pcs
+        .first()
+        .ok_or(RefusalReason::NoContendingPcs)?;
+    let (start, end) = match req.function {
+        Some(b) => b,
+        None => cfg::guess_function_bounds(req.code, first_pc, req.options.scan_limit)?,
+    };
+    let g = cfg::Cfg::build(req.code, start, end)?;
+    let tr = region::treatments(&g);
+    let rt_cfg = req.options.runtime;
+    let region = region::select(
+        &g,
+        &tr,
+        req.contending_pcs,
+        rt_cfg.backedges_per_flush,
+        req.options.min_stores_per_flush,
+    )?;
+    for &b in &region.entries {
+        let blk = &g.blocks[b];
+        if blk.end - blk.start < JMP_LEN {
+            return Err(RefusalReason::EntryTooShort {
+                pc: blk.start,
+                len: blk.end - blk.start,
+            }
+            .into());
+        }
+    }
+    let (rt_code, rt) = ssb_runtime::generate(req.cache_addr, &rt_cfg)?;
+    let region_addr = (rt.code_addr + rt.code_len).div_ceil(16) * 16;
+    let rw = rewrite::rewrite(&g, &tr, &region, &rt, region_addr)?;
+    let mut code = rt_code;
+    code.resize((region_addr - rt.code_addr) as usize, 0xcc);
+    code.extend_from_slice(&rw.code);
+    let mut patches = Vec::new();
+    for &b in &region.entries {
+        let blk = &g.blocks[b];
+        let target = rw
+            .pc_map
+            .iter()
+            .find(|&&(o, _)| o == blk.start)
+            .map(|&(_, n)| n)
+            .unwrap_or(region_addr);
+        let rel = target as i64 - (blk.start + JMP_LEN) as i64;
+        let rel = i32::try_from(rel).map_err(|_| RefusalReason::CacheOutOfReach {
+            pc: blk.start,
+            cache: req.cache_addr,
+        })?;
+        // Cover whole instructions: the bytes after the jmp up to the next boundary become int3.
+        let cover_end = g.insns[blk.insns.clone()]
+            .iter()
+            .map(|i| i.next_ip())
+            .find(|&e| e >= blk.start + JMP_LEN)
+            .unwrap_or(blk.end);
+        let old_bytes = source::read_range(req.code, blk.start, cover_end).ok_or(
+            RefusalReason::CodeUnreadable {
+                addr: blk.start,
+                end: cover_end,
+            },
+        )?;
+        let mut new_bytes = vec![0xe9];
+        new_bytes.extend_from_slice(&rel.to_le_bytes());
+        new_bytes.resize(old_bytes.len(), 0xcc);
+        // Exits jump to original call instructions; none may sit under the jmp.
+        for (k, i) in g.insns[blk.insns.clone()].iter().enumerate() {
+            let idx = blk.insns.start + k;
+            if i.ip() < cover_end && tr[idx] == classify::Treatment::ExitToOriginal {
+                return Err(RefusalReason::CallUnderPatch {
+                    pc: i.ip(),
+                    entry: blk.start,
+                }
+                .into());
+            }
+        }
+        patches.push(Patch {
+            addr: blk.start,
+            old_bytes,
+            new_bytes,
+        });
+    }
+    Ok(RepairPlan {
+        function: (start, end),
+        region,
+        cache: CodeCache {
+            addr: req.cache_addr,
+            data_len: rt.data_len,
+            code_addr: rt.code_addr,
+            code,
+        },
+        patches,
+        pc_map: rw.pc_map,
+        runtime: rt,
+    })
+}

@@ -1,0 +1,626 @@
+//! The SSB runtime: position-dependent-free machine code generated with iced-x86 `code_asm`,
+//! living in the code cache next to the rewritten region.
+//!
+//! ```text
+//!  cache base ─┬─ data (RW, zero-filled by mmap) ──────────────────────────────┐
+//!              │ +0  mode word: 0 not yet probed, 1 FIFO, 2 RTM (CPUID at run time)
+//!              │ +8  accesses made by threads that got no slot (bypassed the SSB)
+//!              │ +64 keys[slots]: thread pointer (%fs:0) owning each slot, 0 = free
+//!              │ states[slots]: count | back-edges | flushes | stores | ... | log[capacity]
+//!              │                 log entry = { addr, size, value, _ } (32 bytes)
+//!  code ───────┴─ helpers (RX): ssb_load{1,2,4,8} ssb_store{1,2,4,8} ssb_flush ssb_backedge
+//!                 then the rewritten region
+//! ```
+//!
+//! Per-thread state: a thread finds its slot by hashing its thread pointer (`%fs:0`, the TCB
+//! self-pointer of glibc and musl) and probing `keys`; a thread seen for the first time claims
+//! a free key with `lock cmpxchg`, so threads created after the repair work. Slots are never
+//! released: a thread only leaves the region through a flush, so a dead thread's log is empty
+//! and a later thread whose TCB reuses the address inherits an empty log. A thread that finds
+//! no slot (pool full, or `%fs:0` == 0) accesses memory directly: with no log, direct accesses
+//! are exactly native TSO behaviour, so correctness never depends on getting a slot.
+//!
+//! Helper ABI (all helpers preserve every register and the flags they don't return):
+//! the caller has moved rsp below the red zone, then pushed `addr` and `value` slots:
+//! `[rsp+8]` = value (in for stores, out for loads), `[rsp+16]` = address.
+
+use super::refusal::RefusalReason;
+use iced_x86::code_asm::*;
+use iced_x86::{BlockEncoderOptions, Code, Instruction, MemoryOperand, Register};
+
+/// Sizes of the runtime's tables. `thread_slots` must be a power of two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    pub thread_slots: u32,
+    pub log_capacity: u32,
+    /// Flush after this many back-edges of the region, so a spinning reader elsewhere sees
+    /// this thread's stores within bounded time.
+    pub backedges_per_flush: u32,
+    /// Transaction attempts before an RTM flush falls back to the in-order FIFO replay.
+    pub rtm_retries: u32,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            thread_slots: 128,
+            log_capacity: 64,
+            backedges_per_flush: 256,
+            rtm_retries: 4,
+        }
+    }
+}
+
+/// Which flush path the runtime chose (read from the mode word at run time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SsbMode {
+    /// No thread has claimed a slot yet, so CPUID has not been probed.
+    NotYetProbed,
+    Fifo,
+    Rtm,
+}
+
+impl SsbMode {
+    pub fn from_word(w: u64) -> SsbMode {
+        match w {
+            1 => SsbMode::Fifo,
+            2 => SsbMode::Rtm,
+            _ => SsbMode::NotYetProbed,
+        }
+    }
+}
+
+pub const MODE_OFF: u64 = 0;
+pub const NO_SLOT_OFF: u64 = 8;
+pub const KEYS_OFF: u64 = 64;
+pub const ST_COUNT: i32 = 0;
+pub const ST_BACKEDGES: i32 = 8;
+pub const ST_FLUSHES: i32 = 16;
+pub const ST_STORES: i32 = 24;
+pub const ST_ENTRIES: i32 = 64;
+pub const ENTRY_SIZE: u64 = 32;
+
+/// Addresses of everything the rewritten region and the tracee need.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeInfo {
+    pub config: RuntimeConfig,
+    pub data_addr: u64,
+    pub data_len: u64,
+    pub code_addr: u64,
+    pub code_len: u64,
+    /// `load[k]` / `store[k]` serve sizes 1, 2, 4, 8 for k = 0..4.
+    pub load: [u64; 4],
+    pub store: [u64; 4],
+    pub flush: u64,
+    pub backedge: u64,
+    pub mode_addr: u64,
+    pub no_slot_addr: u64,
+    pub keys_addr: u64,
+    pub states_addr: u64,
+    pub state_size: u64,
+}
+
+impl RuntimeInfo {
+    /// Address of slot `k`'s state block.
+    pub fn state_addr(&self, k: u32) -> u64 {
+        self.states_addr + u64::from(k) * self.state_size
+    }
+}
+
+pub(crate) fn size_index(size: u32) -> usize {
+    match size {
+        1 => 0,
+        2 => 1,
+        4 => 2,
+        _ => 3,
+    }
+}
+
+fn round_up(x: u64, a: u64) -> u64 {
+    x.div_ceil(a) * a
+}
+
+/// Data bytes the runtime needs at the start of the cache mapping.
+pub fn data_len(cfg: &RuntimeConfig) -> u64 {
+    let states = round_up(KEYS_OFF + 8 * u64::from(cfg.thread_slots), 64);
+    let state_size = ST_ENTRIES as u64 + ENTRY_SIZE * u64::from(cfg.log_capacity);
+    round_up(states + state_size * u64::from(cfg.thread_slots), 4096)
+}
+
+/// Generates the runtime for a cache mapping at `cache_addr`; returns its code (to be placed at
+/// `info.code_addr`) and the addresses.
+pub fn generate(
+    cache_addr: u64,
+    cfg: &RuntimeConfig,
+) -> Result<(Vec<u8>, RuntimeInfo), RefusalReason> {
+    if !cfg.thread_slots.is_power_of_two() || cfg.log_capacity == 0 || cfg.backedges_per_flush == 0
+    {
+        return Err(RefusalReason::Encoding(format!(
+            "bad runtime config: {} slots (power of two needed), log {} entries, {} back-edges per flush",
+            cfg.thread_slots, cfg.log_capacity, cfg.backedges_per_flush
+        )));
+    }
+    let dlen = data_len(cfg);
+    let states_addr = cache_addr + round_up(KEYS_OFF + 8 * u64::from(cfg.thread_slots), 64);
+    let mut g = Gen {
+        a: CodeAssembler::new(64).map_err(enc)?,
+        cfg: *cfg,
+        mode_addr: cache_addr + MODE_OFF,
+        no_slot_addr: cache_addr + NO_SLOT_OFF,
+        keys_addr: cache_addr + KEYS_OFF,
+        states_addr,
+        state_size: ST_ENTRIES as u64 + ENTRY_SIZE * u64::from(cfg.log_capacity),
+    };
+    let code_addr = cache_addr + dlen;
+    let labels = g.emit().map_err(enc)?;
+    let res =
+        g.a.assemble_options(
+            code_addr,
+            BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
+        )
+        .map_err(enc)?;
+    let ip = |l: &CodeLabel| res.label_ip(l).map_err(enc);
+    let info = RuntimeInfo {
+        config: *cfg,
+        data_addr: cache_addr,
+        data_len: dlen,
+        code_addr,
+        code_len: res.inner.code_buffer.len() as u64,
+        load: [
+            ip(&labels.load[0])?,
+            ip(&labels.load[1])?,
+            ip(&labels.load[2])?,
+            ip(&labels.load[3])?,
+        ],
+        store: [
+            ip(&labels.store[0])?,
+            ip(&labels.store[1])?,
+            ip(&labels.store[2])?,
+            ip(&labels.store[3])?,
+        ],
+        flush: ip(&labels.flush)?,
+        backedge: ip(&labels.backedge)?,
+        mode_addr: g.mode_addr,
+        no_slot_addr: g.no_slot_addr,
+        keys_addr: g.keys_addr,
+        states_addr,
+        state_size: g.state_size,
+    };
+    Ok((res.inner.code_buffer, info))
+}
+
+fn enc(e: iced_x86::IcedError) -> RefusalReason {
+    RefusalReason::Encoding(e.to_string())
+}
+
+struct Labels {
+    load: [CodeLabel; 4],
+    store: [CodeLabel; 4],
+    flush: CodeLabel,
+    backedge: CodeLabel,
+}
+
+struct Gen {
+    a: CodeAssembler,
+    cfg: RuntimeConfig,
+    mode_addr: u64,
+    no_slot_addr: u64,
+    keys_addr: u64,
+    states_addr: u64,
+    state_size: u64,
+}
+
+type R = Result<(), iced_x86::IcedError>;
+
+/// Offsets of the caller's slots once a helper has pushed its 6 registers and the flags.
+const VALUE_SLOT: i32 = 64;
+const ADDR_SLOT: i32 = 72;
+
+impl Gen {
+    /// `lea reg, [rip + (addr - next_ip)]`: the block encoder turns the absolute displacement
+    /// into a rip-relative one, keeping the runtime position independent of its data.
+    fn lea_abs(&mut self, reg: Register, addr: u64) -> R {
+        let i = Instruction::with2(
+            Code::Lea_r64_m,
+            reg,
+            MemoryOperand::with_base_displ(Register::RIP, addr as i64),
+        )?;
+        self.a.add_instruction(i)
+    }
+
+    fn emit(&mut self) -> Result<Labels, iced_x86::IcedError> {
+        let mut get_state = self.a.create_label();
+        let mut flush_state = self.a.create_label();
+        let mut replay = self.a.create_label();
+        let mut detect = self.a.create_label();
+        let mut labels = Labels {
+            load: [
+                self.a.create_label(),
+                self.a.create_label(),
+                self.a.create_label(),
+                self.a.create_label(),
+            ],
+            store: [
+                self.a.create_label(),
+                self.a.create_label(),
+                self.a.create_label(),
+                self.a.create_label(),
+            ],
+            flush: self.a.create_label(),
+            backedge: self.a.create_label(),
+        };
+        for (k, size) in [1u32, 2, 4, 8].into_iter().enumerate() {
+            self.a.set_label(&mut labels.load[k])?;
+            self.load_helper(size, get_state, flush_state)?;
+            self.a.set_label(&mut labels.store[k])?;
+            self.store_helper(size, get_state, flush_state)?;
+        }
+        self.a.set_label(&mut labels.flush)?;
+        self.flush_helper(get_state, flush_state)?;
+        self.a.set_label(&mut labels.backedge)?;
+        self.backedge_helper(get_state, flush_state)?;
+        self.a.set_label(&mut get_state)?;
+        self.get_state(detect)?;
+        self.a.set_label(&mut flush_state)?;
+        self.flush_state(replay)?;
+        self.a.set_label(&mut replay)?;
+        self.replay()?;
+        self.a.set_label(&mut detect)?;
+        self.detect_mode()?;
+        Ok(labels)
+    }
+
+    /// Saves the registers helpers use and the flags (`seto al; lahf`: ~1 ns, vs ~8 ns for
+    /// pushfq/popfq here).
+    fn prologue(&mut self) -> R {
+        let a = &mut self.a;
+        a.push(rax)?;
+        a.push(rcx)?;
+        a.push(rdx)?;
+        a.push(r8)?;
+        a.push(r9)?;
+        a.push(r10)?;
+        a.seto(al)?;
+        a.lahf()?;
+        a.push(rax)
+    }
+
+    fn epilogue(&mut self) -> R {
+        let a = &mut self.a;
+        a.pop(rax)?;
+        // al = 1 if OF was set: 1 + 0x7f overflows and sets OF again; sahf restores the rest.
+        a.add(al, 0x7f)?;
+        a.sahf()?;
+        a.pop(r10)?;
+        a.pop(r9)?;
+        a.pop(r8)?;
+        a.pop(rdx)?;
+        a.pop(rcx)?;
+        a.pop(rax)?;
+        a.ret()
+    }
+
+    /// r9 = zero-extended `size` bytes at [r8].
+    fn load_direct(&mut self, size: u32) -> R {
+        let a = &mut self.a;
+        match size {
+            1 => a.movzx(r9d, byte_ptr(r8)),
+            2 => a.movzx(r9d, word_ptr(r8)),
+            4 => a.mov(r9d, dword_ptr(r8)),
+            _ => a.mov(r9, qword_ptr(r8)),
+        }
+    }
+
+    fn store_direct(&mut self, size: u32) -> R {
+        let a = &mut self.a;
+        match size {
+            1 => a.mov(byte_ptr(r8), r9b),
+            2 => a.mov(word_ptr(r8), r9w),
+            4 => a.mov(dword_ptr(r8), r9d),
+            _ => a.mov(qword_ptr(r8), r9),
+        }
+    }
+
+    /// Load: the youngest log entry overlapping `[A, A+size)` answers if it is the same
+    /// address and size; any other overlap flushes and reads memory; no overlap reads memory.
+    fn load_helper(&mut self, size: u32, get_state: CodeLabel, flush_state: CodeLabel) -> R {
+        let mut scan = self.a.create_label();
+        let mut not_same = self.a.create_label();
+        let mut partial = self.a.create_label();
+        let mut direct = self.a.create_label();
+        let mut done = self.a.create_label();
+        self.prologue()?;
+        let a = &mut self.a;
+        a.call(get_state)?;
+        a.mov(r8, qword_ptr(rsp + ADDR_SLOT))?;
+        a.test(rcx, rcx)?;
+        a.jz(direct)?;
+        a.mov(rdx, qword_ptr(rcx + ST_COUNT))?;
+        a.mov(rax, rdx)?;
+        a.shl(rax, 5)?;
+        a.lea(rax, qword_ptr(rcx + rax + ST_ENTRIES))?;
+        a.set_label(&mut scan)?;
+        a.test(rdx, rdx)?;
+        a.jz(direct)?;
+        a.sub(rax, ENTRY_SIZE as i32)?;
+        a.dec(rdx)?;
+        a.mov(r9, qword_ptr(rax))?;
+        a.cmp(r9, r8)?;
+        a.jne(not_same)?;
+        a.cmp(qword_ptr(rax + 8), size as i32)?;
+        a.jne(partial)?;
+        a.mov(r9, qword_ptr(rax + 16))?;
+        a.mov(qword_ptr(rsp + VALUE_SLOT), r9)?;
+        a.jmp(done)?;
+        a.set_label(&mut not_same)?;
+        a.lea(r10, qword_ptr(r8 + size as i32))?;
+        a.cmp(r9, r10)?;
+        a.jae(scan)?;
+        a.add(r9, qword_ptr(rax + 8))?;
+        a.cmp(r8, r9)?;
+        a.jae(scan)?;
+        a.set_label(&mut partial)?;
+        a.call(flush_state)?;
+        a.set_label(&mut direct)?;
+        self.load_direct(size)?;
+        let a = &mut self.a;
+        a.mov(qword_ptr(rsp + VALUE_SLOT), r9)?;
+        a.set_label(&mut done)?;
+        self.epilogue()
+    }
+
+    /// Store: merge into the tail entry if it has the same address and size (the only merge
+    /// TSO allows), else append, flushing first when the log is full.
+    fn store_helper(&mut self, size: u32, get_state: CodeLabel, flush_state: CodeLabel) -> R {
+        let mut append = self.a.create_label();
+        let mut room = self.a.create_label();
+        let mut direct = self.a.create_label();
+        let mut done = self.a.create_label();
+        self.prologue()?;
+        let cap = self.cfg.log_capacity as i32;
+        let a = &mut self.a;
+        a.call(get_state)?;
+        a.mov(r8, qword_ptr(rsp + ADDR_SLOT))?;
+        a.mov(r9, qword_ptr(rsp + VALUE_SLOT))?;
+        match size {
+            1 => a.movzx(r9d, r9b)?,
+            2 => a.movzx(r9d, r9w)?,
+            4 => a.mov(r9d, r9d)?,
+            _ => {}
+        }
+        a.test(rcx, rcx)?;
+        a.jz(direct)?;
+        a.inc(qword_ptr(rcx + ST_STORES))?;
+        a.mov(rdx, qword_ptr(rcx + ST_COUNT))?;
+        a.test(rdx, rdx)?;
+        a.jz(append)?;
+        a.mov(rax, rdx)?;
+        a.shl(rax, 5)?;
+        a.lea(rax, qword_ptr(rcx + rax + (ST_ENTRIES - ENTRY_SIZE as i32)))?;
+        a.cmp(qword_ptr(rax), r8)?;
+        a.jne(append)?;
+        a.cmp(qword_ptr(rax + 8), size as i32)?;
+        a.jne(append)?;
+        a.mov(qword_ptr(rax + 16), r9)?;
+        a.jmp(done)?;
+        a.set_label(&mut append)?;
+        a.cmp(rdx, cap)?;
+        a.jb(room)?;
+        a.call(flush_state)?;
+        a.xor(edx, edx)?;
+        a.set_label(&mut room)?;
+        a.mov(rax, rdx)?;
+        a.shl(rax, 5)?;
+        a.lea(rax, qword_ptr(rcx + rax + ST_ENTRIES))?;
+        a.mov(qword_ptr(rax), r8)?;
+        a.mov(qword_ptr(rax + 8), size as i32)?;
+        a.mov(qword_ptr(rax + 16), r9)?;
+        a.inc(rdx)?;
+        a.mov(qword_ptr(rcx + ST_COUNT), rdx)?;
+        a.jmp(done)?;
+        a.set_label(&mut direct)?;
+        self.store_direct(size)?;
+        let no_slot = self.no_slot_addr;
+        self.lea_abs(Register::RAX, no_slot)?;
+        let a = &mut self.a;
+        // ATOMICS: a statistics counter shared by slot-less threads; lock keeps counts exact.
+        a.lock().inc(qword_ptr(rax))?;
+        a.set_label(&mut done)?;
+        self.epilogue()
+    }
+
+    fn flush_helper(&mut self, get_state: CodeLabel, flush_state: CodeLabel) -> R {
+        let mut done = self.a.create_label();
+        self.prologue()?;
+        let a = &mut self.a;
+        a.call(get_state)?;
+        a.test(rcx, rcx)?;
+        a.jz(done)?;
+        a.cmp(qword_ptr(rcx + ST_COUNT), 0)?;
+        a.je(done)?;
+        a.call(flush_state)?;
+        a.set_label(&mut done)?;
+        self.epilogue()
+    }
+
+    fn backedge_helper(&mut self, get_state: CodeLabel, flush_state: CodeLabel) -> R {
+        let mut done = self.a.create_label();
+        self.prologue()?;
+        let n = self.cfg.backedges_per_flush as i32;
+        let a = &mut self.a;
+        a.call(get_state)?;
+        a.test(rcx, rcx)?;
+        a.jz(done)?;
+        a.inc(qword_ptr(rcx + ST_BACKEDGES))?;
+        a.cmp(qword_ptr(rcx + ST_BACKEDGES), n)?;
+        a.jb(done)?;
+        a.call(flush_state)?;
+        a.set_label(&mut done)?;
+        self.epilogue()
+    }
+
+    /// rcx = this thread's state, or 0 (no slot: bypass). Clobbers rax, rdx, r8, r9, flags.
+    fn get_state(&mut self, detect: CodeLabel) -> R {
+        let mut probe = self.a.create_label();
+        let mut next = self.a.create_label();
+        let mut claim = self.a.create_label();
+        let mut found = self.a.create_label();
+        let mut none = self.a.create_label();
+        let mask = (self.cfg.thread_slots - 1) as i32;
+        let slots = self.cfg.thread_slots as i32;
+        let (keys, states, ssize) = (self.keys_addr, self.states_addr, self.state_size);
+        let a = &mut self.a;
+        a.mov(rax, qword_ptr(0u64).fs())?;
+        a.test(rax, rax)?;
+        a.jz(none)?;
+        // Hash: TCBs sit at the top of page-aligned thread stacks, so mix bits above 12.
+        a.mov(rcx, rax)?;
+        a.shr(rcx, 12)?;
+        a.mov(rdx, rax)?;
+        a.shr(rdx, 23)?;
+        a.xor(rcx, rdx)?;
+        a.and(ecx, mask)?;
+        self.lea_abs(Register::RDX, keys)?;
+        let a = &mut self.a;
+        a.mov(r8d, slots)?;
+        a.set_label(&mut probe)?;
+        a.cmp(qword_ptr(rdx + rcx * 8), rax)?;
+        a.je(found)?;
+        a.cmp(qword_ptr(rdx + rcx * 8), 0)?;
+        a.je(claim)?;
+        a.set_label(&mut next)?;
+        a.inc(ecx)?;
+        a.and(ecx, mask)?;
+        a.dec(r8d)?;
+        a.jnz(probe)?;
+        a.set_label(&mut none)?;
+        a.xor(ecx, ecx)?;
+        a.ret()?;
+        a.set_label(&mut claim)?;
+        a.mov(r9, rax)?;
+        a.xor(eax, eax)?;
+        // ATOMICS: cmpxchg claims the free key against other new threads; the state block is
+        // private to the winner afterwards, so no ordering beyond the lock is needed.
+        a.lock().cmpxchg(qword_ptr(rdx + rcx * 8), r9)?;
+        a.mov(rax, r9)?;
+        // Lost the race: the slot now holds another thread's key; the probe moves on.
+        a.jne(probe)?;
+        a.call(detect)?;
+        a.set_label(&mut found)?;
+        a.imul_3(rcx, rcx, ssize as i32)?;
+        self.lea_abs(Register::RDX, states)?;
+        self.a.add(rcx, rdx)?;
+        self.a.ret()
+    }
+
+    /// Drains the log of state rcx in program order, then empties it. Clobbers rax, rdx, r8,
+    /// r9, r10, flags. In RTM mode the whole log is written inside one transaction (other
+    /// threads see all of it or none); after `rtm_retries` aborts the same log is replayed in
+    /// order without a transaction, which is always TSO-correct because the log is a FIFO with
+    /// tail-only merging.
+    fn flush_state(&mut self, replay: CodeLabel) -> R {
+        let mut fifo = self.a.create_label();
+        let mut retry = self.a.create_label();
+        let mut aborted = self.a.create_label();
+        let mut done = self.a.create_label();
+        let mode = self.mode_addr;
+        let retries = self.cfg.rtm_retries.max(1) as i32;
+        self.lea_abs(Register::RAX, mode)?;
+        let a = &mut self.a;
+        a.cmp(qword_ptr(rax), 2)?;
+        a.jne(fifo)?;
+        a.mov(r10d, retries)?;
+        a.set_label(&mut retry)?;
+        a.xbegin(aborted)?;
+        a.call(replay)?;
+        a.xend()?;
+        a.jmp(done)?;
+        a.set_label(&mut aborted)?;
+        a.dec(r10d)?;
+        a.jnz(retry)?;
+        a.set_label(&mut fifo)?;
+        a.call(replay)?;
+        a.set_label(&mut done)?;
+        a.mov(qword_ptr(rcx + ST_COUNT), 0)?;
+        a.mov(qword_ptr(rcx + ST_BACKEDGES), 0)?;
+        a.inc(qword_ptr(rcx + ST_FLUSHES))?;
+        a.ret()
+    }
+
+    /// Writes every entry of state rcx, oldest first. Clobbers rax, rdx, r8, r9, flags.
+    fn replay(&mut self) -> R {
+        let a = &mut self.a;
+        let mut lp = a.create_label();
+        let mut end = a.create_label();
+        let mut w8 = a.create_label();
+        let mut w4 = a.create_label();
+        let mut w2 = a.create_label();
+        let mut next = a.create_label();
+        a.mov(rdx, qword_ptr(rcx + ST_COUNT))?;
+        a.lea(rax, qword_ptr(rcx + ST_ENTRIES))?;
+        a.set_label(&mut lp)?;
+        a.test(rdx, rdx)?;
+        a.jz(end)?;
+        a.mov(r8, qword_ptr(rax))?;
+        a.mov(r9, qword_ptr(rax + 16))?;
+        a.cmp(qword_ptr(rax + 8), 4)?;
+        a.ja(w8)?;
+        a.je(w4)?;
+        a.cmp(qword_ptr(rax + 8), 2)?;
+        a.je(w2)?;
+        a.mov(byte_ptr(r8), r9b)?;
+        a.jmp(next)?;
+        a.set_label(&mut w2)?;
+        a.mov(word_ptr(r8), r9w)?;
+        a.jmp(next)?;
+        a.set_label(&mut w4)?;
+        a.mov(dword_ptr(r8), r9d)?;
+        a.jmp(next)?;
+        a.set_label(&mut w8)?;
+        a.mov(qword_ptr(r8), r9)?;
+        a.set_label(&mut next)?;
+        a.add(rax, ENTRY_SIZE as i32)?;
+        a.dec(rdx)?;
+        a.jmp(lp)?;
+        a.set_label(&mut end)?;
+        a.ret()
+    }
+
+    /// Sets the mode word once: 2 if CPUID.(EAX=7,ECX=0):EBX bit 11 (RTM), else 1. Preserves
+    /// all registers (flags clobbered; callers have saved them).
+    fn detect_mode(&mut self) -> R {
+        let mut set = self.a.create_label();
+        let mut out = self.a.create_label();
+        let mode = self.mode_addr;
+        let a = &mut self.a;
+        a.push(rax)?;
+        a.push(rbx)?;
+        a.push(rcx)?;
+        a.push(rdx)?;
+        a.push(rsi)?;
+        a.mov(esi, 1)?;
+        a.xor(eax, eax)?;
+        a.cpuid()?;
+        a.cmp(eax, 7)?;
+        a.jb(set)?;
+        a.mov(eax, 7)?;
+        a.xor(ecx, ecx)?;
+        a.cpuid()?;
+        a.bt(ebx, 11)?;
+        a.jnc(set)?;
+        a.mov(esi, 2)?;
+        a.set_label(&mut set)?;
+        self.lea_abs(Register::RAX, mode)?;
+        let a = &mut self.a;
+        a.cmp(qword_ptr(rax), 0)?;
+        a.jne(out)?;
+        a.mov(qword_ptr(rax), rsi)?;
+        a.set_label(&mut out)?;
+        a.pop(rsi)?;
+        a.pop(rdx)?;
+        a.pop(rcx)?;
+        a.pop(rbx)?;
+        a.pop(rax)?;
+        a.ret()
+    }
+}
