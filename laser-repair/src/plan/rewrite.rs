@@ -209,12 +209,11 @@ impl<'a> Emitter<'a> {
                 i.memory_index(),
                 i.memory_index_scale(),
                 displ,
-                if base == Register::None {
-                    8
-                } else if i8::try_from(displ).is_ok() {
+                // iced in 64-bit mode: 1 = disp8 if it fits, 8 = sign-extended disp32.
+                if base != Register::None && i8::try_from(displ).is_ok() {
                     1
                 } else {
-                    4
+                    8
                 },
                 false,
                 Register::None,

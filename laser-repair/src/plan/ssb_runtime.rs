@@ -513,8 +513,8 @@ impl Gen {
         self.a.ret()
     }
 
-    /// Drains the log of state rcx in program order, then empties it. Clobbers rax, rdx, r8,
-    /// r9, r10, flags. In RTM mode the whole log is written inside one transaction (other
+    /// Drains the log of state rcx in program order, then empties it. Clobbers rax, rdx, r10
+    /// and flags; preserves r8/r9 (the callers' address and value). In RTM mode the whole log is written inside one transaction (other
     /// threads see all of it or none); after `rtm_retries` aborts the same log is replayed in
     /// order without a transaction, which is always TSO-correct because the log is a FIFO with
     /// tail-only merging.
@@ -525,6 +525,8 @@ impl Gen {
         let mut done = self.a.create_label();
         let mode = self.mode_addr;
         let retries = self.cfg.rtm_retries.max(1) as i32;
+        self.a.push(r8)?;
+        self.a.push(r9)?;
         self.lea_abs(Register::RAX, mode)?;
         let a = &mut self.a;
         a.cmp(qword_ptr(rax), 2)?;
@@ -544,6 +546,8 @@ impl Gen {
         a.mov(qword_ptr(rcx + ST_COUNT), 0)?;
         a.mov(qword_ptr(rcx + ST_BACKEDGES), 0)?;
         a.inc(qword_ptr(rcx + ST_FLUSHES))?;
+        a.pop(r9)?;
+        a.pop(r8)?;
         a.ret()
     }
 
