@@ -13,6 +13,8 @@ use plan_support::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 type Body = fn(&mut CodeAssembler);
+/// (out of P0, out of P1, final x, final y) -> does the outcome match?
+type Outcome = fn([u64; 2], [u64; 2], u64, u64) -> bool;
 
 fn st(a: &mut CodeAssembler, p: AsmRegister64, v: i32) {
     a.mov(qword_ptr(p), v).unwrap();
@@ -29,9 +31,9 @@ struct Litmus {
     p0: Body,
     p1: Body,
     /// (out0, out1, final x, final y) -> forbidden?
-    forbidden: fn([u64; 2], [u64; 2], u64, u64) -> bool,
+    forbidden: Outcome,
     /// The relaxed outcome that must stay reachable (printed, not asserted: timing-dependent).
-    relaxed: Option<fn([u64; 2], [u64; 2], u64, u64) -> bool>,
+    relaxed: Option<Outcome>,
 }
 
 fn tests() -> Vec<Litmus> {
