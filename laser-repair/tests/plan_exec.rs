@@ -229,3 +229,51 @@ fn kernel_same_memory_tiny_log_one_slot() {
     let bypassed = u64::from_le_bytes(words.try_into().unwrap());
     assert!(bypassed > 0, "second thread should have bypassed the SSB");
 }
+
+#[test]
+fn fast_path_is_used_where_a_register_is_free() {
+    let t = twin(&counter_loop, &store_pcs, Default::default()).unwrap();
+    assert!(
+        t.plan.state_register.is_some(),
+        "counter loop leaves many registers free"
+    );
+    let t = twin(&kernel, &kernel_pcs, permissive()).unwrap();
+    println!("kernel state register: {:?}", t.plan.state_register);
+}
+
+/// The helper-only path (no state register) on the same kernel.
+#[test]
+fn kernel_same_memory_helper_path() {
+    use laser_repair::plan::PlanOptions;
+    let opts = PlanOptions {
+        inline_fast_path: false,
+        ..permissive()
+    };
+    let t = twin(&kernel, &kernel_pcs, opts).unwrap();
+    assert_eq!(t.plan.state_register, None);
+    for (seed, n) in [(1u64, 1u64), (4, 1000)] {
+        let mut a = seeded(128, seed);
+        let mut b = a.clone();
+        assert_eq!(
+            run_kernel(t.native, &mut a, n),
+            run_kernel(t.repaired, &mut b, n)
+        );
+        assert_eq!(a, b, "final memory differs (seed {seed}, n {n})");
+    }
+}
+
+/// Prints the rewritten counter loop (run with --nocapture to read it).
+#[test]
+fn dump_counter_loop_rewrite() {
+    let t = twin(&counter_loop, &store_pcs, Default::default()).unwrap();
+    let region_start = t.plan.pc_map.iter().map(|p| p.1).min().unwrap();
+    let code = &t.plan.cache.code;
+    let off = (t.plan.runtime.code_len as usize).div_ceil(16) * 16;
+    let mut n = 0;
+    for i in iced_x86::Decoder::with_ip(64, &code[off..], t.plan.cache.code_addr + off as u64, 0) {
+        println!("{:#x} {}", i.ip(), i);
+        n += 1;
+    }
+    println!("entry trampolines from {region_start:#x}; {n} instructions");
+    assert!(n > 0);
+}

@@ -4,6 +4,8 @@
 
 pub mod cfg;
 pub mod classify;
+pub mod fastpath;
+pub mod liveness;
 pub mod refusal;
 pub mod region;
 pub mod rewrite;
@@ -37,6 +39,9 @@ pub struct PlanOptions {
     pub min_stores_per_flush: f64,
     /// Bytes to scan either side of a PC when no function bounds are given.
     pub scan_limit: u64,
+    /// Use the inline fast path when a register is free for the state pointer (else every
+    /// access calls a helper). Off only to test the helper path on its own.
+    pub inline_fast_path: bool,
 }
 
 impl Default for PlanOptions {
@@ -45,6 +50,7 @@ impl Default for PlanOptions {
             runtime: RuntimeConfig::default(),
             min_stores_per_flush: 4.0,
             scan_limit: 16 * 1024,
+            inline_fast_path: true,
         }
     }
 }
@@ -84,6 +90,9 @@ pub struct RepairPlan {
     /// continues correctly at `new_pc` (its log is empty: it has not used the SSB yet).
     pub pc_map: Vec<(u64, u64)>,
     pub runtime: RuntimeInfo,
+    /// Register that holds the thread's SSB state inside the region (inline fast path), or
+    /// `None` when every access calls a helper.
+    pub state_register: Option<iced_x86::Register>,
 }
 
 impl RepairPlan {
@@ -127,7 +136,16 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<RepairPlan, Refusal> {
     }
     let (rt_code, rt) = ssb_runtime::generate(req.cache_addr, &rt_cfg)?;
     let region_addr = (rt.code_addr + rt.code_len).div_ceil(16) * 16;
-    let rw = rewrite::rewrite(&g, &tr, &region, &rt, region_addr)?;
+    let live = liveness::analyze(&g, &tr);
+    let rw = rewrite::rewrite(
+        &g,
+        &tr,
+        &region,
+        &live,
+        &rt,
+        region_addr,
+        req.options.inline_fast_path,
+    )?;
     let mut code = rt_code;
     code.resize((region_addr - rt.code_addr) as usize, 0xcc);
     code.extend_from_slice(&rw.code);
@@ -189,5 +207,6 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<RepairPlan, Refusal> {
         patches,
         pc_map: rw.pc_map,
         runtime: rt,
+        state_register: rw.state_register,
     })
 }

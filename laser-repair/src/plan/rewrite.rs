@@ -24,6 +24,8 @@
 
 use super::cfg::Cfg;
 use super::classify::Treatment;
+use super::fastpath::pick_state_register;
+use super::liveness::{Liveness, FLAGS};
 use super::refusal::RefusalReason;
 use super::region::Region;
 use super::ssb_runtime::{size_index, RuntimeInfo};
@@ -33,7 +35,7 @@ use iced_x86::{
 };
 use std::collections::{HashMap, HashSet};
 
-const RED_ZONE: i64 = 128;
+pub(super) const RED_ZONE: i64 = 128;
 const LABEL_LIMIT: u64 = 0x1_0000;
 
 /// Scratch registers in order of preference (no REX-only byte registers first is not needed:
@@ -57,25 +59,33 @@ const SCRATCH: [Register; 14] = [
 
 pub struct Rewritten {
     pub code: Vec<u8>,
-    /// Original instruction address -> address of its sequence in the code cache.
+    /// Original instruction address -> where a thread there continues in the code cache
+    /// (its trampoline in fast mode, its sequence otherwise).
     pub pc_map: Vec<(u64, u64)>,
+    /// The register holding the SSB state in the region (fast path), if any.
+    pub state_register: Option<Register>,
 }
 
-struct Emitter<'a> {
+pub(super) struct Emitter<'a> {
     out: Vec<Instruction>,
+    /// Rarely executed code (helper calls of the fast path), appended after everything.
+    pub(super) cold: Vec<Instruction>,
+    /// Register holding the thread's SSB state in the region (fast path), if one is free.
+    pub(super) rs: Option<Register>,
+    pub(super) live: Option<&'a Liveness>,
     /// For each original instruction address: index in `out` of its first instruction.
     first: Vec<(u64, usize)>,
     labels: HashMap<u64, u64>,
     next_label: u64,
-    rt: &'a RuntimeInfo,
+    pub(super) rt: &'a RuntimeInfo,
     info: InstructionInfoFactory,
 }
 
-fn enc(e: iced_x86::IcedError) -> RefusalReason {
+pub(super) fn enc(e: iced_x86::IcedError) -> RefusalReason {
     RefusalReason::Encoding(e.to_string())
 }
 
-fn sized(r: Register, size: u32) -> Register {
+pub(super) fn sized(r: Register, size: u32) -> Register {
     use Register::*;
     const R64: [Register; 16] = [
         RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8, R9, R10, R11, R12, R13, R14, R15,
@@ -99,7 +109,7 @@ fn sized(r: Register, size: u32) -> Register {
 }
 
 impl<'a> Emitter<'a> {
-    fn label(&mut self) -> u64 {
+    pub(super) fn label(&mut self) -> u64 {
         self.next_label += 1;
         self.next_label
     }
@@ -113,16 +123,16 @@ impl<'a> Emitter<'a> {
         l
     }
 
-    fn push(&mut self, i: Instruction) {
+    pub(super) fn push(&mut self, i: Instruction) {
         self.out.push(i);
     }
 
-    fn push_at(&mut self, mut i: Instruction, label: u64) {
+    pub(super) fn push_at(&mut self, mut i: Instruction, label: u64) {
         i.set_ip(label);
         self.out.push(i);
     }
 
-    fn lea_rsp(&mut self, delta: i64) -> Result<Instruction, RefusalReason> {
+    pub(super) fn lea_rsp(&mut self, delta: i64) -> Result<Instruction, RefusalReason> {
         Instruction::with2(
             Code::Lea_r64_m,
             Register::RSP,
@@ -251,8 +261,10 @@ pub fn rewrite(
     cfg: &Cfg,
     tr: &[Treatment],
     region: &Region,
+    live: &Liveness,
     rt: &RuntimeInfo,
     addr: u64,
+    fast: bool,
 ) -> Result<Rewritten, RefusalReason> {
     if cfg.start < LABEL_LIMIT {
         return Err(RefusalReason::Encoding(format!(
@@ -260,7 +272,25 @@ pub fn rewrite(
             cfg.start
         )));
     }
+    let region_insns: Vec<usize> = region
+        .blocks
+        .iter()
+        .flat_map(|&b| cfg.blocks[b].insns.clone())
+        .collect();
+    let rs = if fast {
+        pick_state_register(
+            &live.live_in,
+            &live.live_out,
+            &live.mentioned,
+            &region_insns,
+        )
+    } else {
+        None
+    };
     let mut e = Emitter {
+        cold: Vec::new(),
+        rs,
+        live: Some(live),
         out: Vec::new(),
         first: Vec::new(),
         labels: HashMap::new(),
@@ -292,7 +322,11 @@ pub fn rewrite(
                     size,
                     read,
                     write,
-                } => e.emit_ssb(&i, op, size, read, write, label)?,
+                } => {
+                    if !e.emit_ssb_fast(k, &i, op, size, read, write, label)? {
+                        e.emit_ssb(&i, op, size, read, write, label)?
+                    }
+                }
                 Treatment::FlushBefore => {
                     e.helper_call(rt.flush, Some(label))?;
                     let mut c = i;
@@ -356,16 +390,42 @@ pub fn rewrite(
     }
     for (label, backedge, target) in stubs {
         if backedge {
-            e.helper_call(rt.backedge, Some(label))?;
             let l = e.orig_label(target);
-            let j = e.jmp(l)?;
-            e.push(j);
+            let tk = cfg.insns.iter().position(|i| i.ip() == target).unwrap_or(0);
+            let flags_live = live.live_in[tk] & FLAGS != 0;
+            let rax_live = live.live_in[tk] & 1 != 0;
+            if !e.emit_backedge_fast(label, l, flags_live, rax_live)? {
+                e.helper_call(rt.backedge, Some(label))?;
+                let j = e.jmp(l)?;
+                e.push(j);
+            }
         } else {
             e.helper_call(rt.flush, Some(label))?;
             let j = e.jmp(target)?;
             e.push(j);
         }
     }
+    // Trampolines: every way into the region from outside sets the state register first.
+    let mut entry_idx: Vec<usize> = e.first.iter().map(|&(_, idx)| idx).collect();
+    if let Some(rs) = e.rs {
+        let firsts = e.first.clone();
+        for (n, &(ip, _)) in firsts.iter().enumerate() {
+            entry_idx[n] = e.out.len();
+            let down = e.lea_rsp(-RED_ZONE)?;
+            e.push(down);
+            e.push(Instruction::with1(Code::Push_r64, rs).map_err(enc)?);
+            let c = e.call(rt.enter);
+            e.push(c);
+            e.push(Instruction::with1(Code::Pop_r64, rs).map_err(enc)?);
+            let up = e.lea_rsp(RED_ZONE)?;
+            e.push(up);
+            let l = e.orig_label(ip);
+            let j = e.jmp(l)?;
+            e.push(j);
+        }
+    }
+    let cold = std::mem::take(&mut e.cold);
+    e.out.extend(cold);
     if e.next_label >= LABEL_LIMIT {
         return Err(RefusalReason::Encoding(format!(
             "{} labels exceed the label space",
@@ -381,10 +441,12 @@ pub fn rewrite(
     let pc_map = e
         .first
         .iter()
-        .map(|&(ip, idx)| (ip, addr + u64::from(res.new_instruction_offsets[idx])))
+        .zip(&entry_idx)
+        .map(|(&(ip, _), &idx)| (ip, addr + u64::from(res.new_instruction_offsets[idx])))
         .collect();
     Ok(Rewritten {
         code: res.code_buffer,
         pc_map,
+        state_register: rs,
     })
 }

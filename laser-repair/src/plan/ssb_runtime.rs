@@ -77,6 +77,12 @@ pub const ST_COUNT: i32 = 0;
 pub const ST_BACKEDGES: i32 = 8;
 pub const ST_FLUSHES: i32 = 16;
 pub const ST_STORES: i32 = 24;
+/// Bitmap of the 8-byte words (address bits 3..9) any log entry touches: a load whose words
+/// are all clear cannot overlap the log and reads memory directly (the inline fast path).
+pub const ST_SUMMARY: i32 = 56;
+/// Offset 32..64 doubles as a sentinel entry "before" entry 0: its size field (offset 40)
+/// stays 0, so the inline tail check `entries[count-1]` needs no `count == 0` test.
+pub const ST_SENTINEL_SIZE: i32 = 40;
 pub const ST_ENTRIES: i32 = 64;
 pub const ENTRY_SIZE: u64 = 32;
 
@@ -93,6 +99,11 @@ pub struct RuntimeInfo {
     pub store: [u64; 4],
     pub flush: u64,
     pub backedge: u64,
+    /// `ssb_enter`: value slot <- this thread's state, or `bypass_state` when it has none.
+    pub enter: u64,
+    /// An all-zero state nobody writes: with it, the inline paths send slot-less threads'
+    /// stores to the helpers (which store directly) and let their loads read memory.
+    pub bypass_state: u64,
     pub mode_addr: u64,
     pub no_slot_addr: u64,
     pub keys_addr: u64,
@@ -124,7 +135,11 @@ fn round_up(x: u64, a: u64) -> u64 {
 pub fn data_len(cfg: &RuntimeConfig) -> u64 {
     let states = round_up(KEYS_OFF + 8 * u64::from(cfg.thread_slots), 64);
     let state_size = ST_ENTRIES as u64 + ENTRY_SIZE * u64::from(cfg.log_capacity);
-    round_up(states + state_size * u64::from(cfg.thread_slots), 4096)
+    // One extra state block: the bypass state.
+    round_up(
+        states + state_size * (u64::from(cfg.thread_slots) + 1),
+        4096,
+    )
 }
 
 /// Generates the runtime for a cache mapping at `cache_addr`; returns its code (to be placed at
@@ -180,6 +195,8 @@ pub fn generate(
         ],
         flush: ip(&labels.flush)?,
         backedge: ip(&labels.backedge)?,
+        enter: ip(&labels.enter)?,
+        bypass_state: states_addr + g.state_size * u64::from(cfg.thread_slots),
         mode_addr: g.mode_addr,
         no_slot_addr: g.no_slot_addr,
         keys_addr: g.keys_addr,
@@ -198,6 +215,7 @@ struct Labels {
     store: [CodeLabel; 4],
     flush: CodeLabel,
     backedge: CodeLabel,
+    enter: CodeLabel,
 }
 
 struct Gen {
@@ -248,6 +266,7 @@ impl Gen {
             ],
             flush: self.a.create_label(),
             backedge: self.a.create_label(),
+            enter: self.a.create_label(),
         };
         for (k, size) in [1u32, 2, 4, 8].into_iter().enumerate() {
             self.a.set_label(&mut labels.load[k])?;
@@ -259,6 +278,8 @@ impl Gen {
         self.flush_helper(get_state, flush_state)?;
         self.a.set_label(&mut labels.backedge)?;
         self.backedge_helper(get_state, flush_state)?;
+        self.a.set_label(&mut labels.enter)?;
+        self.enter_helper(get_state)?;
         self.a.set_label(&mut get_state)?;
         self.get_state(detect)?;
         self.a.set_label(&mut flush_state)?;
@@ -417,6 +438,15 @@ impl Gen {
         a.mov(qword_ptr(rax + 16), r9)?;
         a.inc(rdx)?;
         a.mov(qword_ptr(rcx + ST_COUNT), rdx)?;
+        // Mark the first and last word the entry touches.
+        a.mov(r10, qword_ptr(rcx + ST_SUMMARY))?;
+        a.mov(rax, r8)?;
+        a.shr(rax, 3)?;
+        a.bts(r10, rax)?;
+        a.lea(rax, qword_ptr(r8 + (size as i32 - 1)))?;
+        a.shr(rax, 3)?;
+        a.bts(r10, rax)?;
+        a.mov(qword_ptr(rcx + ST_SUMMARY), r10)?;
         a.jmp(done)?;
         a.set_label(&mut direct)?;
         self.store_direct(size)?;
@@ -456,6 +486,21 @@ impl Gen {
         a.jb(done)?;
         a.call(flush_state)?;
         a.set_label(&mut done)?;
+        self.epilogue()
+    }
+
+    fn enter_helper(&mut self, get_state: CodeLabel) -> R {
+        let mut have = self.a.create_label();
+        self.prologue()?;
+        let a = &mut self.a;
+        a.call(get_state)?;
+        a.test(rcx, rcx)?;
+        a.jnz(have)?;
+        let bypass = self.states_addr + self.state_size * u64::from(self.cfg.thread_slots);
+        self.lea_abs(Register::RCX, bypass)?;
+        let a = &mut self.a;
+        a.set_label(&mut have)?;
+        a.mov(qword_ptr(rsp + VALUE_SLOT), rcx)?;
         self.epilogue()
     }
 
@@ -545,6 +590,7 @@ impl Gen {
         a.set_label(&mut done)?;
         a.mov(qword_ptr(rcx + ST_COUNT), 0)?;
         a.mov(qword_ptr(rcx + ST_BACKEDGES), 0)?;
+        a.mov(qword_ptr(rcx + ST_SUMMARY), 0)?;
         a.inc(qword_ptr(rcx + ST_FLUSHES))?;
         a.pop(r9)?;
         a.pop(r8)?;
