@@ -70,6 +70,16 @@ fn false_sharing_loop_two_threads_exact_and_timed() {
 /// memory access, a high-byte register store, a locked RMW, a fence, `pause`, and a call
 /// (region exit). `fn(buf: *mut u8, n: u64, out: *mut u64) -> u64`.
 fn kernel(a: &mut CodeAssembler) {
+    kernel_with(a, true)
+}
+
+/// The kernel without the call and without r11: r11 is then dead in the whole loop and
+/// becomes the state register, so every access takes the inline fast path.
+fn kernel_fast(a: &mut CodeAssembler) {
+    kernel_with(a, false)
+}
+
+fn kernel_with(a: &mut CodeAssembler, with_call: bool) {
     let mut top = a.create_label();
     let mut skip = a.create_label();
     let mut global = a.create_label();
@@ -104,8 +114,9 @@ fn kernel(a: &mut CodeAssembler) {
     a.mov(qword_ptr(rdi + 40), r9).unwrap();
     a.mov(eax, esi).unwrap();
     a.mov(byte_ptr(rdi + 49), ah).unwrap(); // scratch must be a legacy byte register
-    a.mov(r11, qword_ptr(global)).unwrap(); // rip-relative load
-    a.add(rbx, r11).unwrap();
+    let g = if with_call { r11 } else { r10 };
+    a.mov(g, qword_ptr(global)).unwrap(); // rip-relative load
+    a.add(rbx, g).unwrap();
     a.add(qword_ptr(global), rsi).unwrap(); // rip-relative RMW
     a.lock().add(qword_ptr(rdi + 56), 1).unwrap(); // flush point
     a.mov(r10, qword_ptr(rdi + 56)).unwrap();
@@ -115,7 +126,9 @@ fn kernel(a: &mut CodeAssembler) {
     a.sub(qword_ptr(rdi + 64), r10).unwrap();
     a.cmp(qword_ptr(rdi + 64), rbx).unwrap();
     a.setb(byte_ptr(rdi + 50)).unwrap();
-    a.call(leaf).unwrap(); // region exit: the rest of this iteration runs natively
+    if with_call {
+        a.call(leaf).unwrap(); // region exit: the rest of this iteration runs natively
+    }
     a.pause().unwrap();
     a.dec(rsi).unwrap();
     a.jnz(top).unwrap();
@@ -169,6 +182,53 @@ fn kernel_same_memory_single_thread() {
         let rb = run_kernel(t.repaired, &mut b, n);
         assert_eq!(a, b, "final memory differs (seed {seed}, n {n})");
         assert_eq!(ra, rb, "return/out differ (seed {seed}, n {n})");
+    }
+}
+
+#[test]
+fn kernel_fast_path_same_memory_single_thread() {
+    let t = twin(&kernel_fast, &kernel_pcs, permissive()).unwrap();
+    assert_eq!(t.plan.state_register, Some(iced_x86::Register::R11));
+    for (seed, n) in [(1u64, 1u64), (2, 3), (3, 17), (4, 1000)] {
+        let mut a = seeded(128, seed);
+        let mut b = a.clone();
+        let ra = run_kernel(t.native, &mut a, n);
+        let rb = run_kernel(t.repaired, &mut b, n);
+        assert_eq!(a, b, "final memory differs (seed {seed}, n {n})");
+        assert_eq!(ra, rb, "return/out differ (seed {seed}, n {n})");
+    }
+}
+
+#[test]
+fn kernel_fast_path_two_threads_tiny_log_one_slot() {
+    use laser_repair::plan::{PlanOptions, RuntimeConfig};
+    for slots in [1u32, 4] {
+        let opts = PlanOptions {
+            runtime: RuntimeConfig {
+                thread_slots: slots,
+                log_capacity: 2,
+                backedges_per_flush: 1,
+                rtm_retries: 1,
+            },
+            min_stores_per_flush: 0.0,
+            ..PlanOptions::default()
+        };
+        let t = twin(&kernel_fast, &kernel_pcs, opts).unwrap();
+        assert!(t.plan.state_register.is_some());
+        let go = |f: u64| -> Vec<u8> {
+            let mut buf = seeded(256, 5);
+            let p = buf.as_mut_ptr() as u64;
+            std::thread::scope(|s| {
+                for k in 0..2u64 {
+                    s.spawn(move || {
+                        let mut out = 0u64;
+                        fn3(f)(p + 128 * k, 300 + 7 * k, &mut out as *mut u64 as u64)
+                    });
+                }
+            });
+            buf
+        };
+        assert_eq!(go(t.native), go(t.repaired), "{slots} slots");
     }
 }
 
@@ -276,4 +336,51 @@ fn dump_counter_loop_rewrite() {
     }
     println!("entry trampolines from {region_start:#x}; {n} instructions");
     assert!(n > 0);
+}
+
+// `__cpuid` became a safe fn in recent Rust; the unsafe block keeps older toolchains building.
+#[allow(unused_unsafe)]
+fn cpu_has_rtm() -> bool {
+    // SAFETY: cpuid is always available on x86-64; leaf 7 is checked against the max leaf.
+    let max = unsafe { std::arch::x86_64::__cpuid(0) }.eax;
+    // SAFETY: as above.
+    max >= 7 && unsafe { std::arch::x86_64::__cpuid_count(7, 0) }.ebx & (1 << 11) != 0
+}
+
+fn mode_of(t: &Twin) -> laser_repair::plan::SsbMode {
+    let w = t.area.bytes(t.plan.runtime.mode_addr, 8);
+    laser_repair::plan::SsbMode::from_word(u64::from_le_bytes(w.try_into().unwrap()))
+}
+
+/// The runtime probes CPUID when the first thread claims a slot and exposes its choice.
+#[test]
+fn runtime_reports_the_flush_path_cpuid_allows() {
+    use laser_repair::plan::SsbMode;
+    let t = twin(&counter_loop, &store_pcs, Default::default()).unwrap();
+    assert_eq!(mode_of(&t), SsbMode::NotYetProbed);
+    let mut c = 0u64;
+    fn2(t.repaired)(&mut c as *mut u64 as u64, 10);
+    assert_eq!(c, 10);
+    let want = if cpu_has_rtm() {
+        SsbMode::Rtm
+    } else {
+        SsbMode::Fifo
+    };
+    assert_eq!(mode_of(&t), want);
+}
+
+/// Where RTM exists, flushes run inside transactions; results must not change.
+#[test]
+#[ignore = "needs RTM"]
+fn rtm_flush_path_same_results() {
+    assert!(cpu_has_rtm(), "this test needs a CPU with RTM enabled");
+    let t = twin(&kernel_fast, &kernel_pcs, permissive()).unwrap();
+    let mut a = seeded(128, 3);
+    let mut b = a.clone();
+    assert_eq!(
+        run_kernel(t.native, &mut a, 1000),
+        run_kernel(t.repaired, &mut b, 1000)
+    );
+    assert_eq!(a, b);
+    assert_eq!(mode_of(&t), laser_repair::plan::SsbMode::Rtm);
 }

@@ -114,6 +114,15 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<RepairPlan, Refusal> {
         Some(b) => b,
         None => cfg::guess_function_bounds(req.code, first_pc, req.options.scan_limit)?,
     };
+    // rel32 reach from both ends of the function to both ends of a (generous) cache.
+    const REACH: u64 = (1 << 31) - (64 << 20);
+    if req.cache_addr.abs_diff(start) > REACH || req.cache_addr.abs_diff(end) > REACH {
+        return Err(RefusalReason::CacheOutOfReach {
+            pc: start,
+            cache: req.cache_addr,
+        }
+        .into());
+    }
     let g = cfg::Cfg::build(req.code, start, end)?;
     let tr = region::treatments(&g);
     let rt_cfg = req.options.runtime;
