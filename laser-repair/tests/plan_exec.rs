@@ -35,26 +35,39 @@ fn counter_loop_single_thread_counts_exactly() {
 ///   line: | c[0] (thread A) | c[1] (thread B) | ... |
 /// ```
 /// Native, the line bounces on every store; repaired, once per flush.
+/// Runs `f(counter_k, n)` on two threads started together, counters `stride` bytes apart;
+/// returns the wall time and both counters.
+fn two_counters(f: u64, n: u64, stride: u64) -> (std::time::Duration, [u64; 2]) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    #[repr(align(64))]
+    struct Lines([u64; 32]);
+    let lines = Lines([0; 32]);
+    let base = lines.0.as_ptr() as u64;
+    let ready = AtomicU32::new(0);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for k in 0..2u64 {
+            let ready = &ready;
+            s.spawn(move || {
+                // ATOMICS: a start line so both threads run the loop at the same time.
+                ready.fetch_add(1, Ordering::AcqRel);
+                while ready.load(Ordering::Acquire) < 2 {
+                    std::hint::spin_loop();
+                }
+                fn2(f)(base + stride * k, n)
+            });
+        }
+    });
+    let el = start.elapsed();
+    (el, [lines.0[0], lines.0[(stride / 8) as usize]])
+}
+
 #[test]
 fn false_sharing_loop_two_threads_exact_and_timed() {
     let t = twin(&counter_loop, &store_pcs, Default::default()).unwrap();
     const N: u64 = 2_000_000;
-    let run = |f: u64| -> (std::time::Duration, [u64; 2]) {
-        #[repr(align(64))]
-        struct Line([u64; 8]);
-        let line = Line([0; 8]);
-        let base = line.0.as_ptr() as u64;
-        let start = Instant::now();
-        std::thread::scope(|s| {
-            for k in 0..2u64 {
-                s.spawn(move || fn2(f)(base + 8 * k, N));
-            }
-        });
-        let el = start.elapsed();
-        (el, [line.0[0], line.0[1]])
-    };
-    let (tn, cn) = run(t.native);
-    let (tr, cr) = run(t.repaired);
+    let (tn, cn) = two_counters(t.native, N, 8);
+    let (tr, cr) = two_counters(t.repaired, N, 8);
     assert_eq!(cn, [N, N]);
     assert_eq!(cr, [N, N], "repaired loop lost or duplicated increments");
     println!(
@@ -62,6 +75,46 @@ fn false_sharing_loop_two_threads_exact_and_timed() {
         tn,
         tr,
         tn.as_secs_f64() / tr.as_secs_f64()
+    );
+}
+
+/// Side-by-side ratios for the integrator: unpadded native, padded native (the fix by
+/// hand), repaired, and the single-thread cost of the repair. Prints only.
+#[test]
+#[ignore = "benchmark: run on a quiet machine with --nocapture"]
+fn bench_false_sharing_ratios() {
+    let t = twin(&counter_loop, &store_pcs, Default::default()).unwrap();
+    const N: u64 = 50_000_000;
+    let best = |f: u64, stride: u64| {
+        (0..3)
+            .map(|_| two_counters(f, N, stride))
+            .map(|(d, c)| {
+                assert_eq!(c, [N, N]);
+                d.as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let native = best(t.native, 8);
+    let padded = best(t.native, 128);
+    let repaired = best(t.repaired, 8);
+    let one = |f: u64| {
+        let mut c = 0u64;
+        let s = Instant::now();
+        fn2(f)(&mut c as *mut u64 as u64, N);
+        s.elapsed().as_secs_f64()
+    };
+    let (n1, r1) = (one(t.native), one(t.repaired));
+    println!("2 threads x {N} increments, best of 3:");
+    println!("  native unpadded {native:.3}s, padded {padded:.3}s, repaired {repaired:.3}s");
+    println!(
+        "  padding gain {:.2}x, repair gain {:.2}x, recovered {:.0}% of the padding gain",
+        native / padded,
+        native / repaired,
+        100.0 * (native / repaired - 1.0) / (native / padded - 1.0).max(1e-9)
+    );
+    println!(
+        "  single thread: native {n1:.3}s, repaired {r1:.3}s, cost {:.2}x",
+        r1 / n1
     );
 }
 

@@ -91,6 +91,7 @@ impl Emitter<'_> {
         read: bool,
         write: bool,
         label: u64,
+        forward_first: bool,
     ) -> Result<bool, RefusalReason> {
         let (Some(rs), Some(live)) = (self.rs, self.live) else {
             return Ok(false);
@@ -203,25 +204,62 @@ impl Emitter<'_> {
         let cold_load = self.label();
         let cold_store = self.label();
         let entry = |disp: i32| mem(rs, c, i64::from(ST_ENTRIES + disp));
+        let helper_load = self.label();
         if read {
-            hot.push(rm(
-                Code::Mov_r64_rm64,
-                m,
-                mem(rs, Register::None, ST_SUMMARY.into()),
-            )?);
-            hot.push(i2(Code::Mov_r64_rm64, c, a)?);
-            hot.push(ri(Code::Shr_rm64_imm8, c, 3)?);
-            hot.push(i2(Code::Bt_rm64_r64, m, c)?);
-            hot.push(br(Code::Jb_rel32_64, cold_load)?);
+            // Youngest entry first when a store in the region uses the same address
+            // expression (counter++ patterns), else the summary check first.
+            let youngest = |miss: u64| -> Result<Vec<Instruction>, RefusalReason> {
+                Ok(vec![
+                    rm(
+                        Code::Mov_r64_rm64,
+                        c,
+                        mem(rs, Register::None, ST_COUNT.into()),
+                    )?,
+                    ri(Code::Shl_rm64_imm8, c, 5)?,
+                    mi(Code::Cmp_rm64_imm8, entry(-24), size as i32)?,
+                    br(Code::Jne_rel32_64, miss)?,
+                    mr(Code::Cmp_rm64_r64, entry(-32), a)?,
+                    br(Code::Jne_rel32_64, miss)?,
+                    rm(Code::Mov_r64_rm64, v, entry(-16))?,
+                    br(Code::Jmp_rel32_64, back_load)?,
+                ])
+            };
+            let summary_miss = if forward_first {
+                helper_load
+            } else {
+                cold_load
+            };
+            let mut summary = vec![
+                rm(
+                    Code::Mov_r64_rm64,
+                    m,
+                    mem(rs, Register::None, ST_SUMMARY.into()),
+                )?,
+                i2(Code::Mov_r64_rm64, c, a)?,
+                ri(Code::Shr_rm64_imm8, c, 3)?,
+                i2(Code::Bt_rm64_r64, m, c)?,
+                br(Code::Jb_rel32_64, summary_miss)?,
+            ];
             if size > 1 {
-                hot.push(rm(
+                summary.push(rm(
                     Code::Lea_r64_m,
                     c,
                     mem(a, Register::None, i64::from(size) - 1),
                 )?);
-                hot.push(ri(Code::Shr_rm64_imm8, c, 3)?);
-                hot.push(i2(Code::Bt_rm64_r64, m, c)?);
-                hot.push(br(Code::Jb_rel32_64, cold_load)?);
+                summary.push(ri(Code::Shr_rm64_imm8, c, 3)?);
+                summary.push(i2(Code::Bt_rm64_r64, m, c)?);
+                summary.push(br(Code::Jb_rel32_64, summary_miss)?);
+            }
+            if forward_first {
+                let sum_label = self.label();
+                hot.extend(youngest(sum_label)?);
+                summary[0].set_ip(sum_label);
+                hot.extend(summary);
+            } else {
+                hot.extend(summary);
+                let mut cold = youngest(helper_load)?;
+                cold[0].set_ip(cold_load);
+                self.cold.extend(cold);
             }
             let am = MemoryOperand::with_base(a);
             hot.push(match size {
@@ -263,11 +301,17 @@ impl Emitter<'_> {
             epilogue.push(self.lea_rsp(RED_ZONE)?);
         }
         // Emit: hot, [back_load:] restore_in, body, tail, [back_store:] epilogue.
-        let mut emit =
-            |e: &mut Self, ins: Instruction, lab: Option<u64>| match lab.or(first_label.take()) {
+        let mut emit = |e: &mut Self, ins: Instruction, lab: Option<u64>| {
+            if ins.ip() != 0 {
+                // Carries an internal label already (never the first instruction).
+                e.push(ins);
+                return;
+            }
+            match lab.or(first_label.take()) {
                 Some(l) => e.push_at(ins, l),
                 None => e.push(ins),
-            };
+            }
+        };
         for ins in hot {
             emit(self, ins, None);
         }
@@ -292,22 +336,6 @@ impl Emitter<'_> {
         }
         // --- cold code ---
         if read {
-            let helper = self.label();
-            let mut cold = vec![
-                rm(
-                    Code::Mov_r64_rm64,
-                    c,
-                    mem(rs, Register::None, ST_COUNT.into()),
-                )?,
-                ri(Code::Shl_rm64_imm8, c, 5)?,
-                mi(Code::Cmp_rm64_imm8, entry(-24), size as i32)?,
-                br(Code::Jne_rel32_64, helper)?,
-                mr(Code::Cmp_rm64_r64, entry(-32), a)?,
-                br(Code::Jne_rel32_64, helper)?,
-                rm(Code::Mov_r64_rm64, v, entry(-16))?,
-                br(Code::Jmp_rel32_64, back_load)?,
-            ];
-            cold[0].set_ip(cold_load);
             let mut call_part = vec![
                 self.lea_rsp(-RED_ZONE)?,
                 Instruction::with1(Code::Push_r64, a).map_err(enc)?,
@@ -318,8 +346,7 @@ impl Emitter<'_> {
                 self.lea_rsp(RED_ZONE + 8)?,
                 br(Code::Jmp_rel32_64, back_load)?,
             ];
-            call_part[0].set_ip(helper);
-            self.cold.extend(cold);
+            call_part[0].set_ip(helper_load);
             self.cold.extend(call_part);
         }
         if write {

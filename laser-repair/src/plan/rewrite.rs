@@ -257,6 +257,17 @@ impl<'a> Emitter<'a> {
 }
 
 /// Generates the region's code for address `addr`.
+/// Identity of a memory operand expression (base, index, scale, displacement, size).
+fn operand_key(i: &Instruction) -> (Register, Register, u32, u64, usize) {
+    (
+        i.memory_base(),
+        i.memory_index(),
+        i.memory_index_scale(),
+        i.memory_displacement64(),
+        i.memory_size().size(),
+    )
+}
+
 pub fn rewrite(
     cfg: &Cfg,
     tr: &[Treatment],
@@ -298,6 +309,11 @@ pub fn rewrite(
         rt,
         info: InstructionInfoFactory::new(),
     };
+    let store_operands: HashSet<_> = region_insns
+        .iter()
+        .filter(|&&k| matches!(tr[k], Treatment::Ssb { write: true, .. }))
+        .map(|&k| operand_key(&cfg.insns[k]))
+        .collect();
     // Stubs are emitted after the blocks: (label, kind, target original address).
     let mut stubs: Vec<(u64, bool, u64)> = Vec::new();
     let in_region = |ip: u64| -> Option<usize> {
@@ -323,7 +339,8 @@ pub fn rewrite(
                     read,
                     write,
                 } => {
-                    if !e.emit_ssb_fast(k, &i, op, size, read, write, label)? {
+                    let forward_first = read && store_operands.contains(&operand_key(&i));
+                    if !e.emit_ssb_fast(k, &i, op, size, read, write, label, forward_first)? {
                         e.emit_ssb(&i, op, size, read, write, label)?
                     }
                 }
