@@ -41,8 +41,8 @@ fn two_counters(f: u64, n: u64, stride: u64) -> (std::time::Duration, [u64; 2]) 
     use std::sync::atomic::{AtomicU32, Ordering};
     #[repr(align(64))]
     struct Lines([u64; 32]);
-    let lines = Lines([0; 32]);
-    let base = lines.0.as_ptr() as u64;
+    let mut lines = Lines([0; 32]);
+    let base = lines.0.as_mut_ptr() as u64;
     let ready = AtomicU32::new(0);
     let start = Instant::now();
     std::thread::scope(|s| {
@@ -262,6 +262,7 @@ fn kernel_fast_path_two_threads_tiny_log_one_slot() {
                 log_capacity: 2,
                 backedges_per_flush: 1,
                 rtm_retries: 1,
+                ..RuntimeConfig::default()
             },
             min_stores_per_flush: 0.0,
             ..PlanOptions::default()
@@ -318,6 +319,7 @@ fn kernel_same_memory_tiny_log_one_slot() {
             log_capacity: 2,
             backedges_per_flush: 1,
             rtm_retries: 1,
+            ..RuntimeConfig::default()
         },
         min_stores_per_flush: 0.0,
         ..PlanOptions::default()
@@ -326,11 +328,18 @@ fn kernel_same_memory_tiny_log_one_slot() {
     let go = |f: u64| -> Vec<u8> {
         let mut buf = seeded(256, 5);
         let p = buf.as_mut_ptr() as u64;
+        // Both threads alive at once: distinct thread pointers (glibc reuses a finished
+        // thread's TCB, which would legitimately hand the slot to the next thread).
+        let barrier = std::sync::Barrier::new(2);
         std::thread::scope(|s| {
             for k in 0..2u64 {
+                let barrier = &barrier;
                 s.spawn(move || {
+                    barrier.wait();
                     let mut out = 0u64;
-                    fn3(f)(p + 128 * k, 300 + 7 * k, &mut out as *mut u64 as u64)
+                    let r = fn3(f)(p + 128 * k, 300 + 7 * k, &mut out as *mut u64 as u64);
+                    barrier.wait();
+                    r
                 });
             }
         });
@@ -436,4 +445,121 @@ fn rtm_flush_path_same_results() {
     );
     assert_eq!(a, b);
     assert_eq!(mode_of(&t), laser_repair::plan::SsbMode::Rtm);
+}
+
+/// `W x=1; W y=1; W x=2; spin until *z != 0; ret` — while the thread spins inside the region,
+/// look at its log from outside:
+/// ```text
+///   log: [x=1] [y=1] [x=2]     memory: x=0 y=0   (nothing visible yet)
+/// ```
+/// The third store must not merge into the first entry (only into the tail, which is `y`):
+/// merging would let another thread see x=2 before y=1. After the spin ends, the exit flush
+/// makes x=2, y=1 visible.
+fn buffered_then_spin(a: &mut CodeAssembler) {
+    let mut spin = a.create_label();
+    a.mov(qword_ptr(rdi), 1).unwrap();
+    a.mov(qword_ptr(rsi), 1).unwrap();
+    a.mov(qword_ptr(rdi), 2).unwrap();
+    a.set_label(&mut spin).unwrap();
+    a.cmp(qword_ptr(rdx), 0).unwrap();
+    a.je(spin).unwrap();
+    a.ret().unwrap();
+}
+
+fn log_of_spinning_thread(merge_any_entry_broken: bool) -> (Vec<[u64; 3]>, [u64; 2], [u64; 2]) {
+    use laser_repair::plan::{PlanOptions, RuntimeConfig};
+    use std::time::Duration;
+    let opts = PlanOptions {
+        runtime: RuntimeConfig {
+            backedges_per_flush: 1 << 30,
+            merge_any_entry_broken,
+            ..RuntimeConfig::default()
+        },
+        min_stores_per_flush: 0.0,
+        ..PlanOptions::default()
+    };
+    // Region = the stores' block plus the spin loop.
+    let pcs = |base: u64, code: &[u8]| -> Vec<u64> {
+        let ips: Vec<u64> = iced_x86::Decoder::with_ip(64, code, base, 0)
+            .into_iter()
+            .map(|i| i.ip())
+            .collect();
+        vec![ips[0], ips[3]]
+    };
+    let t = twin(&buffered_then_spin, &pcs, opts).unwrap();
+    let rt = t.plan.runtime.clone();
+    // Atomics only so that raw-pointer writes from the rewritten code are allowed; the
+    // accesses under test are the plain ones inside the region.
+    let mem: [std::sync::atomic::AtomicU64; 3] = Default::default();
+    let (xa, ya, za) = (
+        mem[0].as_ptr() as u64,
+        mem[1].as_ptr() as u64,
+        mem[2].as_ptr() as u64,
+    );
+    // SAFETY: reads of plain u64s another thread may be writing; volatile so each poll
+    // really reads memory. The values are only compared, never trusted as references.
+    let rd = |addr: u64| unsafe { std::ptr::read_volatile(addr as *const u64) };
+    let (log, before) = std::thread::scope(|s| {
+        let f = t.repaired;
+        s.spawn(move || fn3(f)(xa, ya, za));
+        // Find the slot the thread claimed and wait for its three stores.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut state = None;
+        while Instant::now() < deadline {
+            state = (0..rt.config.thread_slots)
+                .find(|&k| rd(rt.keys_addr + 8 * u64::from(k)) != 0)
+                .map(|k| rt.state_addr(k));
+            if let Some(st) = state {
+                if rd(st + 8 * 3) >= 3 {
+                    break; // three stores counted (ST_STORES)
+                }
+            }
+            std::thread::yield_now();
+        }
+        let st = state.expect("thread never claimed a slot");
+        let count = rd(st);
+        let log: Vec<[u64; 3]> = (0..count.min(64))
+            .map(|n| st + 64 + 32 * n)
+            .map(|e| [rd(e), rd(e + 8), rd(e + 16)])
+            .collect();
+        let before = [rd(xa), rd(ya)];
+        // SAFETY: the spinning thread only reads z; this plain write releases it.
+        unsafe { std::ptr::write_volatile(za as *mut u64, 1) };
+        (log, before)
+    });
+    // The scope joined the thread: its exit flush is done.
+    (log, before, [rd(xa), rd(ya)])
+}
+
+#[test]
+fn store_buffer_keeps_program_order_and_merges_only_into_tail() {
+    let (log, before, after) = log_of_spinning_thread(false);
+    let (x, y) = (
+        log.first().map(|e| e[0]).unwrap_or(0),
+        log.get(1).map(|e| e[0]).unwrap_or(0),
+    );
+    assert_eq!(
+        log,
+        vec![[x, 8, 1], [y, 8, 1], [x, 8, 2]],
+        "log must be x=1, y=1, x=2 in order"
+    );
+    assert_eq!(
+        before,
+        [0, 0],
+        "buffered stores became visible before the flush"
+    );
+    assert_eq!(after, [2, 1]);
+}
+
+/// The same check catches the TSO-breaking mutation (merge into an older entry).
+#[test]
+fn store_buffer_check_detects_merge_into_older_entry() {
+    let (log, _, after) = log_of_spinning_thread(true);
+    assert_eq!(
+        log.len(),
+        2,
+        "broken merge should have folded x=2 into the first entry: {log:?}"
+    );
+    assert_eq!(log[0][2], 2);
+    assert_eq!(after, [2, 1]);
 }

@@ -38,6 +38,10 @@ pub struct RuntimeConfig {
     pub backedges_per_flush: u32,
     /// Transaction attempts before an RTM flush falls back to the in-order FIFO replay.
     pub rtm_retries: u32,
+    /// Test-only mutation: merge a store into *any* matching entry, not just the tail. This
+    /// breaks TSO (MP-like reorderings); it exists so the litmus tests can show they detect it.
+    #[doc(hidden)]
+    pub merge_any_entry_broken: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -47,6 +51,7 @@ impl Default for RuntimeConfig {
             log_capacity: 64,
             backedges_per_flush: 256,
             rtm_retries: 4,
+            merge_any_entry_broken: false,
         }
     }
 }
@@ -418,6 +423,25 @@ impl Gen {
         a.mov(rax, rdx)?;
         a.shl(rax, 5)?;
         a.lea(rax, qword_ptr(rcx + rax + (ST_ENTRIES - ENTRY_SIZE as i32)))?;
+        if self.cfg.merge_any_entry_broken {
+            // Deliberately wrong (TSO-violating) merge into ANY matching entry: only for
+            // showing that the litmus tests catch it.
+            let mut scan = a.create_label();
+            let mut next = a.create_label();
+            a.mov(r10, rdx)?;
+            a.set_label(&mut scan)?;
+            a.cmp(qword_ptr(rax), r8)?;
+            a.jne(next)?;
+            a.cmp(qword_ptr(rax + 8), size as i32)?;
+            a.jne(next)?;
+            a.mov(qword_ptr(rax + 16), r9)?;
+            a.jmp(done)?;
+            a.set_label(&mut next)?;
+            a.sub(rax, ENTRY_SIZE as i32)?;
+            a.dec(r10)?;
+            a.jnz(scan)?;
+            a.jmp(append)?;
+        }
         a.cmp(qword_ptr(rax), r8)?;
         a.jne(append)?;
         a.cmp(qword_ptr(rax + 8), size as i32)?;
