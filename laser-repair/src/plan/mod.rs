@@ -1,6 +1,35 @@
 //! `plan`: the pure half of the repair. Code bytes and addresses in; the bytes of a code cache
 //! (SSB runtime + rewritten region), a patch list and a pc map out. No process needed: the
 //! only input seam is [`CodeSource`].
+//!
+//! Pipeline: [`cfg`] (decode the function, blocks, back-edges, natural loops) →
+//! [`classify`] (what to do with each instruction) → [`region`] (innermost loop around each
+//! contending PC; refusals; stores-per-flush estimate) → [`liveness`] (GPRs and each status
+//! flag) → [`rewrite`] + [`fastpath`] (code generation) and [`ssb_runtime`] (helpers).
+//!
+//! What the rewriter handles:
+//! - every instruction with one explicit memory operand of 1, 2, 4 or 8 bytes that has a
+//!   general-register form (mov, movzx/movsx/movsxd, ALU ops and RMW, cmp/test, imul, shifts,
+//!   setcc, cmov, inc/dec/neg/not, cvtsi2sd-style GPR sources, …), any addressing mode
+//!   including rip-relative and rsp-based;
+//! - flush-then-execute for locked and implicitly locked instructions (xchg, and xadd/cmpxchg
+//!   with memory), fences, `pause`, syscalls, cpuid/rdtsc, clflush, non-temporal stores,
+//!   push/pop/leave and string instructions (implicit accesses), `%fs`/`%gs` accesses, `ret`;
+//! - calls leave the region (flush, continue at the original call), so return addresses on
+//!   stacks always point into original code.
+//!
+//! Refused ([`RefusalReason`]): SSE/AVX/x87 memory operands (sizes 16/32 are not rewritten),
+//! bit-string `bt*` with a register offset, conditional memory writes, instructions using rsp
+//! as data, 32-bit address size, indirect jumps and transactional instructions in the
+//! region, entry blocks shorter than the 5-byte jmp, calls under the entry jmp, a code cache
+//! out of rel32 reach, and regions estimated to store too little per flush.
+//!
+//! Known limits: a signal handler running on a thread stopped inside the region does not see
+//! that thread's buffered stores (and must not itself enter the region); a store to an
+//! invalid address faults at the flush, not at the store; code outside the function jumping
+//! into the bytes under an entry jmp (other than its first byte) is not detected; thread state
+//! keys on `%fs:0` (glibc/musl TCB self-pointer), and threads with `%fs:0 == 0` or beyond the
+//! slot pool run natively (correct, unbuffered).
 
 pub mod cfg;
 pub mod classify;
@@ -10,6 +39,7 @@ pub mod refusal;
 pub mod region;
 pub mod rewrite;
 pub mod source;
+pub mod ssb_layout;
 pub mod ssb_runtime;
 
 pub use refusal::{Refusal, RefusalReason};

@@ -2,14 +2,16 @@
 //! living in the code cache next to the rewritten region.
 //!
 //! ```text
-//!  cache base ─┬─ data (RW, zero-filled by mmap) ──────────────────────────────┐
+//!  cache base ─┬─ data (RW, zero-filled by mmap) ───────────────────────────────────────┐
 //!              │ +0  mode word: 0 not yet probed, 1 FIFO, 2 RTM (CPUID at run time)
-//!              │ +8  accesses made by threads that got no slot (bypassed the SSB)
+//!              │ +8  stores made by threads that got no slot (bypassed the SSB)
 //!              │ +64 keys[slots]: thread pointer (%fs:0) owning each slot, 0 = free
-//!              │ states[slots]: count | back-edges | flushes | stores | ... | log[capacity]
-//!              │                 log entry = { addr, size, value, _ } (32 bytes)
-//!  code ───────┴─ helpers (RX): ssb_load{1,2,4,8} ssb_store{1,2,4,8} ssb_flush ssb_backedge
-//!                 then the rewritten region
+//!              │ states[slots + 1]: count | back-edges | flushes | stores | sentinel | summary
+//!              │                    | log[capacity] of { addr, size, value, _ } (32 bytes)
+//!              │   (the last state is the all-zero "bypass state" for slot-less threads)
+//!  code ───────┴─ helpers (RX): ssb_load{1,2,4,8} ssb_store{1,2,4,8} ssb_flush
+//!                 ssb_backedge ssb_enter, then the rewritten region (hot code, exit and
+//!                 back-edge stubs, entry trampolines, cold code)
 //! ```
 //!
 //! Per-thread state: a thread finds its slot by hashing its thread pointer (`%fs:0`, the TCB
@@ -24,128 +26,11 @@
 //! the caller has moved rsp below the red zone, then pushed `addr` and `value` slots:
 //! `[rsp+8]` = value (in for stores, out for loads), `[rsp+16]` = address.
 
+pub use super::ssb_layout::*;
+
 use super::refusal::RefusalReason;
 use iced_x86::code_asm::*;
 use iced_x86::{BlockEncoderOptions, Code, Instruction, MemoryOperand, Register};
-
-/// Sizes of the runtime's tables. `thread_slots` must be a power of two.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RuntimeConfig {
-    pub thread_slots: u32,
-    pub log_capacity: u32,
-    /// Flush after this many back-edges of the region, so a spinning reader elsewhere sees
-    /// this thread's stores within bounded time.
-    pub backedges_per_flush: u32,
-    /// Transaction attempts before an RTM flush falls back to the in-order FIFO replay.
-    pub rtm_retries: u32,
-    /// Test-only mutation: merge a store into *any* matching entry, not just the tail. This
-    /// breaks TSO (MP-like reorderings); it exists so the litmus tests can show they detect it.
-    #[doc(hidden)]
-    pub merge_any_entry_broken: bool,
-}
-
-impl Default for RuntimeConfig {
-    fn default() -> Self {
-        RuntimeConfig {
-            thread_slots: 128,
-            log_capacity: 64,
-            backedges_per_flush: 256,
-            rtm_retries: 4,
-            merge_any_entry_broken: false,
-        }
-    }
-}
-
-/// Which flush path the runtime chose (read from the mode word at run time).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SsbMode {
-    /// No thread has claimed a slot yet, so CPUID has not been probed.
-    NotYetProbed,
-    Fifo,
-    Rtm,
-}
-
-impl SsbMode {
-    pub fn from_word(w: u64) -> SsbMode {
-        match w {
-            1 => SsbMode::Fifo,
-            2 => SsbMode::Rtm,
-            _ => SsbMode::NotYetProbed,
-        }
-    }
-}
-
-pub const MODE_OFF: u64 = 0;
-pub const NO_SLOT_OFF: u64 = 8;
-pub const KEYS_OFF: u64 = 64;
-pub const ST_COUNT: i32 = 0;
-pub const ST_BACKEDGES: i32 = 8;
-pub const ST_FLUSHES: i32 = 16;
-pub const ST_STORES: i32 = 24;
-/// Bitmap of the 8-byte words (address bits 3..9) any log entry touches: a load whose words
-/// are all clear cannot overlap the log and reads memory directly (the inline fast path).
-pub const ST_SUMMARY: i32 = 56;
-/// Offset 32..64 doubles as a sentinel entry "before" entry 0: its size field (offset 40)
-/// stays 0, so the inline tail check `entries[count-1]` needs no `count == 0` test.
-pub const ST_SENTINEL_SIZE: i32 = 40;
-pub const ST_ENTRIES: i32 = 64;
-pub const ENTRY_SIZE: u64 = 32;
-
-/// Addresses of everything the rewritten region and the tracee need.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RuntimeInfo {
-    pub config: RuntimeConfig,
-    pub data_addr: u64,
-    pub data_len: u64,
-    pub code_addr: u64,
-    pub code_len: u64,
-    /// `load[k]` / `store[k]` serve sizes 1, 2, 4, 8 for k = 0..4.
-    pub load: [u64; 4],
-    pub store: [u64; 4],
-    pub flush: u64,
-    pub backedge: u64,
-    /// `ssb_enter`: value slot <- this thread's state, or `bypass_state` when it has none.
-    pub enter: u64,
-    /// An all-zero state nobody writes: with it, the inline paths send slot-less threads'
-    /// stores to the helpers (which store directly) and let their loads read memory.
-    pub bypass_state: u64,
-    pub mode_addr: u64,
-    pub no_slot_addr: u64,
-    pub keys_addr: u64,
-    pub states_addr: u64,
-    pub state_size: u64,
-}
-
-impl RuntimeInfo {
-    /// Address of slot `k`'s state block.
-    pub fn state_addr(&self, k: u32) -> u64 {
-        self.states_addr + u64::from(k) * self.state_size
-    }
-}
-
-pub(crate) fn size_index(size: u32) -> usize {
-    match size {
-        1 => 0,
-        2 => 1,
-        4 => 2,
-        _ => 3,
-    }
-}
-
-fn round_up(x: u64, a: u64) -> u64 {
-    x.div_ceil(a) * a
-}
-
-/// Data bytes the runtime needs at the start of the cache mapping.
-pub fn data_len(cfg: &RuntimeConfig) -> u64 {
-    let states = round_up(KEYS_OFF + 8 * u64::from(cfg.thread_slots), 64);
-    let state_size = ST_ENTRIES as u64 + ENTRY_SIZE * u64::from(cfg.log_capacity);
-    // One extra state block: the bypass state.
-    round_up(
-        states + state_size * (u64::from(cfg.thread_slots) + 1),
-        4096,
-    )
-}
 
 /// Generates the runtime for a cache mapping at `cache_addr`; returns its code (to be placed at
 /// `info.code_addr`) and the addresses.
