@@ -2,7 +2,7 @@
 //! (SSB runtime + rewritten region), a patch list and a pc map out. No process needed: the
 //! only input seam is [`CodeSource`].
 //!
-//! Pipeline: [`cfg`] (decode the function, blocks, back-edges, natural loops) →
+//! Pipeline: [`cfg`](mod@cfg) (decode the function, blocks, back-edges, natural loops) →
 //! [`classify`] (what to do with each instruction) → [`region`] (innermost loop around each
 //! contending PC; refusals; stores-per-flush estimate) → [`liveness`] (GPRs and each status
 //! flag) → [`rewrite`] + [`fastpath`] (code generation) and [`ssb_runtime`] (helpers).
