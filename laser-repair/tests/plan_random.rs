@@ -163,7 +163,7 @@ fn first_in_loop(base: u64, code: &[u8]) -> Vec<u64> {
 
 fn check(seed: u64, opts: PlanOptions, label: &str) {
     // Mix the bits: callers pass multiples of a constant.
-    let use_r11 = Rng(seed | 1).next() % 3 == 0;
+    let use_r11 = Rng(seed | 1).next().is_multiple_of(3);
     let build = random_loop(seed, 6 + (seed % 20) as usize, use_r11);
     let t = twin(&build, &first_in_loop, opts).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     // r11 is dead in the loop unless the body uses it: then it must hold the state.
