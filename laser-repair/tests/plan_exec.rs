@@ -405,8 +405,13 @@ fn dump_counter_loop_rewrite() {
 fn cpu_has_rtm() -> bool {
     // SAFETY: cpuid is always available on x86-64; leaf 7 is checked against the max leaf.
     let max = unsafe { std::arch::x86_64::__cpuid(0) }.eax;
+    if max < 7 {
+        return false;
+    }
     // SAFETY: as above.
-    max >= 7 && unsafe { std::arch::x86_64::__cpuid_count(7, 0) }.ebx & (1 << 11) != 0
+    let l7 = unsafe { std::arch::x86_64::__cpuid_count(7, 0) };
+    // RTM, and not RTM_ALWAYS_ABORT.
+    l7.ebx & (1 << 11) != 0 && l7.edx & (1 << 11) == 0
 }
 
 fn mode_of(t: &Twin) -> laser_repair::plan::SsbMode {

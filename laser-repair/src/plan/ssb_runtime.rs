@@ -467,7 +467,14 @@ impl Gen {
         self.a.ret()
     }
 
-    /// Drains the log of state rcx in program order, then empties it. Clobbers rax, rdx, r10
+    /// Drains the log of state rcx in program order, then empties it.
+    ///
+    /// Why the RTM path publishes the FIFO log rather than a coalescing buffer that merges
+    /// into any entry: a coalesced buffer has no TSO-correct non-atomic replay (after
+    /// `W x=1; W y=1; W x=2` merged into `[x=2, y=1]`, writing x first exposes x=2 without
+    /// y=1, writing y first exposes y=1 without x=1), so its only fallback on persistent
+    /// aborts would be retrying forever. Publishing the FIFO atomically keeps the in-order
+    /// replay as a correct fallback; it gives up only the entry savings of coalescing. Clobbers rax, rdx, r10
     /// and flags; preserves r8/r9 (the callers' address and value). In RTM mode the whole log is written inside one transaction (other
     /// threads see all of it or none); after `rtm_retries` aborts the same log is replayed in
     /// order without a transaction, which is always TSO-correct because the log is a FIFO with
@@ -545,7 +552,8 @@ impl Gen {
         a.ret()
     }
 
-    /// Sets the mode word once: 2 if CPUID.(EAX=7,ECX=0):EBX bit 11 (RTM), else 1. Preserves
+    /// Sets the mode word once: 2 if CPUID.(EAX=7,ECX=0):EBX bit 11 (RTM) and not EDX bit 11
+    /// (RTM_ALWAYS_ABORT), else 1. Preserves
     /// all registers (flags clobbered; callers have saved them).
     fn detect_mode(&mut self) -> R {
         let mut set = self.a.create_label();
@@ -567,6 +575,9 @@ impl Gen {
         a.cpuid()?;
         a.bt(ebx, 11)?;
         a.jnc(set)?;
+        // RTM_ALWAYS_ABORT (EDX bit 11): RTM enumerated but every xbegin aborts.
+        a.bt(edx, 11)?;
+        a.jc(set)?;
         a.mov(esi, 2)?;
         a.set_label(&mut set)?;
         self.lea_abs(Register::RAX, mode)?;
