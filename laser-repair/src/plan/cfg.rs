@@ -214,6 +214,13 @@ pub fn guess_function_bounds(
                 matches!(back[o - 1], 0xc3 | 0xcc)
                     && (o == back.len() || reaches_pc(lo_ok + o as u64))
             })
+            // Skip int3/nop padding: the function starts after it.
+            .map(|o| {
+                o + back[o..]
+                    .iter()
+                    .take_while(|&&b| matches!(b, 0xcc | 0x90))
+                    .count()
+            })
             .map(|o| lo_ok + o as u64)
             .ok_or(RefusalReason::NoFunctionFound {
                 pc,
@@ -267,4 +274,106 @@ pub fn guess_function_bounds(
         }
     }
     Err(RefusalReason::NoFunctionFound { pc, scanned: limit })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::source::CodeBytes;
+    use iced_x86::code_asm::*;
+
+    const BASE: u64 = 0x40_1000;
+
+    fn asm(build: impl FnOnce(&mut CodeAssembler)) -> Vec<u8> {
+        let mut a = CodeAssembler::new(64).unwrap();
+        build(&mut a);
+        a.assemble(BASE).unwrap()
+    }
+
+    /// ```text
+    /// outer: mov [rdi],rax        B0
+    /// inner: add rax,1            B1  <-+
+    ///        cmp rax,rcx              |  inner loop
+    ///        jb inner             ----+
+    ///        dec rsi              B2
+    ///        jnz outer            -> B0 (outer loop)
+    ///        ret                  B3
+    /// ```
+    #[test]
+    fn nested_loops_blocks_back_edges_and_innermost_loop() {
+        let code = asm(|a| {
+            let mut outer = a.create_label();
+            let mut inner = a.create_label();
+            a.set_label(&mut outer).unwrap();
+            a.mov(qword_ptr(rdi), rax).unwrap();
+            a.set_label(&mut inner).unwrap();
+            a.add(rax, 1).unwrap();
+            a.cmp(rax, rcx).unwrap();
+            a.jb(inner).unwrap();
+            a.dec(rsi).unwrap();
+            a.jnz(outer).unwrap();
+            a.ret().unwrap();
+        });
+        let src = CodeBytes {
+            base: BASE,
+            bytes: &code,
+        };
+        let g = Cfg::build(&src, BASE, BASE + code.len() as u64).unwrap();
+        assert_eq!(g.blocks.len(), 4);
+        assert_eq!(g.blocks[1].succs, vec![1, 2]);
+        let mut be = g.back_edges.clone();
+        be.sort();
+        assert_eq!(be, vec![(1, 1), (2, 0)]);
+        assert_eq!(g.innermost_loop(1), Some(BTreeSet::from([1])));
+        assert_eq!(g.innermost_loop(0), Some(BTreeSet::from([0, 1, 2])));
+        assert_eq!(g.innermost_loop(3), None);
+        assert_eq!(g.block_of(BASE), Some(0));
+        assert_eq!(g.block_of(BASE + 1), None, "not an instruction start");
+    }
+
+    #[test]
+    fn undecodable_bytes_are_reported() {
+        let code = [0x48, 0x89, 0x07, 0x0f, 0xff];
+        let src = CodeBytes {
+            base: BASE,
+            bytes: &code,
+        };
+        let err = Cfg::build(&src, BASE, BASE + code.len() as u64).unwrap_err();
+        assert_eq!(err, RefusalReason::Undecodable { pc: BASE + 3 });
+    }
+
+    /// Without endbr64 the start is found after the previous function's ret/int3 padding.
+    #[test]
+    fn bounds_from_padding_when_no_endbr() {
+        let code = asm(|a| {
+            a.mov(eax, 1).unwrap();
+            a.ret().unwrap();
+            a.int3().unwrap();
+            a.int3().unwrap();
+            let mut top = a.create_label();
+            let mut out = a.create_label();
+            a.set_label(&mut top).unwrap();
+            a.test(rsi, rsi).unwrap();
+            a.je(out).unwrap();
+            a.mov(qword_ptr(rdi), rsi).unwrap();
+            a.dec(rsi).unwrap();
+            a.jmp(top).unwrap();
+            a.set_label(&mut out).unwrap();
+            a.ret().unwrap();
+            a.int3().unwrap();
+            a.nop().unwrap();
+        });
+        let src = CodeBytes {
+            base: BASE,
+            bytes: &code,
+        };
+        let ips: Vec<u64> = Decoder::with_ip(64, &code, BASE, 0)
+            .into_iter()
+            .map(|i| i.ip())
+            .collect();
+        let (start, end) = guess_function_bounds(&src, ips[6], 4096).unwrap();
+        assert_eq!(start, ips[4]);
+        // The backward `jmp top` is not the end: `je out` jumps past it.
+        assert_eq!(end, ips[9] + 1);
+    }
 }
