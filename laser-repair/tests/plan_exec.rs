@@ -568,3 +568,35 @@ fn store_buffer_check_detects_merge_into_older_entry() {
     assert_eq!(log[0][2], 2);
     assert_eq!(after, [2, 1]);
 }
+
+/// Undo safe points: every key is an instruction start in the cache; sequence starts map to
+/// stubs that flush and continue at the original instruction. Entering the stub of the loop's
+/// first instruction with the function's arguments must behave like calling the function.
+#[test]
+fn undo_map_points_and_stub_run() {
+    let t = twin(&counter_loop, &store_pcs, Default::default()).unwrap();
+    let p = &t.plan;
+    let cache_end = p.cache.code_addr + p.cache.code.len() as u64;
+    let starts: std::collections::HashSet<u64> =
+        iced_x86::Decoder::with_ip(64, &p.cache.code, p.cache.code_addr, 0)
+            .into_iter()
+            .map(|i| i.ip())
+            .collect();
+    let (f_start, f_end) = p.function;
+    for &(from, to) in &p.undo_map {
+        assert!(
+            starts.contains(&from),
+            "{from:#x} is not an instruction start"
+        );
+        assert!(
+            (to >= p.cache.code_addr && to < cache_end) || (to >= f_start && to < f_end),
+            "{to:#x} goes nowhere known"
+        );
+    }
+    // Every original instruction has a sequence-start safe point (plus a trampoline one).
+    assert_eq!(p.undo_map.len(), 2 * p.pc_map.len());
+    let first_seq = p.undo_map[0];
+    let mut c = 0u64;
+    fn2(first_seq.1)(&mut c as *mut u64 as u64, 5);
+    assert_eq!(c, 5);
+}

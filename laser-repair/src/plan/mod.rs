@@ -120,6 +120,13 @@ pub struct RepairPlan {
     /// continues correctly at `new_pc` (its log is empty: it has not used the SSB yet).
     pub pc_map: Vec<(u64, u64)>,
     pub runtime: RuntimeInfo,
+    /// Undo safe points: `(pc in the code cache, pc to continue at)`. A thread stopped at such
+    /// a pc (the start of an instruction's rewritten sequence, or an entry trampoline) can be
+    /// moved to the second pc: for a sequence start that is a stub in the cache that flushes
+    /// the thread's log and jumps to the original instruction; for a trampoline it is the
+    /// original instruction itself. A thread stopped elsewhere in the cache (inside a
+    /// sequence, a stub or a helper) must first be single-stepped to one of these pcs.
+    pub undo_map: Vec<(u64, u64)>,
     /// Register that holds the thread's SSB state inside the region (inline fast path), or
     /// `None` when every access calls a helper.
     pub state_register: Option<iced_x86::Register>,
@@ -247,5 +254,6 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<RepairPlan, Refusal> {
         pc_map: rw.pc_map,
         runtime: rt,
         state_register: rw.state_register,
+        undo_map: rw.undo_map,
     })
 }

@@ -64,6 +64,8 @@ pub struct Rewritten {
     pub pc_map: Vec<(u64, u64)>,
     /// The register holding the SSB state in the region (fast path), if any.
     pub state_register: Option<Register>,
+    /// Safe points for undo: `(pc in the cache, where to continue)`.
+    pub undo_map: Vec<(u64, u64)>,
 }
 
 pub(super) struct Emitter<'a> {
@@ -441,6 +443,15 @@ pub fn rewrite(
             e.push(j);
         }
     }
+    // Undo stubs: a thread stopped at the start of an instruction's sequence leaves through
+    // here (flush its log, continue at the original instruction).
+    let mut undo_idx = Vec::with_capacity(e.first.len());
+    for &(ip, _) in &e.first.clone() {
+        undo_idx.push(e.out.len());
+        e.helper_call(rt.flush, None)?;
+        let j = e.jmp(ip)?;
+        e.push(j);
+    }
     let cold = std::mem::take(&mut e.cold);
     e.out.extend(cold);
     if e.next_label >= LABEL_LIMIT {
@@ -461,9 +472,19 @@ pub fn rewrite(
         .zip(&entry_idx)
         .map(|(&(ip, _), &idx)| (ip, addr + u64::from(res.new_instruction_offsets[idx])))
         .collect();
+    let at = |idx: usize| addr + u64::from(res.new_instruction_offsets[idx]);
+    let mut undo_map: Vec<(u64, u64)> = Vec::new();
+    for (n, &(ip, first)) in e.first.iter().enumerate() {
+        undo_map.push((at(first), at(undo_idx[n])));
+        if e.rs.is_some() {
+            // A thread at a trampoline has not touched the SSB: straight back.
+            undo_map.push((at(entry_idx[n]), ip));
+        }
+    }
     Ok(Rewritten {
         code: res.code_buffer,
         pc_map,
         state_register: rs,
+        undo_map,
     })
 }
