@@ -515,8 +515,10 @@ fn log_of_spinning_thread(merge_any_entry_broken: bool) -> (Vec<[u64; 3]>, [u64;
                 .find(|&k| rd(rt.keys_addr + 8 * u64::from(k)) != 0)
                 .map(|k| rt.state_addr(k));
             if let Some(st) = state {
-                if rd(st + 8 * 3) >= 3 {
-                    break; // three stores counted (ST_STORES)
+                // Three log entries (inline appends), or three stores counted by the helper
+                // (the mutation routes every store there).
+                if rd(st) >= 3 || rd(st + 24) >= 3 {
+                    break;
                 }
             }
             std::thread::yield_now();

@@ -13,7 +13,7 @@
 use super::liveness::{bit, gpr, FLAGS};
 use super::refusal::RefusalReason;
 use super::rewrite::{enc, sized, Emitter, RED_ZONE};
-use super::ssb_runtime::{size_index, ST_BACKEDGES, ST_COUNT, ST_ENTRIES, ST_SUMMARY};
+use super::ssb_runtime::{size_index, ST_BACKEDGES, ST_COUNT, ST_ENTRIES, ST_LIMIT, ST_SUMMARY};
 use iced_x86::{Code, Encoder, Instruction, MemoryOperand, OpKind, Register};
 
 fn mem(base: Register, index: Register, displ: i64) -> MemoryOperand {
@@ -224,11 +224,7 @@ impl Emitter<'_> {
                     br(Code::Jmp_rel32_64, back_load)?,
                 ])
             };
-            let summary_miss = if forward_first {
-                helper_load
-            } else {
-                cold_load
-            };
+            let summary_miss = cold_load;
             let mut summary = vec![
                 rm(
                     Code::Mov_r64_rm64,
@@ -254,13 +250,49 @@ impl Emitter<'_> {
                 let sum_label = self.label();
                 hot.extend(youngest(sum_label)?);
                 summary[0].set_ip(sum_label);
-                hot.extend(summary);
-            } else {
-                hot.extend(summary);
-                let mut cold = youngest(helper_load)?;
-                cold[0].set_ip(cold_load);
-                self.cold.extend(cold);
             }
+            hot.extend(summary);
+            // Cold: the word index names the youngest entry touching the load's word; forward
+            // it if it is the same address and size. Anything else (index slot taken by
+            // another word, a load spanning two words, a partial overlap) calls the helper.
+            let index = i64::from(ST_ENTRIES) + i64::from(self.rt.config.log_capacity) * 32;
+            let mut cold = vec![
+                i2(Code::Mov_r64_rm64, c, a)?,
+                ri(Code::Shr_rm64_imm8, c, 3)?,
+            ];
+            if size > 1 {
+                cold.push(rm(
+                    Code::Lea_r64_m,
+                    m,
+                    mem(a, Register::None, i64::from(size) - 1),
+                )?);
+                cold.push(ri(Code::Shr_rm64_imm8, m, 3)?);
+                cold.push(i2(Code::Cmp_r64_rm64, m, c)?);
+                cold.push(br(Code::Jne_rel32_64, helper_load)?);
+            }
+            cold.extend([
+                i2(Code::Mov_r64_rm64, m, c)?,
+                ri(Code::And_rm64_imm8, m, 63)?,
+                rm(
+                    Code::Mov_r64_rm64,
+                    m,
+                    MemoryOperand::new(rs, m, 8, index, 8, false, Register::None),
+                )?,
+                i2(Code::Mov_r64_rm64, v, m)?,
+                ri(Code::Shr_rm64_imm8, v, 8)?,
+                i2(Code::Cmp_r64_rm64, v, c)?,
+                br(Code::Jne_rel32_64, helper_load)?,
+                i2(Code::Movzx_r32_rm8, sized(c, 4), sized(m, 1))?,
+                ri(Code::Shl_rm64_imm8, c, 5)?,
+                mi(Code::Cmp_rm64_imm8, entry(-24), size as i32)?,
+                br(Code::Jne_rel32_64, helper_load)?,
+                mr(Code::Cmp_rm64_r64, entry(-32), a)?,
+                br(Code::Jne_rel32_64, helper_load)?,
+                rm(Code::Mov_r64_rm64, v, entry(-16))?,
+                br(Code::Jmp_rel32_64, back_load)?,
+            ]);
+            cold[0].set_ip(cold_load);
+            self.cold.extend(cold);
             let am = MemoryOperand::with_base(a);
             hot.push(match size {
                 1 => rm(Code::Movzx_r32_rm8, sized(v, 4), am)?,
@@ -350,6 +382,82 @@ impl Emitter<'_> {
             self.cold.extend(call_part);
         }
         if write {
+            // Append inline while the log has room. `c` = count * 32 from the tail check.
+            // The bypass state's limit is 0, so slot-less threads always reach the helper
+            // (which stores directly).
+            let helper_store = self.label();
+            let mut append = vec![
+                rm(
+                    Code::Cmp_r64_rm64,
+                    c,
+                    mem(rs, Register::None, ST_LIMIT.into()),
+                )?,
+                br(Code::Jae_rel32_64, helper_store)?,
+                mr(Code::Mov_rm64_r64, entry(0), a)?,
+                mi(Code::Mov_rm64_imm32, entry(8), size as i32)?,
+                mr(Code::Mov_rm64_r64, entry(16), v)?,
+                mi(
+                    Code::Add_rm64_imm8,
+                    mem(rs, Register::None, ST_COUNT.into()),
+                    1,
+                )?,
+                rm(
+                    Code::Mov_r64_rm64,
+                    m,
+                    mem(rs, Register::None, ST_SUMMARY.into()),
+                )?,
+                i2(Code::Mov_r64_rm64, c, a)?,
+                ri(Code::Shr_rm64_imm8, c, 3)?,
+                i2(Code::Bts_rm64_r64, m, c)?,
+            ];
+            if size > 1 {
+                append.push(rm(
+                    Code::Lea_r64_m,
+                    c,
+                    mem(a, Register::None, i64::from(size) - 1),
+                )?);
+                append.push(ri(Code::Shr_rm64_imm8, c, 3)?);
+                append.push(i2(Code::Bts_rm64_r64, m, c)?);
+            }
+            append.push(mr(
+                Code::Mov_rm64_r64,
+                mem(rs, Register::None, ST_SUMMARY.into()),
+                m,
+            )?);
+            // Word index: slot (word & 63) <- word << 8 | (entry index + 1), for the last
+            // word (in c) and, if different, the first. `v` is free: its value is logged.
+            let index = i64::from(ST_ENTRIES) + i64::from(self.rt.config.log_capacity) * 32;
+            let slot = |c: Register| MemoryOperand::new(rs, c, 8, index, 8, false, Register::None);
+            append.push(rm(
+                Code::Mov_r64_rm64,
+                m,
+                mem(rs, Register::None, ST_COUNT.into()),
+            )?);
+            let mut words = vec![];
+            if size > 1 {
+                words.push(None);
+            }
+            words.push(Some(()));
+            for first in words {
+                if first.is_some() && size > 1 {
+                    append.push(i2(Code::Mov_r64_rm64, c, a)?);
+                    append.push(ri(Code::Shr_rm64_imm8, c, 3)?);
+                } else if size == 1 {
+                    // c already holds the (only) word.
+                }
+                append.push(i2(Code::Mov_r64_rm64, v, c)?);
+                append.push(ri(Code::Shl_rm64_imm8, v, 8)?);
+                append.push(i2(Code::Or_r64_rm64, v, m)?);
+                append.push(ri(Code::And_rm64_imm8, c, 63)?);
+                append.push(mr(Code::Mov_rm64_r64, slot(c), v)?);
+            }
+            append.push(br(Code::Jmp_rel32_64, back_store)?);
+            if self.rt.config.merge_any_entry_broken {
+                // The test-only mutation lives in the helper: always go there.
+                append = vec![br(Code::Jmp_rel32_64, helper_store)?];
+            }
+            append[0].set_ip(cold_store);
+            self.cold.extend(append);
             let mut cold = vec![
                 self.lea_rsp(-RED_ZONE)?,
                 Instruction::with1(Code::Push_r64, a).map_err(enc)?,
@@ -359,7 +467,7 @@ impl Emitter<'_> {
                 self.lea_rsp(RED_ZONE + 16)?,
                 br(Code::Jmp_rel32_64, back_store)?,
             ];
-            cold[0].set_ip(cold_store);
+            cold[0].set_ip(helper_store);
             self.cold.extend(cold);
         }
         Ok(true)

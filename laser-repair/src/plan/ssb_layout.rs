@@ -62,8 +62,28 @@ pub const ST_SUMMARY: i32 = 56;
 /// Offset 32..64 doubles as a sentinel entry "before" entry 0: its size field (offset 40)
 /// stays 0, so the inline tail check `entries[count-1]` needs no `count == 0` test.
 pub const ST_SENTINEL_SIZE: i32 = 40;
+/// `log_capacity * 32`, written whenever a thread looks its state up; 0 in the bypass state,
+/// so the inline append never fills the shared bypass state. (It sits in the sentinel's value
+/// field, which is never read: the sentinel's size never matches.)
+pub const ST_LIMIT: i32 = 48;
 pub const ST_ENTRIES: i32 = 64;
 pub const ENTRY_SIZE: u64 = 32;
+/// Slots of the word index that follows the log: slot `w & 63` holds `w << 8 | (i + 1)` for
+/// the youngest entry `i` appended that touches 8-byte word `w` (so capacity <= 255). A
+/// load whose summary bit is set looks here before scanning the log. Valid whenever the
+/// summary bit is set: every append sets the bit and writes the slot, and flush clears the
+/// summary.
+pub const INDEX_SLOTS: u64 = 64;
+
+/// Offset of the word index in a state block.
+pub fn index_offset(cfg: &RuntimeConfig) -> i32 {
+    ST_ENTRIES + (ENTRY_SIZE * u64::from(cfg.log_capacity)) as i32
+}
+
+/// Bytes of one thread's state block.
+pub fn state_size(cfg: &RuntimeConfig) -> u64 {
+    index_offset(cfg) as u64 + 8 * INDEX_SLOTS
+}
 
 /// Addresses of everything the rewritten region and the tracee need.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,7 +133,7 @@ pub(crate) fn round_up(x: u64, a: u64) -> u64 {
 /// Data bytes the runtime needs at the start of the cache mapping.
 pub fn data_len(cfg: &RuntimeConfig) -> u64 {
     let states = round_up(KEYS_OFF + 8 * u64::from(cfg.thread_slots), 64);
-    let state_size = ST_ENTRIES as u64 + ENTRY_SIZE * u64::from(cfg.log_capacity);
+    let state_size = state_size(cfg);
     // One extra state block: the bypass state.
     round_up(
         states + state_size * (u64::from(cfg.thread_slots) + 1),

@@ -38,10 +38,12 @@ pub fn generate(
     cache_addr: u64,
     cfg: &RuntimeConfig,
 ) -> Result<(Vec<u8>, RuntimeInfo), RefusalReason> {
-    if !cfg.thread_slots.is_power_of_two() || cfg.log_capacity == 0 || cfg.backedges_per_flush == 0
+    if !cfg.thread_slots.is_power_of_two()
+        || !(1..=255).contains(&cfg.log_capacity)
+        || cfg.backedges_per_flush == 0
     {
         return Err(RefusalReason::Encoding(format!(
-            "bad runtime config: {} slots (power of two needed), log {} entries, {} back-edges per flush",
+            "bad runtime config: {} slots (power of two needed), log {} entries (1..=255), {} back-edges per flush",
             cfg.thread_slots, cfg.log_capacity, cfg.backedges_per_flush
         )));
     }
@@ -54,7 +56,7 @@ pub fn generate(
         no_slot_addr: cache_addr + NO_SLOT_OFF,
         keys_addr: cache_addr + KEYS_OFF,
         states_addr,
-        state_size: ST_ENTRIES as u64 + ENTRY_SIZE * u64::from(cfg.log_capacity),
+        state_size: state_size(cfg),
     };
     let code_addr = cache_addr + dlen;
     let labels = g.emit().map_err(enc)?;
@@ -289,6 +291,7 @@ impl Gen {
         let mut done = self.a.create_label();
         self.prologue()?;
         let cap = self.cfg.log_capacity as i32;
+        let index = index_offset(&self.cfg);
         let a = &mut self.a;
         a.call(get_state)?;
         a.mov(r8, qword_ptr(rsp + ADDR_SLOT))?;
@@ -356,6 +359,16 @@ impl Gen {
         a.shr(rax, 3)?;
         a.bts(r10, rax)?;
         a.mov(qword_ptr(rcx + ST_SUMMARY), r10)?;
+        // Word index for the first and last word (rdx = entry index + 1).
+        for last in [0, size as i32 - 1] {
+            a.lea(rax, qword_ptr(r8 + last))?;
+            a.shr(rax, 3)?;
+            a.mov(r10, rax)?;
+            a.shl(r10, 8)?;
+            a.or(r10, rdx)?;
+            a.and(eax, 63)?;
+            a.mov(qword_ptr(rcx + rax * 8 + index), r10)?;
+        }
         a.jmp(done)?;
         a.set_label(&mut direct)?;
         self.store_direct(size)?;
@@ -463,8 +476,11 @@ impl Gen {
         a.set_label(&mut found)?;
         a.imul_3(rcx, rcx, ssize as i32)?;
         self.lea_abs(Register::RDX, states)?;
-        self.a.add(rcx, rdx)?;
-        self.a.ret()
+        let limit = (ENTRY_SIZE * u64::from(self.cfg.log_capacity)) as i32;
+        let a = &mut self.a;
+        a.add(rcx, rdx)?;
+        a.mov(qword_ptr(rcx + ST_LIMIT), limit)?;
+        a.ret()
     }
 
     /// Drains the log of state rcx in program order, then empties it.
