@@ -108,6 +108,15 @@ fn bench_gcc_false_sharing_ratios() {
     )
     .unwrap();
     const N: usize = 20_000_000;
+    let rt = &t.plan.runtime;
+    println!(
+        "code cache {:#x}..{:#x}, load helpers {:x?}, store helpers {:x?}, flush {:#x}",
+        t.plan.cache.code_addr,
+        t.plan.cache.code_addr + t.plan.cache.code.len() as u64,
+        rt.load,
+        rt.store,
+        rt.flush
+    );
     let inputs: Vec<Vec<i64>> = (0..2).map(|k| xs(k + 7, N)).collect();
     let time = |f: u64, stride: u64| -> f64 {
         let mut lines = [Line::default(); 4];

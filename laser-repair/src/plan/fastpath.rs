@@ -13,7 +13,9 @@
 use super::liveness::{bit, gpr, FLAGS};
 use super::refusal::RefusalReason;
 use super::rewrite::{enc, sized, Emitter, RED_ZONE};
-use super::ssb_runtime::{size_index, ST_BACKEDGES, ST_COUNT, ST_ENTRIES, ST_LIMIT, ST_SUMMARY};
+use super::ssb_runtime::{
+    index_offset, size_index, ST_BACKEDGES, ST_COUNT, ST_ENTRIES, ST_FLUSHES, ST_LIMIT, ST_SUMMARY,
+};
 use iced_x86::{Code, Encoder, Instruction, MemoryOperand, OpKind, Register};
 
 fn mem(base: Register, index: Register, displ: i64) -> MemoryOperand {
@@ -252,37 +254,62 @@ impl Emitter<'_> {
                 summary[0].set_ip(sum_label);
             }
             hot.extend(summary);
-            // Cold: the word index names the youngest entry touching the load's word; forward
-            // it if it is the same address and size. Anything else (index slot taken by
-            // another word, a load spanning two words, a partial overlap) calls the helper.
-            let index = i64::from(ST_ENTRIES) + i64::from(self.rt.config.log_capacity) * 32;
-            let mut cold = vec![
-                i2(Code::Mov_r64_rm64, c, a)?,
-                ri(Code::Shr_rm64_imm8, c, 3)?,
-            ];
+            // Cold: the byte-lane index names, for each byte of the load, the youngest log
+            // entry touching it. No entry -> read memory; one entry with the same address and
+            // size covering every byte -> forward it; anything else -> the helper.
+            let lanes = self.lane_code(size)?;
+            let direct_label = self.label();
+            let other_word = self.label();
+            let mut cold = Vec::new();
             if size > 1 {
                 cold.push(rm(
                     Code::Lea_r64_m,
                     m,
                     mem(a, Register::None, i64::from(size) - 1),
                 )?);
-                cold.push(ri(Code::Shr_rm64_imm8, m, 3)?);
-                cold.push(i2(Code::Cmp_r64_rm64, m, c)?);
-                cold.push(br(Code::Jne_rel32_64, helper_load)?);
+                cold.push(i2(Code::Xor_r64_rm64, m, a)?);
+                cold.push(ri(Code::Cmp_rm64_imm8, m, 8)?);
+                cold.push(br(Code::Jae_rel32_64, helper_load)?);
             }
             cold.extend([
+                i2(Code::Mov_r64_rm64, c, a)?,
+                ri(Code::Shr_rm64_imm8, c, 3)?,
                 i2(Code::Mov_r64_rm64, m, c)?,
                 ri(Code::And_rm64_imm8, m, 63)?,
-                rm(
-                    Code::Mov_r64_rm64,
-                    m,
-                    MemoryOperand::new(rs, m, 8, index, 8, false, Register::None),
-                )?,
-                i2(Code::Mov_r64_rm64, v, m)?,
-                ri(Code::Shr_rm64_imm8, v, 8)?,
-                i2(Code::Cmp_r64_rm64, v, c)?,
-                br(Code::Jne_rel32_64, helper_load)?,
-                i2(Code::Movzx_r32_rm8, sized(c, 4), sized(m, 1))?,
+                ri(Code::Shl_rm64_imm8, m, 5)?,
+                mr(Code::Cmp_rm64_r64, lanes.slot(m, 8), c)?,
+                br(Code::Jne_rel32_64, other_word)?,
+                i2(Code::Mov_r64_rm64, c, a)?,
+                ri(Code::And_rm64_imm8, c, 7)?,
+                i2(Code::Add_r64_rm64, c, m)?,
+                match size {
+                    1 => rm(Code::Movzx_r32_rm8, sized(v, 4), lanes.slot(c, 0))?,
+                    2 => rm(Code::Movzx_r32_rm16, sized(v, 4), lanes.slot(c, 0))?,
+                    4 => rm(Code::Mov_r32_rm32, sized(v, 4), lanes.slot(c, 0))?,
+                    _ => rm(Code::Mov_r64_rm64, v, lanes.slot(c, 0))?,
+                },
+                i2(Code::Test_rm64_r64, v, v)?,
+                br(Code::Je_rel32_64, direct_label)?,
+                i2(Code::Movzx_r32_rm8, sized(c, 4), sized(v, 1))?,
+            ]);
+            // 0xff marks "unknown" (slot shared with another word this period).
+            cold.push(ri(Code::Cmp_rm32_imm32, sized(c, 4), 0xff)?);
+            cold.push(br(Code::Je_rel32_64, helper_load)?);
+            if size > 1 {
+                let rep = if size == 2 { 0x0101 } else { 0x0101_0101 };
+                cold.push(
+                    Instruction::with3(Code::Imul_r32_rm32_imm32, sized(m, 4), sized(c, 4), rep)
+                        .map_err(enc)?,
+                );
+                cold.push(i2(Code::Cmp_r32_rm32, sized(v, 4), sized(m, 4))?);
+                cold.push(br(Code::Jne_rel32_64, helper_load)?);
+                if size == 8 {
+                    cold.push(ri(Code::Shr_rm64_imm8, v, 32)?);
+                    cold.push(i2(Code::Cmp_r32_rm32, sized(v, 4), sized(m, 4))?);
+                    cold.push(br(Code::Jne_rel32_64, helper_load)?);
+                }
+            }
+            cold.extend([
                 ri(Code::Shl_rm64_imm8, c, 5)?,
                 mi(Code::Cmp_rm64_imm8, entry(-24), size as i32)?,
                 br(Code::Jne_rel32_64, helper_load)?,
@@ -291,15 +318,26 @@ impl Emitter<'_> {
                 rm(Code::Mov_r64_rm64, v, entry(-16))?,
                 br(Code::Jmp_rel32_64, back_load)?,
             ]);
+            // The slot belongs to another word this period. Uncontested (no word ever lost
+            // it this period), so this word has no entry: read memory.
+            let mut ow = mi(Code::Cmp_rm64_imm8, lanes.slot(m, 24), 0)?;
+            ow.set_ip(other_word);
+            cold.extend([
+                ow,
+                br(Code::Je_rel32_64, direct_label)?,
+                br(Code::Jmp_rel32_64, helper_load)?,
+            ]);
             cold[0].set_ip(cold_load);
             self.cold.extend(cold);
             let am = MemoryOperand::with_base(a);
-            hot.push(match size {
+            let mut direct = match size {
                 1 => rm(Code::Movzx_r32_rm8, sized(v, 4), am)?,
                 2 => rm(Code::Movzx_r32_rm16, sized(v, 4), am)?,
                 4 => rm(Code::Mov_r32_rm32, sized(v, 4), am)?,
                 _ => rm(Code::Mov_r64_rm64, v, am)?,
-            });
+            };
+            direct.set_ip(direct_label);
+            hot.push(direct);
         }
         let mut restore_in = Vec::new();
         if flags_in {
@@ -382,10 +420,12 @@ impl Emitter<'_> {
             self.cold.extend(call_part);
         }
         if write {
-            // Append inline while the log has room. `c` = count * 32 from the tail check.
-            // The bypass state's limit is 0, so slot-less threads always reach the helper
-            // (which stores directly).
+            // Append inline while the log has room and the entry stays within one 8-byte
+            // word. `c` = count * 32 from the tail check. The bypass state's limit is 0, so
+            // slot-less threads always reach the helper (which stores directly).
             let helper_store = self.label();
+            let lanes = self.lane_code(size)?;
+            let (fresh, claim, set) = (self.label(), self.label(), self.label());
             let mut append = vec![
                 rm(
                     Code::Cmp_r64_rm64,
@@ -393,6 +433,18 @@ impl Emitter<'_> {
                     mem(rs, Register::None, ST_LIMIT.into()),
                 )?,
                 br(Code::Jae_rel32_64, helper_store)?,
+            ];
+            if size > 1 {
+                append.push(rm(
+                    Code::Lea_r64_m,
+                    m,
+                    mem(a, Register::None, i64::from(size) - 1),
+                )?);
+                append.push(i2(Code::Xor_r64_rm64, m, a)?);
+                append.push(ri(Code::Cmp_rm64_imm8, m, 8)?);
+                append.push(br(Code::Jae_rel32_64, helper_store)?);
+            }
+            append.extend([
                 mr(Code::Mov_rm64_r64, entry(0), a)?,
                 mi(Code::Mov_rm64_imm32, entry(8), size as i32)?,
                 mr(Code::Mov_rm64_r64, entry(16), v)?,
@@ -409,47 +461,78 @@ impl Emitter<'_> {
                 i2(Code::Mov_r64_rm64, c, a)?,
                 ri(Code::Shr_rm64_imm8, c, 3)?,
                 i2(Code::Bts_rm64_r64, m, c)?,
-            ];
-            if size > 1 {
-                append.push(rm(
-                    Code::Lea_r64_m,
-                    c,
-                    mem(a, Register::None, i64::from(size) - 1),
-                )?);
-                append.push(ri(Code::Shr_rm64_imm8, c, 3)?);
-                append.push(i2(Code::Bts_rm64_r64, m, c)?);
-            }
-            append.push(mr(
-                Code::Mov_rm64_r64,
-                mem(rs, Register::None, ST_SUMMARY.into()),
-                m,
-            )?);
-            // Word index: slot (word & 63) <- word << 8 | (entry index + 1), for the last
-            // word (in c) and, if different, the first. `v` is free: its value is logged.
-            let index = i64::from(ST_ENTRIES) + i64::from(self.rt.config.log_capacity) * 32;
-            let slot = |c: Register| MemoryOperand::new(rs, c, 8, index, 8, false, Register::None);
-            append.push(rm(
-                Code::Mov_r64_rm64,
-                m,
-                mem(rs, Register::None, ST_COUNT.into()),
-            )?);
-            let mut words = vec![];
-            if size > 1 {
-                words.push(None);
-            }
-            words.push(Some(()));
-            for first in words {
-                if first.is_some() && size > 1 {
-                    append.push(i2(Code::Mov_r64_rm64, c, a)?);
-                    append.push(ri(Code::Shr_rm64_imm8, c, 3)?);
-                } else if size == 1 {
-                    // c already holds the (only) word.
+                mr(
+                    Code::Mov_rm64_r64,
+                    mem(rs, Register::None, ST_SUMMARY.into()),
+                    m,
+                )?,
+                // Lane slot of word c: claim it for this word and flush period if needed.
+                i2(Code::Mov_r64_rm64, m, c)?,
+                ri(Code::And_rm64_imm8, m, 63)?,
+                ri(Code::Shl_rm64_imm8, m, 5)?,
+                rm(
+                    Code::Mov_r64_rm64,
+                    v,
+                    mem(rs, Register::None, ST_FLUSHES.into()),
+                )?,
+                mr(Code::Cmp_rm64_r64, lanes.slot(m, 16), v)?,
+                br(Code::Jne_rel32_64, fresh)?,
+                mr(Code::Cmp_rm64_r64, lanes.slot(m, 8), c)?,
+                br(Code::Je_rel32_64, set)?,
+                // Taken over from another word this period: lanes unknown, slot contested.
+                mi(Code::Mov_rm64_imm32, lanes.slot(m, 0), -1)?,
+                mi(Code::Mov_rm64_imm32, lanes.slot(m, 24), 1)?,
+                br(Code::Jmp_rel32_64, claim)?,
+            ]);
+            let mut f = mi(Code::Mov_rm64_imm32, lanes.slot(m, 0), 0)?;
+            f.set_ip(fresh);
+            append.push(f);
+            append.push(mi(Code::Mov_rm64_imm32, lanes.slot(m, 24), 0)?);
+            let mut cl = mr(Code::Mov_rm64_r64, lanes.slot(m, 8), c)?;
+            cl.set_ip(claim);
+            append.push(cl);
+            append.push(mr(Code::Mov_rm64_r64, lanes.slot(m, 16), v)?);
+            let mut st = i2(Code::Mov_r64_rm64, c, a)?;
+            st.set_ip(set);
+            append.push(st);
+            append.extend([
+                ri(Code::And_rm64_imm8, c, 7)?,
+                i2(Code::Add_r64_rm64, c, m)?,
+                rm(
+                    Code::Mov_r64_rm64,
+                    v,
+                    mem(rs, Register::None, ST_COUNT.into()),
+                )?,
+            ]);
+            match size {
+                1 => append.push(mr(Code::Mov_rm8_r8, lanes.slot(c, 0), sized(v, 1))?),
+                2 => {
+                    append.push(
+                        Instruction::with3(
+                            Code::Imul_r32_rm32_imm32,
+                            sized(v, 4),
+                            sized(v, 4),
+                            0x0101,
+                        )
+                        .map_err(enc)?,
+                    );
+                    append.push(mr(Code::Mov_rm16_r16, lanes.slot(c, 0), sized(v, 2))?);
                 }
-                append.push(i2(Code::Mov_r64_rm64, v, c)?);
-                append.push(ri(Code::Shl_rm64_imm8, v, 8)?);
-                append.push(i2(Code::Or_r64_rm64, v, m)?);
-                append.push(ri(Code::And_rm64_imm8, c, 63)?);
-                append.push(mr(Code::Mov_rm64_r64, slot(c), v)?);
+                _ => {
+                    append.push(
+                        Instruction::with3(
+                            Code::Imul_r32_rm32_imm32,
+                            sized(v, 4),
+                            sized(v, 4),
+                            0x0101_0101,
+                        )
+                        .map_err(enc)?,
+                    );
+                    append.push(mr(Code::Mov_rm32_r32, lanes.slot(c, 0), sized(v, 4))?);
+                    if size == 8 {
+                        append.push(mr(Code::Mov_rm32_r32, lanes.slot(c, 4), sized(v, 4))?);
+                    }
+                }
             }
             append.push(br(Code::Jmp_rel32_64, back_store)?);
             if self.rt.config.merge_any_entry_broken {
@@ -538,6 +621,31 @@ impl Emitter<'_> {
             self.push(ins);
         }
         Ok(true)
+    }
+}
+
+/// Addressing of the byte-lane index of the state in `rs`.
+pub(super) struct Lanes {
+    rs: Register,
+    base: i64,
+}
+
+impl Lanes {
+    /// `[rs + off + INDEX + extra]`, `off` a register holding a slot (or slot + byte) offset.
+    fn slot(&self, off: Register, extra: i64) -> MemoryOperand {
+        MemoryOperand::new(self.rs, off, 1, self.base + extra, 8, false, Register::None)
+    }
+}
+
+impl Emitter<'_> {
+    fn lane_code(&self, _size: u32) -> Result<Lanes, RefusalReason> {
+        let rs = self
+            .rs
+            .ok_or_else(|| RefusalReason::Encoding("no state register".into()))?;
+        Ok(Lanes {
+            rs,
+            base: i64::from(index_offset(&self.rt.config)),
+        })
     }
 }
 

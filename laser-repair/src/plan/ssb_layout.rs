@@ -68,21 +68,26 @@ pub const ST_SENTINEL_SIZE: i32 = 40;
 pub const ST_LIMIT: i32 = 48;
 pub const ST_ENTRIES: i32 = 64;
 pub const ENTRY_SIZE: u64 = 32;
-/// Slots of the word index that follows the log: slot `w & 63` holds `w << 8 | (i + 1)` for
-/// the youngest entry `i` appended that touches 8-byte word `w` (so capacity <= 255). A
-/// load whose summary bit is set looks here before scanning the log. Valid whenever the
-/// summary bit is set: every append sets the bit and writes the slot, and flush clears the
-/// summary.
+/// The byte-lane index that follows the log: 64 slots of 32 bytes
+/// `{ lanes: [u8; 8], word, period, contested }`. Slot `w & 63` describes 8-byte word `w`
+/// during flush period `period` (the flush counter): lane `j` holds `i + 1` for the youngest
+/// entry `i` touching byte `j` of the word, 0 for none, 0xff for unknown. `contested` is set
+/// when the slot was taken over from another word in the same period (lanes then start
+/// unknown); while it is clear, a word other than the owner has no entry at all this period.
+/// Only consulted while the summary bit of `w & 63` is set: every append sets the bit and
+/// claims the slot, and a flush clears the summary and starts a new period. Capacity is
+/// therefore at most 254 entries (0xff is "unknown").
 pub const INDEX_SLOTS: u64 = 64;
+pub const INDEX_SLOT_SIZE: u64 = 32;
 
-/// Offset of the word index in a state block.
+/// Offset of the byte-lane index in a state block.
 pub fn index_offset(cfg: &RuntimeConfig) -> i32 {
     ST_ENTRIES + (ENTRY_SIZE * u64::from(cfg.log_capacity)) as i32
 }
 
 /// Bytes of one thread's state block.
 pub fn state_size(cfg: &RuntimeConfig) -> u64 {
-    index_offset(cfg) as u64 + 8 * INDEX_SLOTS
+    index_offset(cfg) as u64 + INDEX_SLOT_SIZE * INDEX_SLOTS
 }
 
 /// Addresses of everything the rewritten region and the tracee need.

@@ -39,11 +39,11 @@ pub fn generate(
     cfg: &RuntimeConfig,
 ) -> Result<(Vec<u8>, RuntimeInfo), RefusalReason> {
     if !cfg.thread_slots.is_power_of_two()
-        || !(1..=255).contains(&cfg.log_capacity)
+        || !(1..=254).contains(&cfg.log_capacity)
         || cfg.backedges_per_flush == 0
     {
         return Err(RefusalReason::Encoding(format!(
-            "bad runtime config: {} slots (power of two needed), log {} entries (1..=255), {} back-edges per flush",
+            "bad runtime config: {} slots (power of two needed), log {} entries (1..=254), {} back-edges per flush",
             cfg.thread_slots, cfg.log_capacity, cfg.backedges_per_flush
         )));
     }
@@ -359,15 +359,36 @@ impl Gen {
         a.shr(rax, 3)?;
         a.bts(r10, rax)?;
         a.mov(qword_ptr(rcx + ST_SUMMARY), r10)?;
-        // Word index for the first and last word (rdx = entry index + 1).
-        for last in [0, size as i32 - 1] {
-            a.lea(rax, qword_ptr(r8 + last))?;
+        // Byte lanes (layout doc): for each byte of the entry, claim its word's slot for
+        // this flush period if needed, then set the byte's lane to rdx (entry index + 1).
+        a.mov(r9, qword_ptr(rcx + ST_FLUSHES))?;
+        for j in 0..size as i32 {
+            let mut fresh = a.create_label();
+            let mut claim = a.create_label();
+            let mut set = a.create_label();
+            a.lea(rax, qword_ptr(r8 + j))?;
             a.shr(rax, 3)?;
             a.mov(r10, rax)?;
-            a.shl(r10, 8)?;
-            a.or(r10, rdx)?;
-            a.and(eax, 63)?;
-            a.mov(qword_ptr(rcx + rax * 8 + index), r10)?;
+            a.and(r10d, 63)?;
+            a.shl(r10, 5)?;
+            a.cmp(qword_ptr(rcx + r10 + (index + 16)), r9)?;
+            a.jne(fresh)?;
+            a.cmp(qword_ptr(rcx + r10 + (index + 8)), rax)?;
+            a.je(set)?;
+            a.mov(qword_ptr(rcx + r10 + index), -1)?;
+            a.mov(qword_ptr(rcx + r10 + (index + 24)), 1)?;
+            a.jmp(claim)?;
+            a.set_label(&mut fresh)?;
+            a.mov(qword_ptr(rcx + r10 + index), 0)?;
+            a.mov(qword_ptr(rcx + r10 + (index + 24)), 0)?;
+            a.set_label(&mut claim)?;
+            a.mov(qword_ptr(rcx + r10 + (index + 8)), rax)?;
+            a.mov(qword_ptr(rcx + r10 + (index + 16)), r9)?;
+            a.set_label(&mut set)?;
+            a.lea(rax, qword_ptr(r8 + j))?;
+            a.and(eax, 7)?;
+            a.add(rax, r10)?;
+            a.mov(byte_ptr(rcx + rax + index), dl)?;
         }
         a.jmp(done)?;
         a.set_label(&mut direct)?;
