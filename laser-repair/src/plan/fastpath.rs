@@ -10,57 +10,15 @@
 //! liveness allows, else spilled below the red zone; flags are saved with `seto/lahf` only
 //! where they are live.
 
+use super::insn::{br, i2, mem, mi, mr, restore_flags, ri, rm, save_flags};
+use super::lanes::{Lanes, LoadLabels, Regs, StoreLabels};
 use super::liveness::{bit, gpr, FLAGS};
 use super::refusal::RefusalReason;
 use super::rewrite::{enc, sized, Emitter, RED_ZONE};
 use super::ssb_runtime::{
-    index_offset, size_index, ST_BACKEDGES, ST_COUNT, ST_ENTRIES, ST_FLUSHES, ST_LIMIT, ST_SUMMARY,
+    index_offset, size_index, ST_BACKEDGES, ST_COUNT, ST_ENTRIES, ST_SUMMARY,
 };
 use iced_x86::{Code, Encoder, Instruction, MemoryOperand, OpKind, Register};
-
-fn mem(base: Register, index: Register, displ: i64) -> MemoryOperand {
-    let ds = if i8::try_from(displ).is_ok() { 1 } else { 8 };
-    MemoryOperand::new(base, index, 1, displ, ds, false, Register::None)
-}
-
-fn i2(code: Code, a: Register, b: Register) -> Result<Instruction, RefusalReason> {
-    Instruction::with2(code, a, b).map_err(enc)
-}
-
-fn rm(code: Code, a: Register, m: MemoryOperand) -> Result<Instruction, RefusalReason> {
-    Instruction::with2(code, a, m).map_err(enc)
-}
-
-fn mr(code: Code, m: MemoryOperand, a: Register) -> Result<Instruction, RefusalReason> {
-    Instruction::with2(code, m, a).map_err(enc)
-}
-
-fn mi(code: Code, m: MemoryOperand, imm: i32) -> Result<Instruction, RefusalReason> {
-    Instruction::with2(code, m, imm).map_err(enc)
-}
-
-fn ri(code: Code, a: Register, imm: i32) -> Result<Instruction, RefusalReason> {
-    Instruction::with2(code, a, imm).map_err(enc)
-}
-
-fn br(code: Code, target: u64) -> Result<Instruction, RefusalReason> {
-    Instruction::with_branch(code, target).map_err(enc)
-}
-
-/// `seto al; lahf` / `add al,0x7f; sahf`: save and restore the six status flags in rax.
-fn save_flags() -> Result<[Instruction; 2], RefusalReason> {
-    Ok([
-        Instruction::with1(Code::Seto_rm8, Register::AL).map_err(enc)?,
-        Instruction::with(Code::Lahf),
-    ])
-}
-
-fn restore_flags() -> Result<[Instruction; 2], RefusalReason> {
-    Ok([
-        ri(Code::Add_AL_imm8, Register::AL, 0x7f)?,
-        Instruction::with(Code::Sahf),
-    ])
-}
 
 /// Candidate scratch registers, in preference order.
 const POOL: [Register; 14] = [
@@ -254,79 +212,16 @@ impl Emitter<'_> {
                 summary[0].set_ip(sum_label);
             }
             hot.extend(summary);
-            // Cold: the byte-lane index names, for each byte of the load, the youngest log
-            // entry touching it. No entry -> read memory; one entry with the same address and
-            // size covering every byte -> forward it; anything else -> the helper.
-            let lanes = self.lane_code(size)?;
             let direct_label = self.label();
             let other_word = self.label();
-            let mut cold = Vec::new();
-            if size > 1 {
-                cold.push(rm(
-                    Code::Lea_r64_m,
-                    m,
-                    mem(a, Register::None, i64::from(size) - 1),
-                )?);
-                cold.push(i2(Code::Xor_r64_rm64, m, a)?);
-                cold.push(ri(Code::Cmp_rm64_imm8, m, 8)?);
-                cold.push(br(Code::Jae_rel32_64, helper_load)?);
-            }
-            cold.extend([
-                i2(Code::Mov_r64_rm64, c, a)?,
-                ri(Code::Shr_rm64_imm8, c, 3)?,
-                i2(Code::Mov_r64_rm64, m, c)?,
-                ri(Code::And_rm64_imm8, m, 63)?,
-                ri(Code::Shl_rm64_imm8, m, 5)?,
-                mr(Code::Cmp_rm64_r64, lanes.slot(m, 8), c)?,
-                br(Code::Jne_rel32_64, other_word)?,
-                i2(Code::Mov_r64_rm64, c, a)?,
-                ri(Code::And_rm64_imm8, c, 7)?,
-                i2(Code::Add_r64_rm64, c, m)?,
-                match size {
-                    1 => rm(Code::Movzx_r32_rm8, sized(v, 4), lanes.slot(c, 0))?,
-                    2 => rm(Code::Movzx_r32_rm16, sized(v, 4), lanes.slot(c, 0))?,
-                    4 => rm(Code::Mov_r32_rm32, sized(v, 4), lanes.slot(c, 0))?,
-                    _ => rm(Code::Mov_r64_rm64, v, lanes.slot(c, 0))?,
-                },
-                i2(Code::Test_rm64_r64, v, v)?,
-                br(Code::Je_rel32_64, direct_label)?,
-                i2(Code::Movzx_r32_rm8, sized(c, 4), sized(v, 1))?,
-            ]);
-            // 0xff marks "unknown" (slot shared with another word this period).
-            cold.push(ri(Code::Cmp_rm32_imm32, sized(c, 4), 0xff)?);
-            cold.push(br(Code::Je_rel32_64, helper_load)?);
-            if size > 1 {
-                let rep = if size == 2 { 0x0101 } else { 0x0101_0101 };
-                cold.push(
-                    Instruction::with3(Code::Imul_r32_rm32_imm32, sized(m, 4), sized(c, 4), rep)
-                        .map_err(enc)?,
-                );
-                cold.push(i2(Code::Cmp_r32_rm32, sized(v, 4), sized(m, 4))?);
-                cold.push(br(Code::Jne_rel32_64, helper_load)?);
-                if size == 8 {
-                    cold.push(ri(Code::Shr_rm64_imm8, v, 32)?);
-                    cold.push(i2(Code::Cmp_r32_rm32, sized(v, 4), sized(m, 4))?);
-                    cold.push(br(Code::Jne_rel32_64, helper_load)?);
-                }
-            }
-            cold.extend([
-                ri(Code::Shl_rm64_imm8, c, 5)?,
-                mi(Code::Cmp_rm64_imm8, entry(-24), size as i32)?,
-                br(Code::Jne_rel32_64, helper_load)?,
-                mr(Code::Cmp_rm64_r64, entry(-32), a)?,
-                br(Code::Jne_rel32_64, helper_load)?,
-                rm(Code::Mov_r64_rm64, v, entry(-16))?,
-                br(Code::Jmp_rel32_64, back_load)?,
-            ]);
-            // The slot belongs to another word this period. Uncontested (no word ever lost
-            // it this period), so this word has no entry: read memory.
-            let mut ow = mi(Code::Cmp_rm64_imm8, lanes.slot(m, 24), 0)?;
-            ow.set_ip(other_word);
-            cold.extend([
-                ow,
-                br(Code::Je_rel32_64, direct_label)?,
-                br(Code::Jmp_rel32_64, helper_load)?,
-            ]);
+            let lanes = self.lane_code()?;
+            let labels = LoadLabels {
+                helper: helper_load,
+                direct: direct_label,
+                other_word,
+                back: back_load,
+            };
+            let mut cold = lanes.cold_load(&Regs { a, c, m, v }, size, &labels)?;
             cold[0].set_ip(cold_load);
             self.cold.extend(cold);
             let am = MemoryOperand::with_base(a);
@@ -424,117 +319,15 @@ impl Emitter<'_> {
             // word. `c` = count * 32 from the tail check. The bypass state's limit is 0, so
             // slot-less threads always reach the helper (which stores directly).
             let helper_store = self.label();
-            let lanes = self.lane_code(size)?;
-            let (fresh, claim, set) = (self.label(), self.label(), self.label());
-            let mut append = vec![
-                rm(
-                    Code::Cmp_r64_rm64,
-                    c,
-                    mem(rs, Register::None, ST_LIMIT.into()),
-                )?,
-                br(Code::Jae_rel32_64, helper_store)?,
-            ];
-            if size > 1 {
-                append.push(rm(
-                    Code::Lea_r64_m,
-                    m,
-                    mem(a, Register::None, i64::from(size) - 1),
-                )?);
-                append.push(i2(Code::Xor_r64_rm64, m, a)?);
-                append.push(ri(Code::Cmp_rm64_imm8, m, 8)?);
-                append.push(br(Code::Jae_rel32_64, helper_store)?);
-            }
-            append.extend([
-                mr(Code::Mov_rm64_r64, entry(0), a)?,
-                mi(Code::Mov_rm64_imm32, entry(8), size as i32)?,
-                mr(Code::Mov_rm64_r64, entry(16), v)?,
-                mi(
-                    Code::Add_rm64_imm8,
-                    mem(rs, Register::None, ST_COUNT.into()),
-                    1,
-                )?,
-                rm(
-                    Code::Mov_r64_rm64,
-                    m,
-                    mem(rs, Register::None, ST_SUMMARY.into()),
-                )?,
-                i2(Code::Mov_r64_rm64, c, a)?,
-                ri(Code::Shr_rm64_imm8, c, 3)?,
-                i2(Code::Bts_rm64_r64, m, c)?,
-                mr(
-                    Code::Mov_rm64_r64,
-                    mem(rs, Register::None, ST_SUMMARY.into()),
-                    m,
-                )?,
-                // Lane slot of word c: claim it for this word and flush period if needed.
-                i2(Code::Mov_r64_rm64, m, c)?,
-                ri(Code::And_rm64_imm8, m, 63)?,
-                ri(Code::Shl_rm64_imm8, m, 5)?,
-                rm(
-                    Code::Mov_r64_rm64,
-                    v,
-                    mem(rs, Register::None, ST_FLUSHES.into()),
-                )?,
-                mr(Code::Cmp_rm64_r64, lanes.slot(m, 16), v)?,
-                br(Code::Jne_rel32_64, fresh)?,
-                mr(Code::Cmp_rm64_r64, lanes.slot(m, 8), c)?,
-                br(Code::Je_rel32_64, set)?,
-                // Taken over from another word this period: lanes unknown, slot contested.
-                mi(Code::Mov_rm64_imm32, lanes.slot(m, 0), -1)?,
-                mi(Code::Mov_rm64_imm32, lanes.slot(m, 24), 1)?,
-                br(Code::Jmp_rel32_64, claim)?,
-            ]);
-            let mut f = mi(Code::Mov_rm64_imm32, lanes.slot(m, 0), 0)?;
-            f.set_ip(fresh);
-            append.push(f);
-            append.push(mi(Code::Mov_rm64_imm32, lanes.slot(m, 24), 0)?);
-            let mut cl = mr(Code::Mov_rm64_r64, lanes.slot(m, 8), c)?;
-            cl.set_ip(claim);
-            append.push(cl);
-            append.push(mr(Code::Mov_rm64_r64, lanes.slot(m, 16), v)?);
-            let mut st = i2(Code::Mov_r64_rm64, c, a)?;
-            st.set_ip(set);
-            append.push(st);
-            append.extend([
-                ri(Code::And_rm64_imm8, c, 7)?,
-                i2(Code::Add_r64_rm64, c, m)?,
-                rm(
-                    Code::Mov_r64_rm64,
-                    v,
-                    mem(rs, Register::None, ST_COUNT.into()),
-                )?,
-            ]);
-            match size {
-                1 => append.push(mr(Code::Mov_rm8_r8, lanes.slot(c, 0), sized(v, 1))?),
-                2 => {
-                    append.push(
-                        Instruction::with3(
-                            Code::Imul_r32_rm32_imm32,
-                            sized(v, 4),
-                            sized(v, 4),
-                            0x0101,
-                        )
-                        .map_err(enc)?,
-                    );
-                    append.push(mr(Code::Mov_rm16_r16, lanes.slot(c, 0), sized(v, 2))?);
-                }
-                _ => {
-                    append.push(
-                        Instruction::with3(
-                            Code::Imul_r32_rm32_imm32,
-                            sized(v, 4),
-                            sized(v, 4),
-                            0x0101_0101,
-                        )
-                        .map_err(enc)?,
-                    );
-                    append.push(mr(Code::Mov_rm32_r32, lanes.slot(c, 0), sized(v, 4))?);
-                    if size == 8 {
-                        append.push(mr(Code::Mov_rm32_r32, lanes.slot(c, 4), sized(v, 4))?);
-                    }
-                }
-            }
-            append.push(br(Code::Jmp_rel32_64, back_store)?);
+            let lanes = self.lane_code()?;
+            let labels = StoreLabels {
+                helper: helper_store,
+                fresh: self.label(),
+                claim: self.label(),
+                set: self.label(),
+                back: back_store,
+            };
+            let mut append = lanes.inline_append(&Regs { a, c, m, v }, size, &labels)?;
             if self.rt.config.merge_any_entry_broken {
                 // The test-only mutation lives in the helper: always go there.
                 append = vec![br(Code::Jmp_rel32_64, helper_store)?];
@@ -624,21 +417,8 @@ impl Emitter<'_> {
     }
 }
 
-/// Addressing of the byte-lane index of the state in `rs`.
-pub(super) struct Lanes {
-    rs: Register,
-    base: i64,
-}
-
-impl Lanes {
-    /// `[rs + off + INDEX + extra]`, `off` a register holding a slot (or slot + byte) offset.
-    fn slot(&self, off: Register, extra: i64) -> MemoryOperand {
-        MemoryOperand::new(self.rs, off, 1, self.base + extra, 8, false, Register::None)
-    }
-}
-
 impl Emitter<'_> {
-    fn lane_code(&self, _size: u32) -> Result<Lanes, RefusalReason> {
+    fn lane_code(&self) -> Result<Lanes, RefusalReason> {
         let rs = self
             .rs
             .ok_or_else(|| RefusalReason::Encoding("no state register".into()))?;

@@ -34,6 +34,8 @@
 pub mod cfg;
 pub mod classify;
 pub mod fastpath;
+pub mod insn;
+pub mod lanes;
 pub mod liveness;
 pub mod refusal;
 pub mod region;
