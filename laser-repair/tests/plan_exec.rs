@@ -602,3 +602,37 @@ fn undo_map_points_and_stub_run() {
     fn2(first_seq.1)(&mut c as *mut u64 as u64, 5);
     assert_eq!(c, 5);
 }
+
+/// A thread stopped inside the region continues at `map_pc(pc)`: entering the counter loop at
+/// its top or at `dec rsi` through the pc map (fast path: through the entry trampoline that
+/// sets the state register) must do exactly what the original does from there.
+#[test]
+fn pc_map_entries_continue_like_the_original() {
+    use laser_repair::plan::PlanOptions;
+    for fast in [true, false] {
+        let opts = PlanOptions {
+            inline_fast_path: fast,
+            ..PlanOptions::default()
+        };
+        let t = twin(&counter_loop, &store_pcs, opts).unwrap();
+        let insns: Vec<u64> =
+            iced_x86::Decoder::with_ip(64, t.area.bytes(t.native, t.len), t.native, 0)
+                .into_iter()
+                .map(|i| i.ip())
+                .collect();
+        // Instruction 0 is `mov rax,[rdi]`, 3 is `dec rsi`: nothing live but rdi and rsi.
+        for k in [0usize, 3] {
+            let native_pc = insns[k];
+            let old_pc = t.repaired + (native_pc - t.native);
+            let new_pc = t
+                .plan
+                .map_pc(old_pc)
+                .expect("region instruction in the pc map");
+            let (mut a, mut b) = (0u64, 0u64);
+            fn2(native_pc)(&mut a as *mut u64 as u64, 50);
+            fn2(new_pc)(&mut b as *mut u64 as u64, 50);
+            assert_eq!(a, b, "entry at instruction {k}, fast path {fast}");
+            assert_eq!(a, if k == 0 { 50 } else { 49 });
+        }
+    }
+}
