@@ -247,6 +247,7 @@ fn runtime_contains_rtm_flush_and_probe() {
         a.ret().unwrap();
     });
     let p = plan_on(&code, &[BASE], PlanOptions::default()).unwrap();
+    assert!(p.cache.map_len() <= PlanOptions::default().cache_reservation());
     let rt = &p.runtime;
     let bytes = &p.cache.code[..rt.code_len as usize];
     let insns: Vec<_> = Decoder::with_ip(64, bytes, rt.code_addr, DecoderOptions::NONE)

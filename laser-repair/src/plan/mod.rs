@@ -76,6 +76,18 @@ pub struct PlanOptions {
     pub inline_fast_path: bool,
 }
 
+/// Code bytes reserved after the runtime's data in a cache mapping (helpers take ~10 KiB; the
+/// rest is for the rewritten region, which grows ~20x over the original instructions).
+pub const CODE_RESERVATION: u64 = 256 * 1024;
+
+impl PlanOptions {
+    /// Bytes the tracee should map at `cache_addr` before planning: the runtime's data plus
+    /// [`CODE_RESERVATION`]. [`plan`] refuses a region whose code would not fit.
+    pub fn cache_reservation(&self) -> u64 {
+        ssb_layout::data_len(&self.runtime) + CODE_RESERVATION
+    }
+}
+
 impl Default for PlanOptions {
     fn default() -> Self {
         PlanOptions {
@@ -197,6 +209,11 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<RepairPlan, Refusal> {
     let mut code = rt_code;
     code.resize((region_addr - rt.code_addr) as usize, 0xcc);
     code.extend_from_slice(&rw.code);
+    let need = rt.data_len + code.len() as u64;
+    let have = req.options.cache_reservation();
+    if need > have {
+        return Err(RefusalReason::CacheTooSmall { need, have }.into());
+    }
     let mut patches = Vec::new();
     for &b in &region.entries {
         let blk = &g.blocks[b];

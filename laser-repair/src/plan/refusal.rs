@@ -41,6 +41,8 @@ pub enum RefusalReason {
         "estimated {estimated:.1} stores per flush, below the {minimum:.1} that pays for the SSB"
     )]
     TooFewStoresPerFlush { estimated: f64, minimum: f64 },
+    #[error("code cache needs {need} bytes, {have} reserved")]
+    CacheTooSmall { need: u64, have: u64 },
     #[error("code generation failed: {0}")]
     Encoding(String),
 }
