@@ -636,3 +636,49 @@ fn pc_map_entries_continue_like_the_original() {
         }
     }
 }
+
+/// Forwarding must give exactly what memory would: a 4-byte store from a register with
+/// dirty upper bits, then a 4-byte load of the same address, must zero-extend; narrower
+/// and overlapping loads see the right bytes.
+#[test]
+fn forwarding_respects_sizes_and_zero_extension() {
+    fn body(a: &mut CodeAssembler) {
+        let mut top = a.create_label();
+        a.mov(rax, 0xdead_beef_0000_0000u64 | 0x1234_5678).unwrap();
+        a.mov(rcx, -1i64).unwrap();
+        a.mov(rdx, -1i64).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(dword_ptr(rdi), eax).unwrap(); // store 4 (rax has dirty upper bits)
+        a.mov(ecx, dword_ptr(rdi)).unwrap(); // forwarded: must be zero-extended
+        a.mov(qword_ptr(rdi + 8), rcx).unwrap();
+        a.mov(word_ptr(rdi + 16), ax).unwrap();
+        a.movzx(edx, byte_ptr(rdi + 17)).unwrap(); // overlaps the 2-byte entry: flush + load
+        a.mov(qword_ptr(rdi + 24), rdx).unwrap();
+        a.mov(r8, qword_ptr(rdi)).unwrap(); // 8-byte load over a 4-byte entry
+        a.mov(qword_ptr(rdi + 32), r8).unwrap();
+        a.dec(rsi).unwrap();
+        a.jnz(top).unwrap();
+        a.ret().unwrap();
+    }
+    for fast in [true, false] {
+        let opts = laser_repair::plan::PlanOptions {
+            inline_fast_path: fast,
+            ..permissive()
+        };
+        let t = twin(
+            &body,
+            &|b, c| store_pcs(b, c).into_iter().take(1).collect(),
+            opts,
+        )
+        .unwrap();
+        assert_eq!(t.plan.state_register.is_some(), fast);
+        let (mut x, mut y) = ([0xffu8; 48], [0xffu8; 48]);
+        fn2(t.native)(x.as_mut_ptr() as u64, 3);
+        fn2(t.repaired)(y.as_mut_ptr() as u64, 3);
+        assert_eq!(x, y, "fast path {fast}");
+        assert_eq!(
+            u64::from_le_bytes(x[8..16].try_into().unwrap()),
+            0x1234_5678
+        );
+    }
+}

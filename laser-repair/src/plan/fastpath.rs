@@ -77,10 +77,38 @@ impl Emitter<'_> {
         }
         // Dead registers first: they cost nothing.
         pool.sort_by_key(|r| bit(*r).is_some_and(|b| live_now & b != 0));
+        // Plain `mov` loads and stores use the instruction's own register as V: the value
+        // moves straight between it and the log or memory, with no copy and no spill.
+        let own = match i.code() {
+            Code::Mov_r64_rm64 | Code::Mov_r32_rm32 if read && !write && op == 1 => {
+                Some(i.op0_register())
+            }
+            Code::Mov_rm64_r64 | Code::Mov_rm32_r32 | Code::Mov_rm16_r16 | Code::Mov_rm8_r8
+                if write && !read && op == 0 =>
+            {
+                let r = i.op1_register();
+                (!matches!(r, Register::AH | Register::CH | Register::DH | Register::BH))
+                    .then_some(r)
+            }
+            _ => None,
+        };
         // V must let the instruction encode with it in place of the memory operand.
         let mut enc64 = Encoder::new(64);
         let mut v = None;
-        for &t in &pool {
+        if let Some(r) = own {
+            // A 4-byte load zero-extends; forwarded values may carry garbage above the size.
+            let body = (read && size == 4)
+                .then(|| {
+                    i2(
+                        Code::Mov_r32_rm32,
+                        sized(r.full_register(), 4),
+                        sized(r.full_register(), 4),
+                    )
+                })
+                .transpose()?;
+            v = Some((r.full_register(), body));
+        }
+        for &t in pool.iter().filter(|_| own.is_none()) {
             let b = bit(t).unwrap_or(0);
             if taken & b != 0 {
                 continue;
@@ -95,7 +123,7 @@ impl Emitter<'_> {
             ii.set_memory_displ_size(0);
             ii.set_ip(0);
             if enc64.encode(&ii, 0).is_ok() {
-                v = Some((t, ii));
+                v = Some((t, Some(ii)));
                 taken |= b;
                 break;
             }
@@ -112,8 +140,14 @@ impl Emitter<'_> {
         let (Some(a), Some(c), Some(m)) = (pick(), pick(), pick()) else {
             return Ok(false);
         };
-        let mut spills: Vec<Register> = [v, a, c, m]
-            .into_iter()
+        let scratch: &[Register] = if own.is_some() {
+            &[a, c, m]
+        } else {
+            &[v, a, c, m]
+        };
+        let mut spills: Vec<Register> = scratch
+            .iter()
+            .copied()
             .filter(|r| bit(*r).is_some_and(|b| live_now & b != 0))
             .collect();
         if need_rax && live_now & rax != 0 {
@@ -283,7 +317,11 @@ impl Emitter<'_> {
         // A label must sit on an instruction: the back_load label goes on the first
         // instruction after the load (restore, body).
         let mut after_load: Vec<Instruction> = restore_in;
-        after_load.push(body);
+        after_load.extend(body);
+        if after_load.is_empty() {
+            // The back_load label needs an instruction to sit on.
+            after_load.push(Instruction::with(Code::Nopd));
+        }
         for (n, ins) in after_load.into_iter().enumerate() {
             emit(self, ins, (n == 0).then_some(back_load));
         }

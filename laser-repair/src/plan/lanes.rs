@@ -185,17 +185,20 @@ impl Lanes {
                 mem(rs, Register::None, ST_SUMMARY.into()),
                 m,
             )?,
-            // Lane slot of word c: l.claim it for this word and flush period if needed.
+            // Lane slot of word c: claim it for this word and flush period if needed. Only c
+            // and m are clobbered: v may be the instruction's own source register.
             i2(Code::Mov_r64_rm64, m, c)?,
             ri(Code::And_rm64_imm8, m, 63)?,
             ri(Code::Shl_rm64_imm8, m, 5)?,
             rm(
                 Code::Mov_r64_rm64,
-                v,
+                c,
                 mem(rs, Register::None, ST_FLUSHES.into()),
             )?,
-            mr(Code::Cmp_rm64_r64, self.slot(m, 16), v)?,
+            mr(Code::Cmp_rm64_r64, self.slot(m, 16), c)?,
             br(Code::Jne_rel32_64, l.fresh)?,
+            i2(Code::Mov_r64_rm64, c, a)?,
+            ri(Code::Shr_rm64_imm8, c, 3)?,
             mr(Code::Cmp_rm64_r64, self.slot(m, 8), c)?,
             br(Code::Je_rel32_64, l.set)?,
             // Taken over from another word this period: lanes unknown, slot contested.
@@ -207,10 +210,19 @@ impl Lanes {
         f.set_ip(l.fresh);
         append.push(f);
         append.push(mi(Code::Mov_rm64_imm32, self.slot(m, 24), 0)?);
-        let mut cl = mr(Code::Mov_rm64_r64, self.slot(m, 8), c)?;
+        let mut cl = i2(Code::Mov_r64_rm64, c, a)?;
         cl.set_ip(l.claim);
-        append.push(cl);
-        append.push(mr(Code::Mov_rm64_r64, self.slot(m, 16), v)?);
+        append.extend([
+            cl,
+            ri(Code::Shr_rm64_imm8, c, 3)?,
+            mr(Code::Mov_rm64_r64, self.slot(m, 8), c)?,
+            rm(
+                Code::Mov_r64_rm64,
+                c,
+                mem(rs, Register::None, ST_FLUSHES.into()),
+            )?,
+            mr(Code::Mov_rm64_r64, self.slot(m, 16), c)?,
+        ]);
         let mut st = i2(Code::Mov_r64_rm64, c, a)?;
         st.set_ip(l.set);
         append.push(st);
@@ -219,32 +231,32 @@ impl Lanes {
             i2(Code::Add_r64_rm64, c, m)?,
             rm(
                 Code::Mov_r64_rm64,
-                v,
+                m,
                 mem(rs, Register::None, ST_COUNT.into()),
             )?,
         ]);
         match size {
-            1 => append.push(mr(Code::Mov_rm8_r8, self.slot(c, 0), sized(v, 1))?),
+            1 => append.push(mr(Code::Mov_rm8_r8, self.slot(c, 0), sized(m, 1))?),
             2 => {
                 append.push(
-                    Instruction::with3(Code::Imul_r32_rm32_imm32, sized(v, 4), sized(v, 4), 0x0101)
+                    Instruction::with3(Code::Imul_r32_rm32_imm32, sized(m, 4), sized(m, 4), 0x0101)
                         .map_err(enc)?,
                 );
-                append.push(mr(Code::Mov_rm16_r16, self.slot(c, 0), sized(v, 2))?);
+                append.push(mr(Code::Mov_rm16_r16, self.slot(c, 0), sized(m, 2))?);
             }
             _ => {
                 append.push(
                     Instruction::with3(
                         Code::Imul_r32_rm32_imm32,
-                        sized(v, 4),
-                        sized(v, 4),
+                        sized(m, 4),
+                        sized(m, 4),
                         0x0101_0101,
                     )
                     .map_err(enc)?,
                 );
-                append.push(mr(Code::Mov_rm32_r32, self.slot(c, 0), sized(v, 4))?);
+                append.push(mr(Code::Mov_rm32_r32, self.slot(c, 0), sized(m, 4))?);
                 if size == 8 {
-                    append.push(mr(Code::Mov_rm32_r32, self.slot(c, 4), sized(v, 4))?);
+                    append.push(mr(Code::Mov_rm32_r32, self.slot(c, 4), sized(m, 4))?);
                 }
             }
         }
