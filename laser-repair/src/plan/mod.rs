@@ -24,6 +24,23 @@
 //! region, entry blocks shorter than the 5-byte jmp, calls under the entry jmp, a code cache
 //! out of rel32 reach, and regions estimated to store too little per flush.
 //!
+//! Two code paths. When liveness finds a register dead in the whole region (typically r11 in
+//! a loop without calls), it holds the thread's SSB state ([`RepairPlan::state_register`],
+//! set by an entry trampoline) and accesses run inline: a summary bitmap and a byte-lane
+//! index answer "is this load in the log?" without scanning, the tail merge and the append
+//! are inline, and only rare cases (full log, two-word entries, partial overlaps) call the
+//! helpers. Otherwise every access calls a helper that finds the state through `%fs:0`.
+//! Scratch registers come from liveness; live ones are spilled on the stack below the red
+//! zone (`lea rsp,[rsp-128]` first: the stack is thread-private and the red zone untouched);
+//! flags are saved with `seto/lahf … add/sahf` only where liveness says they are live.
+//!
+//! Cost (measured side by side, see the `bench_*` tests): a tight `counter++` loop runs ~6x
+//! slower single-threaded; a gcc -O2 loop with three stores per iteration ~10x. Tail-only
+//! merging (required by TSO) cannot coalesce interleaved stores to several addresses, so
+//! each costs an append and the log drains every ~20 iterations. On this machine's cheap
+//! false sharing (1.2–4x) the repair does not beat native; it pays only where line transfers
+//! cost more than ~100 instructions per store.
+//!
 //! Known limits: a signal handler running on a thread stopped inside the region does not see
 //! that thread's buffered stores (and must not itself enter the region); a store to an
 //! invalid address faults at the flush, not at the store; code outside the function jumping
