@@ -1,0 +1,295 @@
+//! `plan`: the pure half of the repair. Code bytes and addresses in; the bytes of a code cache
+//! (SSB runtime + rewritten region), a patch list and a pc map out. No process needed: the
+//! only input seam is [`CodeSource`].
+//!
+//! Pipeline: [`cfg`](mod@cfg) (decode the function, blocks, back-edges, natural loops) →
+//! [`classify`] (what to do with each instruction) → [`region`] (innermost loop around each
+//! contending PC; refusals; stores-per-flush estimate) → [`liveness`] (GPRs and each status
+//! flag) → [`rewrite`] + [`fastpath`] (code generation) and [`ssb_runtime`] (helpers).
+//!
+//! What the rewriter handles:
+//! - every instruction with one explicit memory operand of 1, 2, 4 or 8 bytes that has a
+//!   general-register form (mov, movzx/movsx/movsxd, ALU ops and RMW, cmp/test, imul, shifts,
+//!   setcc, cmov, inc/dec/neg/not, cvtsi2sd-style GPR sources, …), any addressing mode
+//!   including rip-relative and rsp-based;
+//! - flush-then-execute for locked and implicitly locked instructions (xchg, and xadd/cmpxchg
+//!   with memory), fences, `pause`, syscalls, cpuid/rdtsc, clflush, non-temporal stores,
+//!   push/pop/leave and string instructions (implicit accesses), `%fs`/`%gs` accesses, `ret`;
+//! - calls leave the region (flush, continue at the original call), so return addresses on
+//!   stacks always point into original code.
+//!
+//! Refused ([`RefusalReason`]): SSE/AVX/x87 memory operands (sizes 16/32 are not rewritten),
+//! bit-string `bt*` with a register offset, conditional memory writes, instructions using rsp
+//! as data, 32-bit address size, indirect jumps and transactional instructions in the
+//! region, entry blocks shorter than the 5-byte jmp, calls under the entry jmp, a code cache
+//! out of rel32 reach, and regions estimated to store too little per flush.
+//!
+//! Two code paths. When liveness finds a register dead in the whole region (typically r11 in
+//! a loop without calls), it holds the thread's SSB state ([`RepairPlan::state_register`],
+//! set by an entry trampoline) and accesses run inline: a summary bitmap and a byte-lane
+//! index answer "is this load in the log?" without scanning, the tail merge and the append
+//! are inline, and only rare cases (full log, two-word entries, partial overlaps) call the
+//! helpers. Otherwise every access calls a helper that finds the state through `%fs:0`.
+//! Scratch registers come from liveness; live ones are spilled on the stack below the red
+//! zone (`lea rsp,[rsp-128]` first: the stack is thread-private and the red zone untouched);
+//! flags are saved with `seto/lahf … add/sahf` only where liveness says they are live.
+//!
+//! Cost (measured side by side, see the `bench_*` tests): a tight `counter++` loop runs ~6x
+//! slower single-threaded; a gcc -O2 loop with three stores per iteration ~10x. Tail-only
+//! merging (required by TSO) cannot coalesce interleaved stores to several addresses, so
+//! each costs an append and the log drains every ~20 iterations. On this machine's cheap
+//! false sharing (1.2–4x) the repair does not beat native; it pays only where line transfers
+//! cost more than ~100 instructions per store.
+//!
+//! Known limits: a signal handler running on a thread stopped inside the region does not see
+//! that thread's buffered stores (and must not itself enter the region); a store to an
+//! invalid address faults at the flush, not at the store; code outside the function jumping
+//! into the bytes under an entry jmp (other than its first byte) is not detected; thread state
+//! keys on `%fs:0` (glibc/musl TCB self-pointer), and threads with `%fs:0 == 0` or beyond the
+//! slot pool run natively (correct, unbuffered).
+
+pub mod cfg;
+pub mod classify;
+pub mod fastpath;
+pub mod insn;
+pub mod lanes;
+pub mod liveness;
+pub mod refusal;
+pub mod region;
+pub mod rewrite;
+pub mod source;
+pub mod ssb_layout;
+pub mod ssb_runtime;
+
+pub use refusal::{Refusal, RefusalReason};
+pub use region::Region;
+pub use source::{CodeBytes, CodeSource};
+pub use ssb_runtime::{RuntimeConfig, RuntimeInfo, SsbMode};
+
+/// What to repair and where the code cache will live.
+#[derive(Clone, Copy)]
+pub struct PlanRequest<'a> {
+    pub code: &'a dyn CodeSource,
+    /// `[start, end)` of the enclosing function from ELF symbols, if known; otherwise the
+    /// planner scans (see [`cfg::guess_function_bounds`]).
+    pub function: Option<(u64, u64)>,
+    pub contending_pcs: &'a [u64],
+    /// Page-aligned address of the mapping the tracee will create, within ±2 GiB of the code.
+    /// Layout: `[cache_addr, +data_len)` RW zero-filled data, then the code (RX).
+    pub cache_addr: u64,
+    pub options: PlanOptions,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlanOptions {
+    pub runtime: RuntimeConfig,
+    /// Refuse regions whose estimated stores per flush are below this (flushes cost a
+    /// helper call and a line transfer each; one store per flush is slower than native).
+    pub min_stores_per_flush: f64,
+    /// Bytes to scan either side of a PC when no function bounds are given.
+    pub scan_limit: u64,
+    /// Use the inline fast path when a register is free for the state pointer (else every
+    /// access calls a helper). Off only to test the helper path on its own.
+    pub inline_fast_path: bool,
+}
+
+/// Code bytes reserved after the runtime's data in a cache mapping (helpers take ~10 KiB; the
+/// rest is for the rewritten region, which grows ~20x over the original instructions).
+pub const CODE_RESERVATION: u64 = 256 * 1024;
+
+impl PlanOptions {
+    /// Bytes the tracee should map at `cache_addr` before planning: the runtime's data plus
+    /// [`CODE_RESERVATION`]. [`plan`] refuses a region whose code would not fit.
+    pub fn cache_reservation(&self) -> u64 {
+        ssb_layout::data_len(&self.runtime) + CODE_RESERVATION
+    }
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            runtime: RuntimeConfig::default(),
+            min_stores_per_flush: 4.0,
+            scan_limit: 16 * 1024,
+            inline_fast_path: true,
+        }
+    }
+}
+
+/// Bytes to write into the target, and what they replace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Patch {
+    pub addr: u64,
+    pub old_bytes: Vec<u8>,
+    pub new_bytes: Vec<u8>,
+}
+
+/// The code cache image: `data_len` zero bytes (RW) followed by `code` (RX) at `code_addr`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodeCache {
+    pub addr: u64,
+    pub data_len: u64,
+    pub code_addr: u64,
+    pub code: Vec<u8>,
+}
+
+impl CodeCache {
+    /// Total bytes to map at `addr`, rounded to pages.
+    pub fn map_len(&self) -> u64 {
+        (self.data_len + self.code.len() as u64).div_ceil(4096) * 4096
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RepairPlan {
+    pub function: (u64, u64),
+    pub region: Region,
+    pub cache: CodeCache,
+    /// Entry jumps; apply after the cache is mapped and written, undo by writing `old_bytes`.
+    pub patches: Vec<Patch>,
+    /// `(old_pc, new_pc)` for every instruction of the region: a thread stopped at `old_pc`
+    /// continues correctly at `new_pc` (its log is empty: it has not used the SSB yet).
+    pub pc_map: Vec<(u64, u64)>,
+    pub runtime: RuntimeInfo,
+    /// Undo safe points: `(pc in the code cache, pc to continue at)`. A thread stopped at such
+    /// a pc (the start of an instruction's rewritten sequence, or an entry trampoline) can be
+    /// moved to the second pc: for a sequence start that is a stub in the cache that flushes
+    /// the thread's log and jumps to the original instruction; for a trampoline it is the
+    /// original instruction itself. A thread stopped elsewhere in the cache (inside a
+    /// sequence, a stub or a helper) must first be single-stepped to one of these pcs.
+    pub undo_map: Vec<(u64, u64)>,
+    /// Register that holds the thread's SSB state inside the region (inline fast path), or
+    /// `None` when every access calls a helper.
+    pub state_register: Option<iced_x86::Register>,
+}
+
+impl RepairPlan {
+    /// Where a thread stopped at `pc` must continue, if `pc` is inside the region.
+    pub fn map_pc(&self, pc: u64) -> Option<u64> {
+        self.pc_map.iter().find(|&&(o, _)| o == pc).map(|&(_, n)| n)
+    }
+}
+
+const JMP_LEN: u64 = 5;
+
+/// Plans the repair of the code around `req.contending_pcs`.
+pub fn plan(req: &PlanRequest<'_>) -> Result<RepairPlan, Refusal> {
+    let first_pc = *req
+        .contending_pcs
+        .first()
+        .ok_or(RefusalReason::NoContendingPcs)?;
+    let (start, end) = match req.function {
+        Some(b) => b,
+        None => cfg::guess_function_bounds(req.code, first_pc, req.options.scan_limit)?,
+    };
+    // rel32 reach from both ends of the function to both ends of a (generous) cache.
+    const REACH: u64 = (1 << 31) - (64 << 20);
+    if req.cache_addr.abs_diff(start) > REACH || req.cache_addr.abs_diff(end) > REACH {
+        return Err(RefusalReason::CacheOutOfReach {
+            pc: start,
+            cache: req.cache_addr,
+        }
+        .into());
+    }
+    let g = cfg::Cfg::build(req.code, start, end)?;
+    let tr = region::treatments(&g);
+    let rt_cfg = req.options.runtime;
+    let region = region::select(
+        &g,
+        &tr,
+        req.contending_pcs,
+        rt_cfg.backedges_per_flush,
+        req.options.min_stores_per_flush,
+    )?;
+    for &b in &region.entries {
+        let blk = &g.blocks[b];
+        if blk.end - blk.start < JMP_LEN {
+            return Err(RefusalReason::EntryTooShort {
+                pc: blk.start,
+                len: blk.end - blk.start,
+            }
+            .into());
+        }
+    }
+    let (rt_code, rt) = ssb_runtime::generate(req.cache_addr, &rt_cfg)?;
+    let region_addr = (rt.code_addr + rt.code_len).div_ceil(16) * 16;
+    let live = liveness::analyze(&g, &tr);
+    let rw = rewrite::rewrite(
+        &g,
+        &tr,
+        &region,
+        &live,
+        &rt,
+        region_addr,
+        req.options.inline_fast_path,
+    )?;
+    let mut code = rt_code;
+    code.resize((region_addr - rt.code_addr) as usize, 0xcc);
+    code.extend_from_slice(&rw.code);
+    let need = rt.data_len + code.len() as u64;
+    let have = req.options.cache_reservation();
+    if need > have {
+        return Err(RefusalReason::CacheTooSmall { need, have }.into());
+    }
+    let mut patches = Vec::new();
+    for &b in &region.entries {
+        let blk = &g.blocks[b];
+        let target = rw
+            .pc_map
+            .iter()
+            .find(|&&(o, _)| o == blk.start)
+            .map(|&(_, n)| n)
+            .unwrap_or(region_addr);
+        let rel = target as i64 - (blk.start + JMP_LEN) as i64;
+        let rel = i32::try_from(rel).map_err(|_| RefusalReason::CacheOutOfReach {
+            pc: blk.start,
+            cache: req.cache_addr,
+        })?;
+        // Cover whole instructions: the bytes after the jmp up to the next boundary become int3.
+        let cover_end = g.insns[blk.insns.clone()]
+            .iter()
+            .map(|i| i.next_ip())
+            .find(|&e| e >= blk.start + JMP_LEN)
+            .unwrap_or(blk.end);
+        let old_bytes = source::read_range(req.code, blk.start, cover_end).ok_or(
+            RefusalReason::CodeUnreadable {
+                addr: blk.start,
+                end: cover_end,
+            },
+        )?;
+        let mut new_bytes = vec![0xe9];
+        new_bytes.extend_from_slice(&rel.to_le_bytes());
+        new_bytes.resize(old_bytes.len(), 0xcc);
+        // Exits jump to original call instructions; none may sit under the jmp.
+        for (k, i) in g.insns[blk.insns.clone()].iter().enumerate() {
+            let idx = blk.insns.start + k;
+            if i.ip() < cover_end && tr[idx] == classify::Treatment::ExitToOriginal {
+                return Err(RefusalReason::CallUnderPatch {
+                    pc: i.ip(),
+                    entry: blk.start,
+                }
+                .into());
+            }
+        }
+        patches.push(Patch {
+            addr: blk.start,
+            old_bytes,
+            new_bytes,
+        });
+    }
+    Ok(RepairPlan {
+        function: (start, end),
+        region,
+        cache: CodeCache {
+            addr: req.cache_addr,
+            data_len: rt.data_len,
+            code_addr: rt.code_addr,
+            code,
+        },
+        patches,
+        pc_map: rw.pc_map,
+        runtime: rt,
+        state_register: rw.state_register,
+        undo_map: rw.undo_map,
+    })
+}

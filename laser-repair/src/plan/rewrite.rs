@@ -1,0 +1,490 @@
+//! Code generation for the region: every memory access through the SSB helpers, flushes at
+//! flush points and exits, a back-edge counter on every backward edge.
+//!
+//! Each original instruction becomes a sequence that starts at a label; in-region branches
+//! are retargeted to labels, never to original addresses, so an exit jump to an original
+//! address inside the region (a `call` executed in the original code) is not captured by the
+//! block encoder's relocation. Labels are small fake IPs (below 64 KiB, where Linux never maps
+//! code: `vm.mmap_min_addr`).
+//!
+//! One access `add [rbx+8], eax` becomes (T = a scratch register `add` does not use):
+//! ```text
+//!   lea rsp,[rsp-128]     ; skip the red zone
+//!   push T                ; spill T
+//!   lea T,[rbx+8]         ; effective address (rsp-based: displacement + 136)
+//!   push T ; push T       ; address slot, value slot
+//!   call ssb_load4        ; value slot <- youngest log entry or memory
+//!   mov T,[rsp]
+//!   add T32, eax          ; the original instruction on T: same flags
+//!   mov [rsp],T
+//!   call ssb_store4       ; tail-merge or append
+//!   lea rsp,[rsp+16] ; pop T ; lea rsp,[rsp+128]
+//! ```
+//! None of lea/push/pop/mov/call changes the flags and the helpers preserve them.
+
+use super::cfg::Cfg;
+use super::classify::Treatment;
+use super::fastpath::pick_state_register;
+use super::liveness::{Liveness, FLAGS};
+use super::refusal::RefusalReason;
+use super::region::Region;
+use super::ssb_runtime::{size_index, RuntimeInfo};
+use iced_x86::{
+    BlockEncoder, BlockEncoderOptions, Code, Encoder, FlowControl, Instruction, InstructionBlock,
+    InstructionInfoFactory, MemoryOperand, OpKind, Register,
+};
+use std::collections::{HashMap, HashSet};
+
+pub(super) const RED_ZONE: i64 = 128;
+const LABEL_LIMIT: u64 = 0x1_0000;
+
+/// Scratch registers in order of preference (no REX-only byte registers first is not needed:
+/// the encoder check below rejects any pairing that cannot be encoded).
+const SCRATCH: [Register; 14] = [
+    Register::RDI,
+    Register::RSI,
+    Register::R11,
+    Register::R10,
+    Register::R9,
+    Register::R8,
+    Register::RDX,
+    Register::RCX,
+    Register::RAX,
+    Register::RBX,
+    Register::R12,
+    Register::R13,
+    Register::R14,
+    Register::R15,
+];
+
+pub struct Rewritten {
+    pub code: Vec<u8>,
+    /// Original instruction address -> where a thread there continues in the code cache
+    /// (its trampoline in fast mode, its sequence otherwise).
+    pub pc_map: Vec<(u64, u64)>,
+    /// The register holding the SSB state in the region (fast path), if any.
+    pub state_register: Option<Register>,
+    /// Safe points for undo: `(pc in the cache, where to continue)`.
+    pub undo_map: Vec<(u64, u64)>,
+}
+
+pub(super) struct Emitter<'a> {
+    out: Vec<Instruction>,
+    /// Rarely executed code (helper calls of the fast path), appended after everything.
+    pub(super) cold: Vec<Instruction>,
+    /// Register holding the thread's SSB state in the region (fast path), if one is free.
+    pub(super) rs: Option<Register>,
+    pub(super) live: Option<&'a Liveness>,
+    /// For each original instruction address: index in `out` of its first instruction.
+    first: Vec<(u64, usize)>,
+    labels: HashMap<u64, u64>,
+    next_label: u64,
+    pub(super) rt: &'a RuntimeInfo,
+    info: InstructionInfoFactory,
+}
+
+pub(super) fn enc(e: iced_x86::IcedError) -> RefusalReason {
+    RefusalReason::Encoding(e.to_string())
+}
+
+pub(super) fn sized(r: Register, size: u32) -> Register {
+    use Register::*;
+    const R64: [Register; 16] = [
+        RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8, R9, R10, R11, R12, R13, R14, R15,
+    ];
+    const R32: [Register; 16] = [
+        EAX, ECX, EDX, EBX, ESP, EBP, ESI, EDI, R8D, R9D, R10D, R11D, R12D, R13D, R14D, R15D,
+    ];
+    const R16: [Register; 16] = [
+        AX, CX, DX, BX, SP, BP, SI, DI, R8W, R9W, R10W, R11W, R12W, R13W, R14W, R15W,
+    ];
+    const R8B: [Register; 16] = [
+        AL, CL, DL, BL, SPL, BPL, SIL, DIL, R8L, R9L, R10L, R11L, R12L, R13L, R14L, R15L,
+    ];
+    let n = R64.iter().position(|&x| x == r).unwrap_or(0);
+    match size {
+        1 => R8B[n],
+        2 => R16[n],
+        4 => R32[n],
+        _ => R64[n],
+    }
+}
+
+impl<'a> Emitter<'a> {
+    pub(super) fn label(&mut self) -> u64 {
+        self.next_label += 1;
+        self.next_label
+    }
+
+    fn orig_label(&mut self, ip: u64) -> u64 {
+        if let Some(&l) = self.labels.get(&ip) {
+            return l;
+        }
+        let l = self.label();
+        self.labels.insert(ip, l);
+        l
+    }
+
+    pub(super) fn push(&mut self, i: Instruction) {
+        self.out.push(i);
+    }
+
+    pub(super) fn push_at(&mut self, mut i: Instruction, label: u64) {
+        i.set_ip(label);
+        self.out.push(i);
+    }
+
+    pub(super) fn lea_rsp(&mut self, delta: i64) -> Result<Instruction, RefusalReason> {
+        Instruction::with2(
+            Code::Lea_r64_m,
+            Register::RSP,
+            MemoryOperand::with_base_displ(Register::RSP, delta),
+        )
+        .map_err(enc)
+    }
+
+    fn call(&mut self, target: u64) -> Instruction {
+        Instruction::with_branch(Code::Call_rel32_64, target).unwrap_or_default()
+    }
+
+    /// `lea rsp,[rsp-128]; call helper; lea rsp,[rsp+128]`, the first carrying `label`.
+    fn helper_call(&mut self, helper: u64, label: Option<u64>) -> Result<(), RefusalReason> {
+        let down = self.lea_rsp(-RED_ZONE)?;
+        match label {
+            Some(l) => self.push_at(down, l),
+            None => self.push(down),
+        }
+        let c = self.call(helper);
+        self.push(c);
+        let up = self.lea_rsp(RED_ZONE)?;
+        self.push(up);
+        Ok(())
+    }
+
+    fn jmp(&mut self, target: u64) -> Result<Instruction, RefusalReason> {
+        Instruction::with_branch(Code::Jmp_rel32_64, target).map_err(enc)
+    }
+
+    fn emit_ssb(
+        &mut self,
+        i: &Instruction,
+        op: u32,
+        size: u32,
+        read: bool,
+        write: bool,
+        label: u64,
+    ) -> Result<(), RefusalReason> {
+        let unsupported = |why| RefusalReason::UnsupportedInstruction {
+            pc: i.ip(),
+            text: i.to_string(),
+            why,
+        };
+        let base = i.memory_base();
+        if base != Register::None && base != Register::RIP && !base.is_gpr64() {
+            return Err(unsupported("32-bit address size"));
+        }
+        let used: HashSet<Register> = self
+            .info
+            .info(i)
+            .used_registers()
+            .iter()
+            .map(|r| r.register().full_register())
+            .collect();
+        let mut chosen = None;
+        let mut encoder = Encoder::new(64);
+        for &t in SCRATCH.iter().filter(|t| !used.contains(t)) {
+            let mut ii = *i;
+            ii.set_op_kind(op, OpKind::Register);
+            ii.set_op_register(op, sized(t, size));
+            ii.set_segment_prefix(Register::None);
+            ii.set_memory_base(Register::None);
+            ii.set_memory_index(Register::None);
+            ii.set_memory_displacement64(0);
+            ii.set_memory_displ_size(0);
+            if encoder.encode(&ii, 0).is_ok() {
+                chosen = Some((t, ii));
+                break;
+            }
+        }
+        let (t, mut body) = chosen
+            .ok_or_else(|| unsupported("no scratch register can replace the memory operand"))?;
+        body.set_ip(0);
+        let mut displ = i.memory_displacement64() as i64;
+        if base == Register::RSP {
+            displ += RED_ZONE + 8;
+        }
+        let mem = if base == Register::RIP {
+            MemoryOperand::with_base_displ(Register::RIP, i.memory_displacement64() as i64)
+        } else {
+            MemoryOperand::new(
+                base,
+                i.memory_index(),
+                i.memory_index_scale(),
+                displ,
+                // iced in 64-bit mode: 1 = disp8 if it fits, 8 = sign-extended disp32.
+                if base != Register::None && i8::try_from(displ).is_ok() {
+                    1
+                } else {
+                    8
+                },
+                false,
+                Register::None,
+            )
+        };
+        let down = self.lea_rsp(-RED_ZONE)?;
+        self.push_at(down, label);
+        self.push(Instruction::with1(Code::Push_r64, t).map_err(enc)?);
+        self.push(Instruction::with2(Code::Lea_r64_m, t, mem).map_err(enc)?);
+        self.push(Instruction::with1(Code::Push_r64, t).map_err(enc)?);
+        self.push(Instruction::with1(Code::Push_r64, t).map_err(enc)?);
+        let slot = MemoryOperand::with_base(Register::RSP);
+        if read {
+            let c = self.call(self.rt.load[size_index(size)]);
+            self.push(c);
+            self.push(Instruction::with2(Code::Mov_r64_rm64, t, slot).map_err(enc)?);
+        }
+        self.push(body);
+        if write {
+            self.push(Instruction::with2(Code::Mov_rm64_r64, slot, t).map_err(enc)?);
+            let c = self.call(self.rt.store[size_index(size)]);
+            self.push(c);
+        }
+        let up = self.lea_rsp(16)?;
+        self.push(up);
+        self.push(Instruction::with1(Code::Pop_r64, t).map_err(enc)?);
+        let up = self.lea_rsp(RED_ZONE)?;
+        self.push(up);
+        Ok(())
+    }
+}
+
+/// Generates the region's code for address `addr`.
+/// Identity of a memory operand expression (base, index, scale, displacement, size).
+fn operand_key(i: &Instruction) -> (Register, Register, u32, u64, usize) {
+    (
+        i.memory_base(),
+        i.memory_index(),
+        i.memory_index_scale(),
+        i.memory_displacement64(),
+        i.memory_size().size(),
+    )
+}
+
+pub fn rewrite(
+    cfg: &Cfg,
+    tr: &[Treatment],
+    region: &Region,
+    live: &Liveness,
+    rt: &RuntimeInfo,
+    addr: u64,
+    fast: bool,
+) -> Result<Rewritten, RefusalReason> {
+    if cfg.start < LABEL_LIMIT {
+        return Err(RefusalReason::Encoding(format!(
+            "code at {:#x} collides with label space",
+            cfg.start
+        )));
+    }
+    let region_insns: Vec<usize> = region
+        .blocks
+        .iter()
+        .flat_map(|&b| cfg.blocks[b].insns.clone())
+        .collect();
+    let rs = if fast {
+        pick_state_register(
+            &live.live_in,
+            &live.live_out,
+            &live.mentioned,
+            &region_insns,
+        )
+    } else {
+        None
+    };
+    let mut e = Emitter {
+        cold: Vec::new(),
+        rs,
+        live: Some(live),
+        out: Vec::new(),
+        first: Vec::new(),
+        labels: HashMap::new(),
+        next_label: 0,
+        rt,
+        info: InstructionInfoFactory::new(),
+    };
+    let store_operands: HashSet<_> = region_insns
+        .iter()
+        .filter(|&&k| matches!(tr[k], Treatment::Ssb { write: true, .. }))
+        .map(|&k| operand_key(&cfg.insns[k]))
+        .collect();
+    // Stubs are emitted after the blocks: (label, kind, target original address).
+    let mut stubs: Vec<(u64, bool, u64)> = Vec::new();
+    let in_region = |ip: u64| -> Option<usize> {
+        region
+            .blocks
+            .iter()
+            .copied()
+            .find(|&b| cfg.blocks[b].start == ip)
+    };
+    for (pos, &b) in region.blocks.iter().enumerate() {
+        let blk = &cfg.blocks[b];
+        let mut falls_through = true;
+        for k in blk.insns.clone() {
+            let i = cfg.insns[k];
+            let label = e.orig_label(i.ip());
+            e.first.push((i.ip(), e.out.len()));
+            falls_through = true;
+            match tr[k] {
+                Treatment::Verbatim => e.push_at(i, label),
+                Treatment::Ssb {
+                    op,
+                    size,
+                    read,
+                    write,
+                } => {
+                    let forward_first = read && store_operands.contains(&operand_key(&i));
+                    if !e.emit_ssb_fast(k, &i, op, size, read, write, label, forward_first)? {
+                        e.emit_ssb(&i, op, size, read, write, label)?
+                    }
+                }
+                Treatment::FlushBefore => {
+                    e.helper_call(rt.flush, Some(label))?;
+                    let mut c = i;
+                    c.set_ip(0);
+                    e.push(c);
+                    falls_through = i.flow_control() != FlowControl::Return;
+                }
+                Treatment::ExitToOriginal => {
+                    e.helper_call(rt.flush, Some(label))?;
+                    let j = e.jmp(i.ip())?;
+                    e.push(j);
+                    falls_through = false;
+                }
+                Treatment::DirectBranch => {
+                    let t = i.near_branch_target();
+                    let new_target = match in_region(t) {
+                        Some(tb) if cfg.blocks[tb].start <= blk.start => {
+                            let l = e.label();
+                            stubs.push((l, true, t));
+                            l
+                        }
+                        Some(_) => e.orig_label(t),
+                        None => {
+                            let l = e.label();
+                            stubs.push((l, false, t));
+                            l
+                        }
+                    };
+                    let mut c = i;
+                    c.set_near_branch64(new_target);
+                    e.push_at(c, label);
+                    falls_through = i.flow_control() == FlowControl::ConditionalBranch;
+                }
+                Treatment::IndirectJump | Treatment::Unsupported(_) => {
+                    return Err(RefusalReason::UnsupportedInstruction {
+                        pc: i.ip(),
+                        text: i.to_string(),
+                        why: "not rewritable",
+                    })
+                }
+            }
+        }
+        if falls_through {
+            let next = blk.end;
+            let next_is_emitted_next = region
+                .blocks
+                .get(pos + 1)
+                .is_some_and(|&nb| cfg.blocks[nb].start == next);
+            if !next_is_emitted_next {
+                if in_region(next).is_some() {
+                    let l = e.orig_label(next);
+                    let j = e.jmp(l)?;
+                    e.push(j);
+                } else {
+                    e.helper_call(rt.flush, None)?;
+                    let j = e.jmp(next)?;
+                    e.push(j);
+                }
+            }
+        }
+    }
+    for (label, backedge, target) in stubs {
+        if backedge {
+            let l = e.orig_label(target);
+            let tk = cfg.insns.iter().position(|i| i.ip() == target).unwrap_or(0);
+            let flags_live = live.live_in[tk] & FLAGS != 0;
+            let rax_live = live.live_in[tk] & 1 != 0;
+            if !e.emit_backedge_fast(label, l, flags_live, rax_live)? {
+                e.helper_call(rt.backedge, Some(label))?;
+                let j = e.jmp(l)?;
+                e.push(j);
+            }
+        } else {
+            e.helper_call(rt.flush, Some(label))?;
+            let j = e.jmp(target)?;
+            e.push(j);
+        }
+    }
+    // Trampolines: every way into the region from outside sets the state register first.
+    let mut entry_idx: Vec<usize> = e.first.iter().map(|&(_, idx)| idx).collect();
+    if let Some(rs) = e.rs {
+        let firsts = e.first.clone();
+        for (n, &(ip, _)) in firsts.iter().enumerate() {
+            entry_idx[n] = e.out.len();
+            let down = e.lea_rsp(-RED_ZONE)?;
+            e.push(down);
+            e.push(Instruction::with1(Code::Push_r64, rs).map_err(enc)?);
+            let c = e.call(rt.enter);
+            e.push(c);
+            e.push(Instruction::with1(Code::Pop_r64, rs).map_err(enc)?);
+            let up = e.lea_rsp(RED_ZONE)?;
+            e.push(up);
+            let l = e.orig_label(ip);
+            let j = e.jmp(l)?;
+            e.push(j);
+        }
+    }
+    // Undo stubs: a thread stopped at the start of an instruction's sequence leaves through
+    // here (flush its log, continue at the original instruction).
+    let mut undo_idx = Vec::with_capacity(e.first.len());
+    for &(ip, _) in &e.first.clone() {
+        undo_idx.push(e.out.len());
+        e.helper_call(rt.flush, None)?;
+        let j = e.jmp(ip)?;
+        e.push(j);
+    }
+    let cold = std::mem::take(&mut e.cold);
+    e.out.extend(cold);
+    if e.next_label >= LABEL_LIMIT {
+        return Err(RefusalReason::Encoding(format!(
+            "{} labels exceed the label space",
+            e.next_label
+        )));
+    }
+    let res = BlockEncoder::encode(
+        64,
+        InstructionBlock::new(&e.out, addr),
+        BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
+    )
+    .map_err(enc)?;
+    let pc_map = e
+        .first
+        .iter()
+        .zip(&entry_idx)
+        .map(|(&(ip, _), &idx)| (ip, addr + u64::from(res.new_instruction_offsets[idx])))
+        .collect();
+    let at = |idx: usize| addr + u64::from(res.new_instruction_offsets[idx]);
+    let mut undo_map: Vec<(u64, u64)> = Vec::new();
+    for (n, &(ip, first)) in e.first.iter().enumerate() {
+        undo_map.push((at(first), at(undo_idx[n])));
+        if e.rs.is_some() {
+            // A thread at a trampoline has not touched the SSB: straight back.
+            undo_map.push((at(entry_idx[n]), ip));
+        }
+    }
+    Ok(Rewritten {
+        code: res.code_buffer,
+        pc_map,
+        state_register: rs,
+        undo_map,
+    })
+}

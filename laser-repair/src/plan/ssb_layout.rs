@@ -1,0 +1,147 @@
+//! The SSB runtime's shape: configuration, the data layout shared by the generated helpers and
+//! the inline fast path, and the addresses a plan hands to `tracee`. See `ssb_runtime.rs` for
+//! the picture of the code-cache mapping.
+
+/// Sizes of the runtime's tables. `thread_slots` must be a power of two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    pub thread_slots: u32,
+    pub log_capacity: u32,
+    /// Flush after this many back-edges of the region, so a spinning reader elsewhere sees
+    /// this thread's stores within bounded time.
+    pub backedges_per_flush: u32,
+    /// Transaction attempts before an RTM flush falls back to the in-order FIFO replay.
+    pub rtm_retries: u32,
+    /// Test-only mutation: merge a store into *any* matching entry, not just the tail. This
+    /// breaks TSO (MP-like reorderings); it exists so the litmus tests can show they detect it.
+    #[doc(hidden)]
+    pub merge_any_entry_broken: bool,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            thread_slots: 128,
+            log_capacity: 64,
+            backedges_per_flush: 256,
+            rtm_retries: 4,
+            merge_any_entry_broken: false,
+        }
+    }
+}
+
+/// Which flush path the runtime chose (read from the mode word at run time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SsbMode {
+    /// No thread has claimed a slot yet, so CPUID has not been probed.
+    NotYetProbed,
+    Fifo,
+    Rtm,
+}
+
+impl SsbMode {
+    pub fn from_word(w: u64) -> SsbMode {
+        match w {
+            1 => SsbMode::Fifo,
+            2 => SsbMode::Rtm,
+            _ => SsbMode::NotYetProbed,
+        }
+    }
+}
+
+pub const MODE_OFF: u64 = 0;
+pub const NO_SLOT_OFF: u64 = 8;
+pub const KEYS_OFF: u64 = 64;
+pub const ST_COUNT: i32 = 0;
+pub const ST_BACKEDGES: i32 = 8;
+pub const ST_FLUSHES: i32 = 16;
+pub const ST_STORES: i32 = 24;
+/// Bitmap of the 8-byte words (address bits 3..9) any log entry touches: a load whose words
+/// are all clear cannot overlap the log and reads memory directly (the inline fast path).
+pub const ST_SUMMARY: i32 = 56;
+/// Offset 32..64 doubles as a sentinel entry "before" entry 0: its size field (offset 40)
+/// stays 0, so the inline tail check `entries[count-1]` needs no `count == 0` test.
+pub const ST_SENTINEL_SIZE: i32 = 40;
+/// `log_capacity * 32`, written whenever a thread looks its state up; 0 in the bypass state,
+/// so the inline append never fills the shared bypass state. (It sits in the sentinel's value
+/// field, which is never read: the sentinel's size never matches.)
+pub const ST_LIMIT: i32 = 48;
+pub const ST_ENTRIES: i32 = 64;
+pub const ENTRY_SIZE: u64 = 32;
+/// The byte-lane index that follows the log: 64 slots of 32 bytes
+/// `{ lanes: [u8; 8], word, period, contested }`. Slot `w & 63` describes 8-byte word `w`
+/// during flush period `period` (the flush counter): lane `j` holds `i + 1` for the youngest
+/// entry `i` touching byte `j` of the word, 0 for none, 0xff for unknown. `contested` is set
+/// when the slot was taken over from another word in the same period (lanes then start
+/// unknown); while it is clear, a word other than the owner has no entry at all this period.
+/// Only consulted while the summary bit of `w & 63` is set: every append sets the bit and
+/// claims the slot, and a flush clears the summary and starts a new period. Capacity is
+/// therefore at most 254 entries (0xff is "unknown").
+pub const INDEX_SLOTS: u64 = 64;
+pub const INDEX_SLOT_SIZE: u64 = 32;
+
+/// Offset of the byte-lane index in a state block.
+pub fn index_offset(cfg: &RuntimeConfig) -> i32 {
+    ST_ENTRIES + (ENTRY_SIZE * u64::from(cfg.log_capacity)) as i32
+}
+
+/// Bytes of one thread's state block.
+pub fn state_size(cfg: &RuntimeConfig) -> u64 {
+    index_offset(cfg) as u64 + INDEX_SLOT_SIZE * INDEX_SLOTS
+}
+
+/// Addresses of everything the rewritten region and the tracee need.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeInfo {
+    pub config: RuntimeConfig,
+    pub data_addr: u64,
+    pub data_len: u64,
+    pub code_addr: u64,
+    pub code_len: u64,
+    /// `load[k]` / `store[k]` serve sizes 1, 2, 4, 8 for k = 0..4.
+    pub load: [u64; 4],
+    pub store: [u64; 4],
+    pub flush: u64,
+    pub backedge: u64,
+    /// `ssb_enter`: value slot <- this thread's state, or `bypass_state` when it has none.
+    pub enter: u64,
+    /// An all-zero state nobody writes: with it, the inline paths send slot-less threads'
+    /// stores to the helpers (which store directly) and let their loads read memory.
+    pub bypass_state: u64,
+    pub mode_addr: u64,
+    pub no_slot_addr: u64,
+    pub keys_addr: u64,
+    pub states_addr: u64,
+    pub state_size: u64,
+}
+
+impl RuntimeInfo {
+    /// Address of slot `k`'s state block.
+    pub fn state_addr(&self, k: u32) -> u64 {
+        self.states_addr + u64::from(k) * self.state_size
+    }
+}
+
+pub(crate) fn size_index(size: u32) -> usize {
+    match size {
+        1 => 0,
+        2 => 1,
+        4 => 2,
+        _ => 3,
+    }
+}
+
+pub(crate) fn round_up(x: u64, a: u64) -> u64 {
+    x.div_ceil(a) * a
+}
+
+/// Data bytes the runtime needs at the start of the cache mapping.
+pub fn data_len(cfg: &RuntimeConfig) -> u64 {
+    let states = round_up(KEYS_OFF + 8 * u64::from(cfg.thread_slots), 64);
+    let state_size = state_size(cfg);
+    // One extra state block: the bypass state.
+    round_up(
+        states + state_size * (u64::from(cfg.thread_slots) + 1),
+        4096,
+    )
+}
