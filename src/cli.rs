@@ -33,6 +33,8 @@ pub enum Command {
     Attach(AttachArgs),
     /// Print which sampling backends this machine supports, and why.
     Backends,
+    /// Print a recording's header and events, one per line (for debugging and scripts).
+    Dump(DumpArgs),
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -108,6 +110,15 @@ pub struct ReportArgs {
     pub analysis: AnalysisArgs,
     /// The recording to analyse.
     pub input: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct DumpArgs {
+    /// The recording to print.
+    pub input: PathBuf,
+    /// Print at most this many events.
+    #[arg(long)]
+    pub limit: Option<u64>,
 }
 
 #[derive(Args, Debug)]

@@ -20,6 +20,7 @@ fn main() {
         cli::Command::Report(a) => commands::report(a),
         cli::Command::Attach(a) => commands::attach(a),
         cli::Command::Backends => backend::list().map(|()| exit::OK),
+        cli::Command::Dump(a) => recording::dump(&a.input, a.limit).map(|()| exit::OK),
     };
     match result {
         Ok(code) => std::process::exit(code),

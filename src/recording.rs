@@ -130,3 +130,40 @@ pub fn end_warning(path: &Path, end: &EndState) -> Option<String> {
         )),
     }
 }
+
+/// `laser dump`: the header, then one event per line (Debug form), then how the file ended.
+pub fn dump(path: &Path, limit: Option<u64>) -> Result<()> {
+    use std::io::Write;
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: read-only private mapping; see `replay`.
+    let map = unsafe { memmap2::Mmap::map(&file) }
+        .with_context(|| format!("mapping {}", path.display()))?;
+    let mut reader = Reader::new(&map).with_context(|| format!("reading {}", path.display()))?;
+    let out = std::io::stdout();
+    let mut out = std::io::BufWriter::new(out.lock());
+    let h = reader.header();
+    let _ = writeln!(
+        out,
+        "# backend {} pid {} freq {} cpu {:?} cmd {:?}",
+        h.backend, h.pid, h.sample_freq, h.cpu_model, h.cmdline
+    );
+    let mut n = 0u64;
+    while let Some(r) = reader.next_ref() {
+        if limit.is_some_and(|l| n >= l) {
+            break;
+        }
+        match r {
+            Ok(e) => {
+                if writeln!(out, "{e:?}").is_err() {
+                    return Ok(()); // stdout closed (e.g. piped into `head`)
+                }
+            }
+            Err(_) => break,
+        }
+        n += 1;
+    }
+    if let Some(end) = reader.end_state() {
+        let _ = writeln!(out, "# end: {end:?}");
+    }
+    Ok(())
+}

@@ -9,6 +9,12 @@ use std::time::Duration;
 
 const LASER: &str = env!("CARGO_BIN_EXE_laser");
 
+/// The contention tests check what is found (lines, kind, data), not how intense it is: on a
+/// loaded 2-core runner the two threads often share one CPU and really do contend less (the
+/// watch estimate drops from ~50k to a few hundred transfers/s). So they report from 100/s.
+const LOW_THRESHOLD: f64 = 100.0;
+const LOW: &str = "100";
+
 /// Two threads incrementing neighbouring words of one line: the simplest false sharing.
 /// Runs for argv[1] seconds (default 1). Line numbers below are asserted on.
 const FS_C: &str = r#"#include <pthread.h>
@@ -125,7 +131,7 @@ fn assert_finds_counters(report: &serde_json::Value, ctx: &str) {
         lines.contains(&13) && lines.contains(&22),
         "{lines:?}\n{f:#}"
     );
-    assert!(f["rate_per_s"].as_f64().unwrap() >= 1000.0, "{f:#}");
+    assert!(f["rate_per_s"].as_f64().unwrap() >= LOW_THRESHOLD, "{f:#}");
 }
 
 #[test]
@@ -135,6 +141,8 @@ fn run_reports_false_sharing_with_source_lines_and_json() {
     let out = workdir().join("run.json");
     let o = laser(&[
         "run",
+        "--threshold",
+        LOW,
         "--json",
         out.to_str().unwrap(),
         "--",
@@ -204,7 +212,14 @@ fn a_program_that_exits_at_once_gives_an_empty_report() {
 fn stripped_binary_reports_addresses_and_says_debug_info_is_missing() {
     let _serial = exclusive();
     let (_, stripped) = fs_program();
-    let o = laser(&["run", "--", stripped.to_str().unwrap(), "1"]);
+    let o = laser(&[
+        "run",
+        "--threshold",
+        LOW,
+        "--",
+        stripped.to_str().unwrap(),
+        "1.5",
+    ]);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
     let stdout = String::from_utf8_lossy(&o.stdout);
@@ -248,6 +263,8 @@ fn record_then_report_gives_the_same_finding_and_survives_truncation() {
     let out = workdir().join("report.json");
     let o = laser(&[
         "report",
+        "--threshold",
+        LOW,
         "--json",
         out.to_str().unwrap(),
         rec.to_str().unwrap(),
@@ -293,6 +310,8 @@ fn attach_monitors_a_running_process_for_a_duration() {
         &pid,
         "--duration",
         "1.5s",
+        "--threshold",
+        LOW,
         "--json",
         out.to_str().unwrap(),
     ]);
