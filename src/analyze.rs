@@ -1,22 +1,73 @@
 //! From a detector's analysis to the reports people and machines read.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use laser_detect::code::{FileMapping, ModuleLayout};
 use laser_detect::{
-    build_report, render_text, Analysis, Detector, ElfCode, Report, ReportOptions, Symbolizer,
+    build_report, render_text, Analysis, CodeSource, Detector, ElfCode, Report, ReportOptions,
+    Symbolizer,
 };
 
 use crate::cli::AnalysisArgs;
 
+/// `--path-map FROM=TO` prefixes: where to read files the target had at other paths.
+#[derive(Clone, Debug, Default)]
+pub struct PathMap(Vec<(String, String)>);
+
+impl PathMap {
+    pub fn new(pairs: &[(String, String)]) -> Self {
+        PathMap(pairs.to_vec())
+    }
+
+    /// `path` with the first matching prefix replaced (whole path components only).
+    pub fn apply<'a>(&self, path: &'a str) -> Cow<'a, str> {
+        for (from, to) in &self.0 {
+            if let Some(rest) = path.strip_prefix(from.as_str()) {
+                if rest.is_empty() || rest.starts_with('/') || from.ends_with('/') {
+                    return Cow::Owned(format!("{to}{rest}"));
+                }
+            }
+        }
+        Cow::Borrowed(path)
+    }
+}
+
+/// The detector's code source: the ELF files the target mapped, read through the path map.
+/// Module paths in the analysis stay as the target saw them.
+pub struct Code {
+    elf: ElfCode,
+    map: PathMap,
+}
+
+impl CodeSource for Code {
+    fn read_code(&self, addr: u64, buf: &mut [u8]) -> usize {
+        self.elf.read_code(addr, buf)
+    }
+
+    fn function_bounds(&self, addr: u64) -> Option<(u64, u64)> {
+        self.elf.function_bounds(addr)
+    }
+
+    fn map_file(&mut self, m: &FileMapping<'_>) -> Option<ModuleLayout> {
+        let path = self.map.apply(m.path);
+        self.elf.map_file(&FileMapping { path: &path, ..*m })
+    }
+}
+
 /// A detector reading code from the ELF files the target maps.
-pub fn detector(args: &AnalysisArgs, duration_s: Option<f64>) -> Detector<ElfCode> {
+pub fn detector(args: &AnalysisArgs, duration_s: Option<f64>) -> Detector<Code> {
     let config = laser_detect::Config {
         line_size: args.line,
         duration_s,
         ..Default::default()
     };
-    Detector::new(config, ElfCode::new())
+    let code = Code {
+        elf: ElfCode::new(),
+        map: PathMap::new(&args.path_map),
+    };
+    Detector::new(config, code)
 }
 
 /// Symbolizes, thresholds and prints (text unless `--quiet`, JSON if `--json`).
@@ -25,7 +76,10 @@ pub fn emit(analysis: &Analysis, args: &AnalysisArgs) -> Result<Report> {
         threshold: args.threshold,
         ..Default::default()
     };
-    let mut symbolizer = Symbolizer::new();
+    let map = PathMap::new(&args.path_map);
+    let mut symbolizer = Symbolizer::with_reader(Box::new(move |p: &str| {
+        std::fs::read(map.apply(p).as_ref())
+    }));
     let report = build_report(analysis, &mut symbolizer, &opts);
     if !args.quiet {
         print!("{}", render_text(&report));
@@ -39,4 +93,30 @@ pub fn emit(analysis: &Analysis, args: &AnalysisArgs) -> Result<Report> {
 fn write_json(report: &Report, path: &Path) -> Result<()> {
     std::fs::write(path, report.to_json() + "\n")
         .with_context(|| format!("writing the JSON report to {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_map_replaces_whole_components_first_match_wins() {
+        let m = PathMap::new(&[
+            ("/build/app".into(), "/srv/app".into()),
+            ("/build".into(), "/x".into()),
+            ("/usr/lib".into(), "/nonexistent/usr/lib".into()),
+        ]);
+        assert_eq!(m.apply("/build/app/bin/a"), "/srv/app/bin/a");
+        assert_eq!(m.apply("/build/application"), "/x/application");
+        assert_eq!(
+            m.apply("/buildx/a"),
+            "/buildx/a",
+            "not a component boundary"
+        );
+        assert_eq!(
+            m.apply("/usr/lib/libc.so.6"),
+            "/nonexistent/usr/lib/libc.so.6"
+        );
+        assert_eq!(m.apply("/opt/a"), "/opt/a");
+    }
 }

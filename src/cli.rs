@@ -76,6 +76,10 @@ pub struct AnalysisArgs {
     /// Do not print the text report.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Read files recorded under FROM from TO instead (binaries and sources moved, or a
+    /// recording analysed on another machine). Repeatable; the first matching prefix wins.
+    #[arg(long = "path-map", value_name = "FROM=TO", value_parser = parse_path_map)]
+    pub path_map: Vec<(String, String)>,
 }
 
 #[derive(Args, Debug)]
@@ -146,7 +150,15 @@ impl Default for AnalysisArgs {
             line: 64,
             json: None,
             quiet: false,
+            path_map: Vec::new(),
         }
+    }
+}
+
+fn parse_path_map(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((from, to)) if !from.is_empty() => Ok((from.to_owned(), to.to_owned())),
+        _ => Err(format!("expected FROM=TO, got {s:?}")),
     }
 }
 
@@ -223,6 +235,29 @@ mod tests {
             (r.analysis.threshold, r.analysis.line),
             (d.threshold, d.line)
         );
+    }
+
+    #[test]
+    fn path_maps_parse() {
+        let cli = Cli::try_parse_from([
+            "laser",
+            "report",
+            "--path-map",
+            "/a=/b",
+            "--path-map",
+            "/c=",
+            "x.laser",
+        ])
+        .unwrap();
+        let Command::Report(r) = cli.command else {
+            panic!("not report")
+        };
+        assert_eq!(
+            r.analysis.path_map,
+            [("/a".into(), "/b".into()), ("/c".into(), String::new())]
+        );
+        assert!(Cli::try_parse_from(["laser", "report", "--path-map", "nope", "x"]).is_err());
+        assert!(Cli::try_parse_from(["laser", "report", "--path-map", "=/b", "x"]).is_err());
     }
 
     #[test]

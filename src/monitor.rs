@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use laser_detect::{Detector, ElfCode};
+use laser_detect::Detector;
 use laser_driver::{Event, ExitStatus, Session, Status, WatchKind, WatchSpec, MAX_WATCHES};
 
 use crate::recording::Recorder;
@@ -63,7 +63,7 @@ const WATCH_TURN: Duration = Duration::from_millis(100);
 pub fn run_loop(
     session: &mut Session,
     opts: &LoopOptions,
-    mut detector: Option<&mut Detector<ElfCode>>,
+    mut detector: Option<&mut Detector<crate::analyze::Code>>,
     mut recorder: Option<&mut Recorder>,
 ) -> Result<Outcome> {
     let start = Instant::now();
@@ -146,7 +146,11 @@ struct Steering {
 }
 
 impl Steering {
-    fn step(&mut self, session: &mut Session, detector: &Detector<ElfCode>) -> Result<()> {
+    fn step(
+        &mut self,
+        session: &mut Session,
+        detector: &Detector<crate::analyze::Code>,
+    ) -> Result<()> {
         if self.turn_started.is_some_and(|t| t.elapsed() < WATCH_TURN) {
             return Ok(());
         }

@@ -5,7 +5,7 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use laser_detect::{Detector, ElfCode};
+use laser_detect::Detector;
 use laser_driver::trace::{EndState, PerfAttr, Reader, TraceFooter, TraceHeader, Writer};
 use laser_driver::{Event, HeaderInfo};
 
@@ -76,7 +76,10 @@ pub struct Replay {
 
 /// Feeds every event of the recording at `path` to `detector` (if any) and says how the file
 /// ended. A truncated or corrupt file still yields everything before the damage.
-pub fn replay(path: &Path, mut detector: Option<&mut Detector<ElfCode>>) -> Result<Replay> {
+pub fn replay(
+    path: &Path,
+    mut detector: Option<&mut Detector<crate::analyze::Code>>,
+) -> Result<Replay> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     // SAFETY: the mapping is read-only and private; a recording being appended to by another
     // laser would at worst show up as a truncated file, which the reader handles.
