@@ -467,16 +467,10 @@ impl Emitter<'_> {
     }
 }
 
-/// A register dead at every instruction of the region and mentioned by none, or `None`.
-pub fn pick_state_register(
-    live_in: &[u32],
-    live_out: &[u32],
-    mentioned: &[u32],
-    region_insns: &[usize],
-) -> Option<Register> {
-    let busy = region_insns.iter().fold(0u32, |acc, &k| {
-        acc | live_in[k] | live_out[k] | mentioned[k]
-    });
+/// A register no region instruction mentions, or `None`. Its value is saved at entry and
+/// restored at every exit, so it need not be dead.
+pub fn pick_state_register(mentioned: &[u32], region_insns: &[usize]) -> Option<Register> {
+    let busy = region_insns.iter().fold(0u32, |acc, &k| acc | mentioned[k]);
     // Prefer registers the ABI already treats as scratch.
     [11u32, 10, 9, 8, 7, 6, 2, 1, 0, 3, 12, 13, 14, 15, 5]
         .into_iter()

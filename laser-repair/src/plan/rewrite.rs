@@ -28,7 +28,7 @@ use super::fastpath::pick_state_register;
 use super::liveness::{Liveness, FLAGS};
 use super::refusal::RefusalReason;
 use super::region::Region;
-use super::ssb_runtime::{size_index, RuntimeInfo};
+use super::ssb_runtime::{size_index, RuntimeInfo, ST_SAVED_RS};
 use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, Encoder, FlowControl, Instruction, InstructionBlock,
     InstructionInfoFactory, MemoryOperand, OpKind, Register,
@@ -78,6 +78,8 @@ pub(super) struct Emitter<'a> {
     /// For each original instruction address: index in `out` of its first instruction.
     first: Vec<(u64, usize)>,
     labels: HashMap<u64, u64>,
+    /// Labels of the uninstrumented copy (fast mode only), by original address.
+    native: HashMap<u64, u64>,
     next_label: u64,
     pub(super) rt: &'a RuntimeInfo,
     info: InstructionInfoFactory,
@@ -123,6 +125,25 @@ impl<'a> Emitter<'a> {
         let l = self.label();
         self.labels.insert(ip, l);
         l
+    }
+
+    fn native_label(&mut self, ip: u64) -> u64 {
+        if let Some(&l) = self.native.get(&ip) {
+            return l;
+        }
+        let l = self.label();
+        self.native.insert(ip, l);
+        l
+    }
+
+    /// `mov rs,[rs+saved]` before leaving the region (fast mode): callers may rely on the
+    /// register's value. No flags touched.
+    fn restore_rs(&mut self) -> Result<(), RefusalReason> {
+        if let Some(rs) = self.rs {
+            let m = MemoryOperand::with_base_displ(rs, i64::from(ST_SAVED_RS));
+            self.push(Instruction::with2(Code::Mov_r64_rm64, rs, m).map_err(enc)?);
+        }
+        Ok(())
     }
 
     pub(super) fn push(&mut self, i: Instruction) {
@@ -259,6 +280,63 @@ impl<'a> Emitter<'a> {
 }
 
 /// Generates the region's code for address `addr`.
+/// The region once more, uninstrumented: for threads without SSB state. Branches stay inside
+/// the copy or go straight to original code; nothing is flushed (such a thread has no log).
+/// Returns, for each entry of `e.first`, the index of its instruction in the copy.
+fn emit_native_copy(
+    e: &mut Emitter<'_>,
+    cfg: &Cfg,
+    tr: &[Treatment],
+    region: &Region,
+) -> Result<Vec<usize>, RefusalReason> {
+    let in_region = |ip: u64| region.blocks.iter().any(|&b| cfg.blocks[b].start == ip);
+    let mut at: HashMap<u64, usize> = HashMap::new();
+    for (pos, &b) in region.blocks.iter().enumerate() {
+        let blk = &cfg.blocks[b];
+        let mut falls_through = true;
+        for k in blk.insns.clone() {
+            let i = cfg.insns[k];
+            let label = e.native_label(i.ip());
+            at.insert(i.ip(), e.out.len());
+            let mut c = i;
+            match tr[k] {
+                Treatment::DirectBranch => {
+                    let t = i.near_branch_target();
+                    let nt = if in_region(t) { e.native_label(t) } else { t };
+                    c.set_near_branch64(nt);
+                    falls_through = i.flow_control() == FlowControl::ConditionalBranch;
+                }
+                Treatment::ExitToOriginal => {
+                    c = e.jmp(i.ip())?;
+                    falls_through = false;
+                }
+                _ => falls_through = i.flow_control() != FlowControl::Return,
+            }
+            e.push_at(c, label);
+        }
+        if falls_through {
+            let next = blk.end;
+            let next_is_emitted_next = region
+                .blocks
+                .get(pos + 1)
+                .is_some_and(|&nb| cfg.blocks[nb].start == next);
+            if !next_is_emitted_next {
+                let t = if in_region(next) {
+                    e.native_label(next)
+                } else {
+                    next
+                };
+                let j = e.jmp(t)?;
+                e.push(j);
+            }
+        }
+    }
+    Ok(e.first
+        .iter()
+        .map(|&(ip, _)| at.get(&ip).copied().unwrap_or(0))
+        .collect())
+}
+
 /// Identity of a memory operand expression (base, index, scale, displacement, size).
 fn operand_key(i: &Instruction) -> (Register, Register, u32, u64, usize) {
     (
@@ -291,12 +369,7 @@ pub fn rewrite(
         .flat_map(|&b| cfg.blocks[b].insns.clone())
         .collect();
     let rs = if fast {
-        pick_state_register(
-            &live.live_in,
-            &live.live_out,
-            &live.mentioned,
-            &region_insns,
-        )
+        pick_state_register(&live.mentioned, &region_insns)
     } else {
         None
     };
@@ -307,6 +380,7 @@ pub fn rewrite(
         out: Vec::new(),
         first: Vec::new(),
         labels: HashMap::new(),
+        native: HashMap::new(),
         next_label: 0,
         rt,
         info: InstructionInfoFactory::new(),
@@ -348,6 +422,9 @@ pub fn rewrite(
                 }
                 Treatment::FlushBefore => {
                     e.helper_call(rt.flush, Some(label))?;
+                    if i.flow_control() == FlowControl::Return {
+                        e.restore_rs()?;
+                    }
                     let mut c = i;
                     c.set_ip(0);
                     e.push(c);
@@ -355,6 +432,7 @@ pub fn rewrite(
                 }
                 Treatment::ExitToOriginal => {
                     e.helper_call(rt.flush, Some(label))?;
+                    e.restore_rs()?;
                     let j = e.jmp(i.ip())?;
                     e.push(j);
                     falls_through = false;
@@ -401,6 +479,7 @@ pub fn rewrite(
                     e.push(j);
                 } else {
                     e.helper_call(rt.flush, None)?;
+                    e.restore_rs()?;
                     let j = e.jmp(next)?;
                     e.push(j);
                 }
@@ -420,28 +499,55 @@ pub fn rewrite(
             }
         } else {
             e.helper_call(rt.flush, Some(label))?;
+            e.restore_rs()?;
             let j = e.jmp(target)?;
             e.push(j);
         }
     }
-    // Trampolines: every way into the region from outside sets the state register first.
+    // Trampolines: every way into the region from outside goes through one. With a state,
+    // `ssb_enter` saves the state register's value and loads the state pointer; without one it
+    // returns to the native continuation, into an uninstrumented copy of the region.
     let mut entry_idx: Vec<usize> = e.first.iter().map(|&(_, idx)| idx).collect();
+    let mut native_idx: Vec<usize> = Vec::new();
     if let Some(rs) = e.rs {
         let firsts = e.first.clone();
         for (n, &(ip, _)) in firsts.iter().enumerate() {
             entry_idx[n] = e.out.len();
+            let native_cont = e.label();
             let down = e.lea_rsp(-RED_ZONE)?;
             e.push(down);
             e.push(Instruction::with1(Code::Push_r64, rs).map_err(enc)?);
+            e.push(
+                Instruction::with2(
+                    Code::Lea_r64_m,
+                    rs,
+                    MemoryOperand::with_base_displ(Register::RIP, native_cont as i64),
+                )
+                .map_err(enc)?,
+            );
+            e.push(Instruction::with1(Code::Push_r64, rs).map_err(enc)?);
             let c = e.call(rt.enter);
             e.push(c);
-            e.push(Instruction::with1(Code::Pop_r64, rs).map_err(enc)?);
-            let up = e.lea_rsp(RED_ZONE)?;
-            e.push(up);
-            let l = e.orig_label(ip);
-            let j = e.jmp(l)?;
-            e.push(j);
+            for native in [false, true] {
+                let drop = e.lea_rsp(8)?;
+                if native {
+                    e.push_at(drop, native_cont);
+                } else {
+                    e.push(drop);
+                }
+                e.push(Instruction::with1(Code::Pop_r64, rs).map_err(enc)?);
+                let up = e.lea_rsp(RED_ZONE)?;
+                e.push(up);
+                let l = if native {
+                    e.native_label(ip)
+                } else {
+                    e.orig_label(ip)
+                };
+                let j = e.jmp(l)?;
+                e.push(j);
+            }
         }
+        native_idx = emit_native_copy(&mut e, cfg, tr, region)?;
     }
     // Undo stubs: a thread stopped at the start of an instruction's sequence leaves through
     // here (flush its log, continue at the original instruction).
@@ -449,6 +555,7 @@ pub fn rewrite(
     for &(ip, _) in &e.first.clone() {
         undo_idx.push(e.out.len());
         e.helper_call(rt.flush, None)?;
+        e.restore_rs()?;
         let j = e.jmp(ip)?;
         e.push(j);
     }
@@ -477,8 +584,10 @@ pub fn rewrite(
     for (n, &(ip, first)) in e.first.iter().enumerate() {
         undo_map.push((at(first), at(undo_idx[n])));
         if e.rs.is_some() {
-            // A thread at a trampoline has not touched the SSB: straight back.
+            // A thread at a trampoline or in the native copy has not touched the SSB (and
+            // its state register holds its own value): straight back.
             undo_map.push((at(entry_idx[n]), ip));
+            undo_map.push((at(native_idx[n]), ip));
         }
     }
     Ok(Rewritten {

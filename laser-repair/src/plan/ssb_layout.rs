@@ -59,6 +59,11 @@ pub const ST_STORES: i32 = 24;
 /// Bitmap of the 8-byte words (address bits 3..9) any log entry touches: a load whose words
 /// are all clear cannot overlap the log and reads memory directly (the inline fast path).
 pub const ST_SUMMARY: i32 = 56;
+/// The state register's value from before the region (the entry trampoline saves it, every
+/// exit restores it: callers may rely on any register the function does not write, e.g.
+/// with gcc's `-fipa-ra`). It sits in the sentinel entry's address field, which is never
+/// compared: the sentinel's size never matches.
+pub const ST_SAVED_RS: i32 = 32;
 /// Offset 32..64 doubles as a sentinel entry "before" entry 0: its size field (offset 40)
 /// stays 0, so the inline tail check `entries[count-1]` needs no `count == 0` test.
 pub const ST_SENTINEL_SIZE: i32 = 40;

@@ -4,7 +4,7 @@
 //! ```text
 //!  cache base ─┬─ data (RW, zero-filled by mmap) ───────────────────────────────────────┐
 //!              │ +0  mode word: 0 not yet probed, 1 FIFO, 2 RTM (CPUID at run time)
-//!              │ +8  stores made by threads that got no slot (bypassed the SSB)
+//!              │ +8  bypasses by threads that got no slot (helper stores, native-copy entries)
 //!              │ +64 keys[slots]: thread pointer (%fs:0) owning each slot, 0 = free
 //!              │ states[slots + 1]: count | back-edges | flushes | stores | sentinel | summary
 //!              │                    | log[capacity] of { addr, size, value, _ } (32 bytes)
@@ -432,18 +432,33 @@ impl Gen {
         self.epilogue()
     }
 
+    /// Entry trampoline helper. Slots: `[rsp+8]` = address of the trampoline's native
+    /// continuation, `[rsp+16]` = the state register's original value. With a state: save
+    /// that value in the state and put the state pointer in its slot. Without one (no slot
+    /// free, or `%fs:0` == 0): return to the native continuation instead, which runs an
+    /// uninstrumented copy of the region (no log, so native TSO behaviour).
     fn enter_helper(&mut self, get_state: CodeLabel) -> R {
-        let mut have = self.a.create_label();
+        let mut bypass = self.a.create_label();
+        let mut done = self.a.create_label();
         self.prologue()?;
         let a = &mut self.a;
         a.call(get_state)?;
         a.test(rcx, rcx)?;
-        a.jnz(have)?;
-        let bypass = self.states_addr + self.state_size * u64::from(self.cfg.thread_slots);
-        self.lea_abs(Register::RCX, bypass)?;
+        a.jz(bypass)?;
+        a.mov(rax, qword_ptr(rsp + ADDR_SLOT))?;
+        a.mov(qword_ptr(rcx + ST_SAVED_RS), rax)?;
+        a.mov(qword_ptr(rsp + ADDR_SLOT), rcx)?;
+        a.jmp(done)?;
+        a.set_label(&mut bypass)?;
+        let no_slot = self.no_slot_addr;
+        self.lea_abs(Register::RAX, no_slot)?;
         let a = &mut self.a;
-        a.set_label(&mut have)?;
-        a.mov(qword_ptr(rsp + VALUE_SLOT), rcx)?;
+        // ATOMICS: statistics shared by slot-less threads; lock keeps the count exact.
+        a.lock().inc(qword_ptr(rax))?;
+        a.mov(rax, qword_ptr(rsp + VALUE_SLOT))?;
+        // Our own return address sits just below the caller's slots.
+        a.mov(qword_ptr(rsp + (VALUE_SLOT - 8)), rax)?;
+        a.set_label(&mut done)?;
         self.epilogue()
     }
 
