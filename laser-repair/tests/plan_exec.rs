@@ -752,3 +752,43 @@ fn state_register_is_restored_for_the_caller() {
     let r = fn3(wrapper2)(m.as_mut_ptr() as u64, 9, body.repaired);
     assert_eq!((r, m), (0x0bad_cafe_dead_beef, [9, 9]));
 }
+
+/// Scratch registers are chosen by liveness, and at calls and returns every register counts
+/// as live: a repaired function must leave every register it does not itself write intact.
+#[test]
+fn untouched_registers_survive_a_repaired_call() {
+    type Fn4 = extern "C" fn(u64, u64, u64, u64) -> u64;
+    let t = twin(&counter_loop, &store_pcs, Default::default()).unwrap();
+    // wrapper(counter, n, f, out): set rbx rcx rbp r8..r15 to known values, call f, store them.
+    let wrapper = t.area.base + 0x20_0000;
+    let kept = [rbx, rcx, rbp, r8, r9, r10, r11, r12, r13, r14, r15];
+    place(&t.area, wrapper, &|a| {
+        for r in [rbx, rbp, r12, r13, r14, r15] {
+            a.push(r).unwrap();
+        }
+        a.push(rcx).unwrap();
+        a.sub(rsp, 8).unwrap(); // keep rsp 16-byte aligned at the call
+        for (k, &r) in kept.iter().enumerate() {
+            a.mov(r, 0x1111_1111_1111_1111u64 * (k as u64 + 1)).unwrap();
+        }
+        a.call(rdx).unwrap();
+        a.add(rsp, 8).unwrap();
+        a.pop(rax).unwrap();
+        for (k, &r) in kept.iter().enumerate() {
+            a.mov(qword_ptr(rax + 8 * k as i32), r).unwrap();
+        }
+        for r in [r15, r14, r13, r12, rbp, rbx] {
+            a.pop(r).unwrap();
+        }
+        a.ret().unwrap();
+    });
+    // SAFETY: `wrapper` is the SysV function just assembled, 4 args.
+    let w = unsafe { std::mem::transmute::<usize, Fn4>(wrapper as usize) };
+    for f in [t.native, t.repaired] {
+        let (mut c, mut out) = (0u64, [0u64; 11]);
+        w(&mut c as *mut u64 as u64, 9, f, out.as_mut_ptr() as u64);
+        let want: Vec<u64> = (1..=11).map(|k| 0x1111_1111_1111_1111u64 * k).collect();
+        assert_eq!(out.to_vec(), want, "registers clobbered by {f:#x}");
+        assert_eq!(c, 9);
+    }
+}

@@ -1,7 +1,8 @@
-//! The inline fast path, used when liveness finds a register `RS` that is dead everywhere in
-//! the region (mentioned by no region instruction, live at no region instruction): it then
-//! holds the thread's SSB state pointer for the whole region, set by `ssb_enter` in the
-//! trampoline every entry goes through (patched entries and the pc map).
+//! The inline fast path, used when some register `RS` is mentioned by no region instruction:
+//! it then holds the thread's SSB state pointer for the whole region. Every entry (patched
+//! entries and the pc map) goes through a trampoline where `ssb_enter` saves RS's value in the
+//! state and loads the state pointer; every exit restores RS. A thread that gets no state
+//! slot is sent to an uninstrumented copy of the region instead.
 //!
 //! Inline, with no call: a load whose words are clear in the log's summary bitmap reads
 //! memory; a load matching the youngest entry forwards it; a store with the tail entry's
@@ -354,8 +355,7 @@ impl Emitter<'_> {
         }
         if write {
             // Append inline while the log has room and the entry stays within one 8-byte
-            // word. `c` = count * 32 from the tail check. The bypass state's limit is 0, so
-            // slot-less threads always reach the helper (which stores directly).
+            // word. `c` = count * 32 from the tail check.
             let helper_store = self.label();
             let lanes = self.lane_code()?;
             let labels = StoreLabels {

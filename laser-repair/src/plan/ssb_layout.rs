@@ -67,9 +67,9 @@ pub const ST_SAVED_RS: i32 = 32;
 /// Offset 32..64 doubles as a sentinel entry "before" entry 0: its size field (offset 40)
 /// stays 0, so the inline tail check `entries[count-1]` needs no `count == 0` test.
 pub const ST_SENTINEL_SIZE: i32 = 40;
-/// `log_capacity * 32`, written whenever a thread looks its state up; 0 in the bypass state,
-/// so the inline append never fills the shared bypass state. (It sits in the sentinel's value
-/// field, which is never read: the sentinel's size never matches.)
+/// `log_capacity * 32`, written whenever a thread looks its state up: the inline append's
+/// bound. (It sits in the sentinel's value field, which is never read: the sentinel's size
+/// never matches.)
 pub const ST_LIMIT: i32 = 48;
 pub const ST_ENTRIES: i32 = 64;
 pub const ENTRY_SIZE: u64 = 32;
@@ -108,11 +108,9 @@ pub struct RuntimeInfo {
     pub store: [u64; 4],
     pub flush: u64,
     pub backedge: u64,
-    /// `ssb_enter`: value slot <- this thread's state, or `bypass_state` when it has none.
+    /// `ssb_enter` (entry trampolines): saves the state register and loads this thread's
+    /// state, or sends a slot-less thread to the uninstrumented copy of the region.
     pub enter: u64,
-    /// An all-zero state nobody writes: with it, the inline paths send slot-less threads'
-    /// stores to the helpers (which store directly) and let their loads read memory.
-    pub bypass_state: u64,
     pub mode_addr: u64,
     pub no_slot_addr: u64,
     pub keys_addr: u64,
@@ -144,9 +142,5 @@ pub(crate) fn round_up(x: u64, a: u64) -> u64 {
 pub fn data_len(cfg: &RuntimeConfig) -> u64 {
     let states = round_up(KEYS_OFF + 8 * u64::from(cfg.thread_slots), 64);
     let state_size = state_size(cfg);
-    // One extra state block: the bypass state.
-    round_up(
-        states + state_size * (u64::from(cfg.thread_slots) + 1),
-        4096,
-    )
+    round_up(states + state_size * u64::from(cfg.thread_slots), 4096)
 }

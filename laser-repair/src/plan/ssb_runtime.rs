@@ -6,12 +6,14 @@
 //!              │ +0  mode word: 0 not yet probed, 1 FIFO, 2 RTM (CPUID at run time)
 //!              │ +8  bypasses by threads that got no slot (helper stores, native-copy entries)
 //!              │ +64 keys[slots]: thread pointer (%fs:0) owning each slot, 0 = free
-//!              │ states[slots + 1]: count | back-edges | flushes | stores | sentinel | summary
-//!              │                    | log[capacity] of { addr, size, value, _ } (32 bytes)
-//!              │   (the last state is the all-zero "bypass state" for slot-less threads)
+//!              │ states[slots]: count | back-edges | flushes | stores | saved state register
+//!              │                | sentinel size | limit | summary
+//!              │                | log[capacity] of { addr, size, value, _ } (32 bytes)
+//!              │                | byte-lane index[64] of { lanes, word, period, contested }
 //!  code ───────┴─ helpers (RX): ssb_load{1,2,4,8} ssb_store{1,2,4,8} ssb_flush
 //!                 ssb_backedge ssb_enter, then the rewritten region (hot code, exit and
-//!                 back-edge stubs, entry trampolines, cold code)
+//!                 back-edge stubs, entry trampolines, the uninstrumented copy, undo stubs,
+//!                 cold code)
 //! ```
 //!
 //! Per-thread state: a thread finds its slot by hashing its thread pointer (`%fs:0`, the TCB
@@ -88,7 +90,6 @@ pub fn generate(
         flush: ip(&labels.flush)?,
         backedge: ip(&labels.backedge)?,
         enter: ip(&labels.enter)?,
-        bypass_state: states_addr + g.state_size * u64::from(cfg.thread_slots),
         mode_addr: g.mode_addr,
         no_slot_addr: g.no_slot_addr,
         keys_addr: g.keys_addr,
