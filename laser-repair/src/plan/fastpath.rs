@@ -16,6 +16,7 @@ use super::lanes::{Lanes, LoadLabels, Regs, StoreLabels};
 use super::liveness::{bit, gpr, FLAGS};
 use super::refusal::RefusalReason;
 use super::rewrite::{enc, sized, Emitter, RED_ZONE};
+use super::ssb_layout::MAX_RESERVED;
 use super::ssb_runtime::{
     index_offset, size_index, ST_BACKEDGES, ST_COUNT, ST_ENTRIES, ST_SUMMARY,
 };
@@ -62,7 +63,13 @@ impl Emitter<'_> {
             return Ok(false);
         }
         let mentioned = live.mentioned[k];
-        let live_now = (live.live_in[k] | live.live_out[k]) & !FLAGS;
+        // Reserved registers are free inside the region (saved at entry, restored at exits).
+        let reserved_mask = self
+            .reserved
+            .iter()
+            .filter_map(|&r| bit(r))
+            .fold(0, |x, y| x | y);
+        let live_now = (live.live_in[k] | live.live_out[k]) & !FLAGS & !reserved_mask;
         let flags_in = read && live.live_in[k] & FLAGS != 0;
         let flags_out = write && live.live_out[k] & FLAGS != 0;
         let need_rax = flags_in || flags_out;
@@ -78,6 +85,8 @@ impl Emitter<'_> {
         }
         // Dead registers first: they cost nothing.
         pool.sort_by_key(|r| bit(*r).is_some_and(|b| live_now & b != 0));
+        // Reserved registers first.
+        pool.sort_by_key(|r| !self.reserved.contains(r));
         // Plain `mov` loads and stores use the instruction's own register as V: the value
         // moves straight between it and the log or memory, with no copy and no spill.
         let own = match i.code() {
@@ -465,6 +474,17 @@ impl Emitter<'_> {
             base: i64::from(index_offset(&self.rt.config)),
         })
     }
+}
+
+/// Up to `MAX_RESERVED` more registers no region instruction mentions (besides `rs`).
+pub fn pick_reserved(mentioned: &[u32], region_insns: &[usize], rs: Register) -> Vec<Register> {
+    let busy = region_insns.iter().fold(0u32, |acc, &k| acc | mentioned[k]) | bit(rs).unwrap_or(0);
+    [11u32, 10, 9, 8, 7, 6, 2, 1, 0, 3, 12, 13, 14, 15, 5]
+        .into_iter()
+        .filter(|&n| busy & (1 << n) == 0)
+        .map(gpr)
+        .take(MAX_RESERVED)
+        .collect()
 }
 
 /// A register no region instruction mentions, or `None`. Its value is saved at entry and

@@ -24,11 +24,11 @@
 
 use super::cfg::Cfg;
 use super::classify::Treatment;
-use super::fastpath::pick_state_register;
+use super::fastpath::{pick_reserved, pick_state_register};
 use super::liveness::{Liveness, FLAGS};
 use super::refusal::RefusalReason;
 use super::region::Region;
-use super::ssb_runtime::{size_index, RuntimeInfo, ST_SAVED_RS};
+use super::ssb_runtime::{saved_regs_offset, size_index, RuntimeInfo, ST_SAVED_RS};
 use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, Encoder, FlowControl, Instruction, InstructionBlock,
     InstructionInfoFactory, MemoryOperand, OpKind, Register,
@@ -74,6 +74,8 @@ pub(super) struct Emitter<'a> {
     pub(super) cold: Vec<Instruction>,
     /// Register holding the thread's SSB state in the region (fast path), if one is free.
     pub(super) rs: Option<Register>,
+    /// Scratch registers reserved for the whole region (saved/restored like `rs`).
+    pub(super) reserved: Vec<Register>,
     pub(super) live: Option<&'a Liveness>,
     /// For each original instruction address: index in `out` of its first instruction.
     first: Vec<(u64, usize)>,
@@ -140,8 +142,23 @@ impl<'a> Emitter<'a> {
     /// register's value. No flags touched.
     fn restore_rs(&mut self) -> Result<(), RefusalReason> {
         if let Some(rs) = self.rs {
+            let base = i64::from(saved_regs_offset(&self.rt.config));
+            for (k, &r) in self.reserved.clone().iter().enumerate() {
+                let m = MemoryOperand::with_base_displ(rs, base + 8 * k as i64);
+                self.push(Instruction::with2(Code::Mov_r64_rm64, r, m).map_err(enc)?);
+            }
             let m = MemoryOperand::with_base_displ(rs, i64::from(ST_SAVED_RS));
             self.push(Instruction::with2(Code::Mov_r64_rm64, rs, m).map_err(enc)?);
+        }
+        Ok(())
+    }
+
+    /// After the trampoline loaded the state: save the reserved registers in it.
+    fn save_reserved(&mut self, rs: Register) -> Result<(), RefusalReason> {
+        let base = i64::from(saved_regs_offset(&self.rt.config));
+        for (k, &r) in self.reserved.clone().iter().enumerate() {
+            let m = MemoryOperand::with_base_displ(rs, base + 8 * k as i64);
+            self.push(Instruction::with2(Code::Mov_rm64_r64, m, r).map_err(enc)?);
         }
         Ok(())
     }
@@ -373,7 +390,12 @@ pub fn rewrite(
     } else {
         None
     };
+    let reserved = match rs {
+        Some(rs) => pick_reserved(&live.mentioned, &region_insns, rs),
+        None => Vec::new(),
+    };
     let mut e = Emitter {
+        reserved,
         cold: Vec::new(),
         rs,
         live: Some(live),
@@ -536,6 +558,9 @@ pub fn rewrite(
                     e.push(drop);
                 }
                 e.push(Instruction::with1(Code::Pop_r64, rs).map_err(enc)?);
+                if !native {
+                    e.save_reserved(rs)?;
+                }
                 let up = e.lea_rsp(RED_ZONE)?;
                 e.push(up);
                 let l = if native {

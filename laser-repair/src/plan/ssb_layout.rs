@@ -92,7 +92,17 @@ pub fn index_offset(cfg: &RuntimeConfig) -> i32 {
 
 /// Bytes of one thread's state block.
 pub fn state_size(cfg: &RuntimeConfig) -> u64 {
-    index_offset(cfg) as u64 + INDEX_SLOT_SIZE * INDEX_SLOTS
+    saved_regs_offset(cfg) as u64 + 8 * MAX_RESERVED as u64
+}
+
+/// Scratch registers a fast-path region may reserve besides the state register: registers
+/// no region instruction mentions, saved here by the entry trampoline and restored at exits,
+/// so accesses need no spills.
+pub const MAX_RESERVED: usize = 4;
+
+/// Offset of the reserved registers' saved values in a state block.
+pub fn saved_regs_offset(cfg: &RuntimeConfig) -> i32 {
+    index_offset(cfg) + (INDEX_SLOT_SIZE * INDEX_SLOTS) as i32
 }
 
 /// Addresses of everything the rewritten region and the tracee need.
