@@ -35,12 +35,14 @@
 //! zone (`lea rsp,[rsp-128]` first: the stack is thread-private and the red zone untouched);
 //! flags are saved with `seto/lahf … add/sahf` only where liveness says they are live.
 //!
-//! Cost (measured side by side, see the `bench_*` tests): a tight `counter++` loop runs ~6x
-//! slower single-threaded; a gcc -O2 loop with three stores per iteration ~10x. Tail-only
+//! Cost (measured side by side on this loaded 2-vCPU VM, `bench_*` tests, release): a tight
+//! `counter++` loop runs ~5–7x slower single-threaded than native; the gcc -O2 fixture loop
+//! (three stores and a byte RMW per iteration) ~10–20x slower with two threads. Tail-only
 //! merging (required by TSO) cannot coalesce interleaved stores to several addresses, so
-//! each costs an append and the log drains every ~20 iterations. On this machine's cheap
-//! false sharing (1.2–4x) the repair does not beat native; it pays only where line transfers
-//! cost more than ~100 instructions per store.
+//! each costs an inline append and the log drains every ~20 iterations. Against this
+//! machine's cheap false sharing (padding gains 1.1–4x) the repair does not beat native; it
+//! can pay only where a line transfer costs more than the ~20–40 instructions an access
+//! costs here.
 //!
 //! Known limits: a signal handler running on a thread stopped inside the region does not see
 //! that thread's buffered stores (and must not itself enter the region); a store to an
