@@ -56,15 +56,18 @@
 pub mod cfg;
 pub mod classify;
 pub mod fastpath;
+pub mod helper_path;
 pub mod insn;
 pub mod lanes;
 pub mod liveness;
+pub mod native_copy;
 pub mod refusal;
 pub mod region;
 pub mod rewrite;
 pub mod source;
 pub mod ssb_layout;
 pub mod ssb_runtime;
+pub mod ssb_thread;
 
 pub use refusal::{Refusal, RefusalReason};
 pub use region::Region;

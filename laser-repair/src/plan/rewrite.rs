@@ -26,12 +26,13 @@ use super::cfg::Cfg;
 use super::classify::Treatment;
 use super::fastpath::{pick_reserved, pick_state_register};
 use super::liveness::{Liveness, FLAGS};
+use super::native_copy::emit_native_copy;
 use super::refusal::RefusalReason;
 use super::region::Region;
-use super::ssb_runtime::{saved_regs_offset, size_index, RuntimeInfo, ST_SAVED_RS};
+use super::ssb_runtime::{saved_regs_offset, RuntimeInfo, ST_SAVED_RS};
 use iced_x86::{
-    BlockEncoder, BlockEncoderOptions, Code, Encoder, FlowControl, Instruction, InstructionBlock,
-    InstructionInfoFactory, MemoryOperand, OpKind, Register,
+    BlockEncoder, BlockEncoderOptions, Code, FlowControl, Instruction, InstructionBlock,
+    InstructionInfoFactory, MemoryOperand, Register,
 };
 use std::collections::{HashMap, HashSet};
 
@@ -40,7 +41,7 @@ const LABEL_LIMIT: u64 = 0x1_0000;
 
 /// Scratch registers in order of preference (no REX-only byte registers first is not needed:
 /// the encoder check below rejects any pairing that cannot be encoded).
-const SCRATCH: [Register; 14] = [
+pub(super) const SCRATCH: [Register; 14] = [
     Register::RDI,
     Register::RSI,
     Register::R11,
@@ -69,7 +70,7 @@ pub struct Rewritten {
 }
 
 pub(super) struct Emitter<'a> {
-    out: Vec<Instruction>,
+    pub(super) out: Vec<Instruction>,
     /// Rarely executed code (helper calls of the fast path), appended after everything.
     pub(super) cold: Vec<Instruction>,
     /// Register holding the thread's SSB state in the region (fast path), if one is free.
@@ -78,13 +79,13 @@ pub(super) struct Emitter<'a> {
     pub(super) reserved: Vec<Register>,
     pub(super) live: Option<&'a Liveness>,
     /// For each original instruction address: index in `out` of its first instruction.
-    first: Vec<(u64, usize)>,
+    pub(super) first: Vec<(u64, usize)>,
     labels: HashMap<u64, u64>,
     /// Labels of the uninstrumented copy (fast mode only), by original address.
     native: HashMap<u64, u64>,
     next_label: u64,
     pub(super) rt: &'a RuntimeInfo,
-    info: InstructionInfoFactory,
+    pub(super) info: InstructionInfoFactory,
 }
 
 pub(super) fn enc(e: iced_x86::IcedError) -> RefusalReason {
@@ -120,7 +121,7 @@ impl<'a> Emitter<'a> {
         self.next_label
     }
 
-    fn orig_label(&mut self, ip: u64) -> u64 {
+    pub(super) fn orig_label(&mut self, ip: u64) -> u64 {
         if let Some(&l) = self.labels.get(&ip) {
             return l;
         }
@@ -129,7 +130,7 @@ impl<'a> Emitter<'a> {
         l
     }
 
-    fn native_label(&mut self, ip: u64) -> u64 {
+    pub(super) fn native_label(&mut self, ip: u64) -> u64 {
         if let Some(&l) = self.native.get(&ip) {
             return l;
         }
@@ -181,12 +182,16 @@ impl<'a> Emitter<'a> {
         .map_err(enc)
     }
 
-    fn call(&mut self, target: u64) -> Instruction {
+    pub(super) fn call(&mut self, target: u64) -> Instruction {
         Instruction::with_branch(Code::Call_rel32_64, target).unwrap_or_default()
     }
 
     /// `lea rsp,[rsp-128]; call helper; lea rsp,[rsp+128]`, the first carrying `label`.
-    fn helper_call(&mut self, helper: u64, label: Option<u64>) -> Result<(), RefusalReason> {
+    pub(super) fn helper_call(
+        &mut self,
+        helper: u64,
+        label: Option<u64>,
+    ) -> Result<(), RefusalReason> {
         let down = self.lea_rsp(-RED_ZONE)?;
         match label {
             Some(l) => self.push_at(down, l),
@@ -199,161 +204,12 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
-    fn jmp(&mut self, target: u64) -> Result<Instruction, RefusalReason> {
+    pub(super) fn jmp(&mut self, target: u64) -> Result<Instruction, RefusalReason> {
         Instruction::with_branch(Code::Jmp_rel32_64, target).map_err(enc)
-    }
-
-    fn emit_ssb(
-        &mut self,
-        i: &Instruction,
-        op: u32,
-        size: u32,
-        read: bool,
-        write: bool,
-        label: u64,
-    ) -> Result<(), RefusalReason> {
-        let unsupported = |why| RefusalReason::UnsupportedInstruction {
-            pc: i.ip(),
-            text: i.to_string(),
-            why,
-        };
-        let base = i.memory_base();
-        if base != Register::None && base != Register::RIP && !base.is_gpr64() {
-            return Err(unsupported("32-bit address size"));
-        }
-        let used: HashSet<Register> = self
-            .info
-            .info(i)
-            .used_registers()
-            .iter()
-            .map(|r| r.register().full_register())
-            .collect();
-        let mut chosen = None;
-        let mut encoder = Encoder::new(64);
-        for &t in SCRATCH.iter().filter(|t| !used.contains(t)) {
-            let mut ii = *i;
-            ii.set_op_kind(op, OpKind::Register);
-            ii.set_op_register(op, sized(t, size));
-            ii.set_segment_prefix(Register::None);
-            ii.set_memory_base(Register::None);
-            ii.set_memory_index(Register::None);
-            ii.set_memory_displacement64(0);
-            ii.set_memory_displ_size(0);
-            if encoder.encode(&ii, 0).is_ok() {
-                chosen = Some((t, ii));
-                break;
-            }
-        }
-        let (t, mut body) = chosen
-            .ok_or_else(|| unsupported("no scratch register can replace the memory operand"))?;
-        body.set_ip(0);
-        let mut displ = i.memory_displacement64() as i64;
-        if base == Register::RSP {
-            displ += RED_ZONE + 8;
-        }
-        let mem = if base == Register::RIP {
-            MemoryOperand::with_base_displ(Register::RIP, i.memory_displacement64() as i64)
-        } else {
-            MemoryOperand::new(
-                base,
-                i.memory_index(),
-                i.memory_index_scale(),
-                displ,
-                // iced in 64-bit mode: 1 = disp8 if it fits, 8 = sign-extended disp32.
-                if base != Register::None && i8::try_from(displ).is_ok() {
-                    1
-                } else {
-                    8
-                },
-                false,
-                Register::None,
-            )
-        };
-        let down = self.lea_rsp(-RED_ZONE)?;
-        self.push_at(down, label);
-        self.push(Instruction::with1(Code::Push_r64, t).map_err(enc)?);
-        self.push(Instruction::with2(Code::Lea_r64_m, t, mem).map_err(enc)?);
-        self.push(Instruction::with1(Code::Push_r64, t).map_err(enc)?);
-        self.push(Instruction::with1(Code::Push_r64, t).map_err(enc)?);
-        let slot = MemoryOperand::with_base(Register::RSP);
-        if read {
-            let c = self.call(self.rt.load[size_index(size)]);
-            self.push(c);
-            self.push(Instruction::with2(Code::Mov_r64_rm64, t, slot).map_err(enc)?);
-        }
-        self.push(body);
-        if write {
-            self.push(Instruction::with2(Code::Mov_rm64_r64, slot, t).map_err(enc)?);
-            let c = self.call(self.rt.store[size_index(size)]);
-            self.push(c);
-        }
-        let up = self.lea_rsp(16)?;
-        self.push(up);
-        self.push(Instruction::with1(Code::Pop_r64, t).map_err(enc)?);
-        let up = self.lea_rsp(RED_ZONE)?;
-        self.push(up);
-        Ok(())
     }
 }
 
 /// Generates the region's code for address `addr`.
-/// The region once more, uninstrumented: for threads without SSB state. Branches stay inside
-/// the copy or go straight to original code; nothing is flushed (such a thread has no log).
-/// Returns, for each entry of `e.first`, the index of its instruction in the copy.
-fn emit_native_copy(
-    e: &mut Emitter<'_>,
-    cfg: &Cfg,
-    tr: &[Treatment],
-    region: &Region,
-) -> Result<Vec<usize>, RefusalReason> {
-    let in_region = |ip: u64| region.blocks.iter().any(|&b| cfg.blocks[b].start == ip);
-    let mut at: HashMap<u64, usize> = HashMap::new();
-    for (pos, &b) in region.blocks.iter().enumerate() {
-        let blk = &cfg.blocks[b];
-        let mut falls_through = true;
-        for k in blk.insns.clone() {
-            let i = cfg.insns[k];
-            let label = e.native_label(i.ip());
-            at.insert(i.ip(), e.out.len());
-            let mut c = i;
-            match tr[k] {
-                Treatment::DirectBranch => {
-                    let t = i.near_branch_target();
-                    let nt = if in_region(t) { e.native_label(t) } else { t };
-                    c.set_near_branch64(nt);
-                    falls_through = i.flow_control() == FlowControl::ConditionalBranch;
-                }
-                Treatment::ExitToOriginal => {
-                    c = e.jmp(i.ip())?;
-                    falls_through = false;
-                }
-                _ => falls_through = i.flow_control() != FlowControl::Return,
-            }
-            e.push_at(c, label);
-        }
-        if falls_through {
-            let next = blk.end;
-            let next_is_emitted_next = region
-                .blocks
-                .get(pos + 1)
-                .is_some_and(|&nb| cfg.blocks[nb].start == next);
-            if !next_is_emitted_next {
-                let t = if in_region(next) {
-                    e.native_label(next)
-                } else {
-                    next
-                };
-                let j = e.jmp(t)?;
-                e.push(j);
-            }
-        }
-    }
-    Ok(e.first
-        .iter()
-        .map(|&(ip, _)| at.get(&ip).copied().unwrap_or(0))
-        .collect())
-}
-
 /// Identity of a memory operand expression (base, index, scale, displacement, size).
 fn operand_key(i: &Instruction) -> (Register, Register, u32, u64, usize) {
     (
