@@ -476,10 +476,14 @@ impl Emitter<'_> {
     }
 }
 
+/// Registers that may hold the state or be reserved, by bit number: caller-saved first. Never
+/// rax (flag saves need AH) or rsp.
+const CANDIDATES: [u32; 14] = [11, 10, 9, 8, 7, 6, 2, 1, 3, 12, 13, 14, 15, 5];
+
 /// Up to `MAX_RESERVED` more registers no region instruction mentions (besides `rs`).
 pub fn pick_reserved(mentioned: &[u32], region_insns: &[usize], rs: Register) -> Vec<Register> {
     let busy = region_insns.iter().fold(0u32, |acc, &k| acc | mentioned[k]) | bit(rs).unwrap_or(0);
-    [11u32, 10, 9, 8, 7, 6, 2, 1, 0, 3, 12, 13, 14, 15, 5]
+    CANDIDATES
         .into_iter()
         .filter(|&n| busy & (1 << n) == 0)
         .map(gpr)
@@ -491,8 +495,7 @@ pub fn pick_reserved(mentioned: &[u32], region_insns: &[usize], rs: Register) ->
 /// restored at every exit, so it need not be dead.
 pub fn pick_state_register(mentioned: &[u32], region_insns: &[usize]) -> Option<Register> {
     let busy = region_insns.iter().fold(0u32, |acc, &k| acc | mentioned[k]);
-    // Prefer registers the ABI already treats as scratch.
-    [11u32, 10, 9, 8, 7, 6, 2, 1, 0, 3, 12, 13, 14, 15, 5]
+    CANDIDATES
         .into_iter()
         .find(|&n| busy & (1 << n) == 0)
         .map(gpr)
