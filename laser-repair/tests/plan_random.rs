@@ -129,10 +129,6 @@ fn random_op(a: &mut CodeAssembler, r: &mut Rng, use_r11: bool) {
 /// the fast path must spill its scratch registers and save flags).
 const CROWD: [AsmRegister64; 6] = [rbx, rbp, r12, r13, r14, r15];
 
-fn random_loop(seed: u64, len: usize, use_r11: bool) -> impl Fn(&mut CodeAssembler) {
-    random_loop_with(seed, len, use_r11, false)
-}
-
 fn random_loop_with(
     seed: u64,
     len: usize,
