@@ -272,17 +272,31 @@ fn kernel_fast_path_two_threads_tiny_log_one_slot() {
         let go = |f: u64| -> Vec<u8> {
             let mut buf = seeded(256, 5);
             let p = buf.as_mut_ptr() as u64;
+            // Both threads alive at once, so they have distinct thread pointers.
+            let barrier = std::sync::Barrier::new(2);
             std::thread::scope(|s| {
                 for k in 0..2u64 {
+                    let barrier = &barrier;
                     s.spawn(move || {
+                        barrier.wait();
                         let mut out = 0u64;
-                        fn3(f)(p + 128 * k, 300 + 7 * k, &mut out as *mut u64 as u64)
+                        let r = fn3(f)(p + 128 * k, 300 + 7 * k, &mut out as *mut u64 as u64);
+                        barrier.wait();
+                        r
                     });
                 }
             });
             buf
         };
         assert_eq!(go(t.native), go(t.repaired), "{slots} slots");
+        let words = t.area.bytes(t.plan.runtime.no_slot_addr, 8);
+        let bypassed = u64::from_le_bytes(words.try_into().unwrap());
+        if slots == 1 {
+            assert!(
+                bypassed > 0,
+                "with one slot, one thread must run the native copy"
+            );
+        }
     }
 }
 
@@ -322,6 +336,7 @@ fn kernel_same_memory_tiny_log_one_slot() {
             ..RuntimeConfig::default()
         },
         min_stores_per_flush: 0.0,
+        inline_fast_path: false,
         ..PlanOptions::default()
     };
     let t = twin(&kernel, &kernel_pcs, opts).unwrap();
@@ -572,8 +587,7 @@ fn store_buffer_check_detects_merge_into_older_entry() {
 }
 
 /// Undo safe points: every key is an instruction start in the cache; sequence starts map to
-/// stubs that flush and continue at the original instruction. Entering the stub of the loop's
-/// first instruction with the function's arguments must behave like calling the function.
+/// stubs that flush, restore the state register and continue at the original instruction.
 #[test]
 fn undo_map_points_and_stub_run() {
     let t = twin(&counter_loop, &store_pcs, Default::default()).unwrap();
@@ -595,11 +609,21 @@ fn undo_map_points_and_stub_run() {
             "{to:#x} goes nowhere known"
         );
     }
-    // Every original instruction has a sequence-start safe point (plus a trampoline one).
-    assert_eq!(p.undo_map.len(), 2 * p.pc_map.len());
-    let first_seq = p.undo_map[0];
+    // Every original instruction has a sequence-start safe point, plus (fast path) one at its
+    // trampoline and one in the uninstrumented copy.
+    assert!(p.state_register.is_some());
+    assert_eq!(p.undo_map.len(), 3 * p.pc_map.len());
+    // The uninstrumented copy (where slot-less threads run) is a working loop on its own:
+    // its first instruction maps back to the loop's first original instruction.
+    let trampoline = p.map_pc(t.repaired).unwrap();
+    let native = p
+        .undo_map
+        .iter()
+        .find(|&&(from, to)| to == t.repaired && from != trampoline)
+        .map(|&(from, _)| from)
+        .unwrap();
     let mut c = 0u64;
-    fn2(first_seq.1)(&mut c as *mut u64 as u64, 5);
+    fn2(native)(&mut c as *mut u64 as u64, 5);
     assert_eq!(c, 5);
 }
 
@@ -680,5 +704,91 @@ fn forwarding_respects_sizes_and_zero_extension() {
             u64::from_le_bytes(x[8..16].try_into().unwrap()),
             0x1234_5678
         );
+    }
+}
+
+/// Callers may keep values in registers the callee never writes (gcc `-fipa-ra`, hand-written
+/// asm). The state register (r11 here) must come back unchanged from a repaired function.
+#[test]
+fn state_register_is_restored_for_the_caller() {
+    let t = twin(&counter_loop, &store_pcs, Default::default()).unwrap();
+    assert_eq!(t.plan.state_register, Some(iced_x86::Register::R11));
+    // wrapper(counter, n, f): r11 = magic; f(counter, n); return r11.
+    let wrapper = t.area.base + 0x20_0000;
+    place(&t.area, wrapper, &|a| {
+        a.push(rbx).unwrap();
+        a.mov(r11, 0x0bad_cafe_dead_beefu64).unwrap();
+        a.call(rdx).unwrap();
+        a.mov(rax, r11).unwrap();
+        a.pop(rbx).unwrap();
+        a.ret().unwrap();
+    });
+    for f in [t.native, t.repaired] {
+        let mut c = 0u64;
+        let r = fn3(wrapper)(&mut c as *mut u64 as u64, 7, f);
+        assert_eq!(r, 0x0bad_cafe_dead_beef, "r11 clobbered by {f:#x}");
+        assert_eq!(c, 7);
+    }
+    // A region that leaves through its own `ret`.
+    let body = twin(
+        &|a| {
+            a.mov(qword_ptr(rdi), rsi).unwrap();
+            a.mov(qword_ptr(rdi + 8), rsi).unwrap();
+            a.ret().unwrap();
+        },
+        &|b, _| vec![b],
+        permissive(),
+    )
+    .unwrap();
+    assert_eq!(body.plan.state_register, Some(iced_x86::Register::R11));
+    let wrapper2 = body.area.base + 0x20_0000;
+    place(&body.area, wrapper2, &|a| {
+        a.mov(r11, 0x0bad_cafe_dead_beefu64).unwrap();
+        a.call(rdx).unwrap();
+        a.mov(rax, r11).unwrap();
+        a.ret().unwrap();
+    });
+    let mut m = [0u64; 2];
+    let r = fn3(wrapper2)(m.as_mut_ptr() as u64, 9, body.repaired);
+    assert_eq!((r, m), (0x0bad_cafe_dead_beef, [9, 9]));
+}
+
+/// Scratch registers are chosen by liveness, and at calls and returns every register counts
+/// as live: a repaired function must leave every register it does not itself write intact.
+#[test]
+fn untouched_registers_survive_a_repaired_call() {
+    type Fn4 = extern "C" fn(u64, u64, u64, u64) -> u64;
+    let t = twin(&counter_loop, &store_pcs, Default::default()).unwrap();
+    // wrapper(counter, n, f, out): set rbx rcx rbp r8..r15 to known values, call f, store them.
+    let wrapper = t.area.base + 0x20_0000;
+    let kept = [rbx, rcx, rbp, r8, r9, r10, r11, r12, r13, r14, r15];
+    place(&t.area, wrapper, &|a| {
+        for r in [rbx, rbp, r12, r13, r14, r15] {
+            a.push(r).unwrap();
+        }
+        a.push(rcx).unwrap();
+        a.sub(rsp, 8).unwrap(); // keep rsp 16-byte aligned at the call
+        for (k, &r) in kept.iter().enumerate() {
+            a.mov(r, 0x1111_1111_1111_1111u64 * (k as u64 + 1)).unwrap();
+        }
+        a.call(rdx).unwrap();
+        a.add(rsp, 8).unwrap();
+        a.pop(rax).unwrap();
+        for (k, &r) in kept.iter().enumerate() {
+            a.mov(qword_ptr(rax + 8 * k as i32), r).unwrap();
+        }
+        for r in [r15, r14, r13, r12, rbp, rbx] {
+            a.pop(r).unwrap();
+        }
+        a.ret().unwrap();
+    });
+    // SAFETY: `wrapper` is the SysV function just assembled, 4 args.
+    let w = unsafe { std::mem::transmute::<usize, Fn4>(wrapper as usize) };
+    for f in [t.native, t.repaired] {
+        let (mut c, mut out) = (0u64, [0u64; 11]);
+        w(&mut c as *mut u64 as u64, 9, f, out.as_mut_ptr() as u64);
+        let want: Vec<u64> = (1..=11).map(|k| 0x1111_1111_1111_1111u64 * k).collect();
+        assert_eq!(out.to_vec(), want, "registers clobbered by {f:#x}");
+        assert_eq!(c, 9);
     }
 }

@@ -1,7 +1,8 @@
-//! The inline fast path, used when liveness finds a register `RS` that is dead everywhere in
-//! the region (mentioned by no region instruction, live at no region instruction): it then
-//! holds the thread's SSB state pointer for the whole region, set by `ssb_enter` in the
-//! trampoline every entry goes through (patched entries and the pc map).
+//! The inline fast path, used when some register `RS` is mentioned by no region instruction:
+//! it then holds the thread's SSB state pointer for the whole region. Every entry (patched
+//! entries and the pc map) goes through a trampoline where `ssb_enter` saves RS's value in the
+//! state and loads the state pointer; every exit restores RS. A thread that gets no state
+//! slot is sent to an uninstrumented copy of the region instead.
 //!
 //! Inline, with no call: a load whose words are clear in the log's summary bitmap reads
 //! memory; a load matching the youngest entry forwards it; a store with the tail entry's
@@ -15,6 +16,7 @@ use super::lanes::{Lanes, LoadLabels, Regs, StoreLabels};
 use super::liveness::{bit, gpr, FLAGS};
 use super::refusal::RefusalReason;
 use super::rewrite::{enc, sized, Emitter, RED_ZONE};
+use super::ssb_layout::MAX_RESERVED;
 use super::ssb_runtime::{
     index_offset, size_index, ST_BACKEDGES, ST_COUNT, ST_ENTRIES, ST_SUMMARY,
 };
@@ -61,7 +63,13 @@ impl Emitter<'_> {
             return Ok(false);
         }
         let mentioned = live.mentioned[k];
-        let live_now = (live.live_in[k] | live.live_out[k]) & !FLAGS;
+        // Reserved registers are free inside the region (saved at entry, restored at exits).
+        let reserved_mask = self
+            .reserved
+            .iter()
+            .filter_map(|&r| bit(r))
+            .fold(0, |x, y| x | y);
+        let live_now = (live.live_in[k] | live.live_out[k]) & !FLAGS & !reserved_mask;
         let flags_in = read && live.live_in[k] & FLAGS != 0;
         let flags_out = write && live.live_out[k] & FLAGS != 0;
         let need_rax = flags_in || flags_out;
@@ -77,6 +85,8 @@ impl Emitter<'_> {
         }
         // Dead registers first: they cost nothing.
         pool.sort_by_key(|r| bit(*r).is_some_and(|b| live_now & b != 0));
+        // Reserved registers first.
+        pool.sort_by_key(|r| !self.reserved.contains(r));
         // Plain `mov` loads and stores use the instruction's own register as V: the value
         // moves straight between it and the log or memory, with no copy and no spill.
         let own = match i.code() {
@@ -354,8 +364,7 @@ impl Emitter<'_> {
         }
         if write {
             // Append inline while the log has room and the entry stays within one 8-byte
-            // word. `c` = count * 32 from the tail check. The bypass state's limit is 0, so
-            // slot-less threads always reach the helper (which stores directly).
+            // word. `c` = count * 32 from the tail check.
             let helper_store = self.label();
             let lanes = self.lane_code()?;
             let labels = StoreLabels {
@@ -467,18 +476,26 @@ impl Emitter<'_> {
     }
 }
 
-/// A register dead at every instruction of the region and mentioned by none, or `None`.
-pub fn pick_state_register(
-    live_in: &[u32],
-    live_out: &[u32],
-    mentioned: &[u32],
-    region_insns: &[usize],
-) -> Option<Register> {
-    let busy = region_insns.iter().fold(0u32, |acc, &k| {
-        acc | live_in[k] | live_out[k] | mentioned[k]
-    });
-    // Prefer registers the ABI already treats as scratch.
-    [11u32, 10, 9, 8, 7, 6, 2, 1, 0, 3, 12, 13, 14, 15, 5]
+/// Registers that may hold the state or be reserved, by bit number: caller-saved first. Never
+/// rax (flag saves need AH) or rsp.
+const CANDIDATES: [u32; 14] = [11, 10, 9, 8, 7, 6, 2, 1, 3, 12, 13, 14, 15, 5];
+
+/// Up to `MAX_RESERVED` more registers no region instruction mentions (besides `rs`).
+pub fn pick_reserved(mentioned: &[u32], region_insns: &[usize], rs: Register) -> Vec<Register> {
+    let busy = region_insns.iter().fold(0u32, |acc, &k| acc | mentioned[k]) | bit(rs).unwrap_or(0);
+    CANDIDATES
+        .into_iter()
+        .filter(|&n| busy & (1 << n) == 0)
+        .map(gpr)
+        .take(MAX_RESERVED)
+        .collect()
+}
+
+/// A register no region instruction mentions, or `None`. Its value is saved at entry and
+/// restored at every exit, so it need not be dead.
+pub fn pick_state_register(mentioned: &[u32], region_insns: &[usize]) -> Option<Register> {
+    let busy = region_insns.iter().fold(0u32, |acc, &k| acc | mentioned[k]);
+    CANDIDATES
         .into_iter()
         .find(|&n| busy & (1 << n) == 0)
         .map(gpr)

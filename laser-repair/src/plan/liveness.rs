@@ -4,9 +4,8 @@
 //! A set is a bitmask: bits 0..16 are RAX..R15 (iced order), bits 16..22 the six status
 //! flags OF SF ZF AF CF PF (iced's `RflagsBits` order), tracked one by one so that `dec`
 //! (which keeps CF) does not make every flag live. Unknown
-//! successors (indirect jumps, jumps out of the function) make everything live; a call keeps
-//! everything live except r11 and the flags (the ABI lets a callee clobber both); a return
-//! keeps the return registers and the callee-saved ones.
+//! successors (indirect jumps, jumps out of the function) make everything live; calls and
+//! returns keep every register live but not the flags (see `call_live`).
 
 use super::cfg::Cfg;
 use super::classify::Treatment;
@@ -82,22 +81,16 @@ pub struct Liveness {
     pub mentioned: Vec<RegSet>,
 }
 
+/// At a call or a return every register counts as live, flags excepted: a caller may rely
+/// on any register its callee does not write (gcc `-fipa-ra` does, for callees it can see;
+/// hand-written asm may), and the callee may read any. Only the flags are clobbered by every
+/// call under every convention compilers use.
 fn call_live() -> RegSet {
-    ALL & !(FLAGS | mask(&[Register::R11]))
+    ALL & !FLAGS
 }
 
 fn ret_live() -> RegSet {
-    mask(&[
-        Register::RAX,
-        Register::RDX,
-        Register::RBX,
-        Register::RBP,
-        Register::RSP,
-        Register::R12,
-        Register::R13,
-        Register::R14,
-        Register::R15,
-    ])
+    ALL & !FLAGS
 }
 
 pub fn analyze(cfg: &Cfg, tr: &[Treatment]) -> Liveness {
@@ -189,7 +182,7 @@ mod tests {
         // After `dec rsi`, jnz reads ZF; CF, which dec keeps, is dead at the store before it.
         assert_ne!(l.live_out[3] & FLAGS, 0);
         assert_eq!(l.live_out[2] & FLAGS, 0);
-        // r11 is never live.
-        assert!(l.live_in.iter().all(|s| s & r11 == 0));
+        // r11 is never written in the function, so a caller may rely on it: live throughout.
+        assert!(l.live_in.iter().all(|s| s & r11 != 0));
     }
 }

@@ -24,42 +24,50 @@
 //! region, entry blocks shorter than the 5-byte jmp, calls under the entry jmp, a code cache
 //! out of rel32 reach, and regions estimated to store too little per flush.
 //!
-//! Two code paths. When liveness finds a register dead in the whole region (typically r11 in
-//! a loop without calls), it holds the thread's SSB state ([`RepairPlan::state_register`],
-//! set by an entry trampoline) and accesses run inline: a summary bitmap and a byte-lane
-//! index answer "is this load in the log?" without scanning, the tail merge and the append
-//! are inline, and only rare cases (full log, two-word entries, partial overlaps) call the
-//! helpers. Otherwise every access calls a helper that finds the state through `%fs:0`.
+//! Two code paths. When a register is mentioned by no instruction of the region (r11 first),
+//! it holds the thread's SSB state ([`RepairPlan::state_register`]): entry trampolines save
+//! its value and load the state, every exit restores it, and accesses run inline: a summary
+//! bitmap and a byte-lane index answer "is this load in the log?" without scanning, the tail
+//! merge and the append are inline, and only rare cases (full log, two-word entries, partial
+//! overlaps) call the helpers. A thread that gets no state slot runs an uninstrumented copy
+//! of the region. Otherwise every access calls a helper that finds the state via `%fs:0`.
 //! Scratch registers come from liveness; live ones are spilled on the stack below the red
 //! zone (`lea rsp,[rsp-128]` first: the stack is thread-private and the red zone untouched);
 //! flags are saved with `seto/lahf … add/sahf` only where liveness says they are live.
 //!
-//! Cost (measured side by side, see the `bench_*` tests): a tight `counter++` loop runs ~6x
-//! slower single-threaded; a gcc -O2 loop with three stores per iteration ~10x. Tail-only
+//! Cost (measured side by side on this loaded 2-vCPU VM, `bench_*` tests, release): a tight
+//! `counter++` loop runs ~5–7x slower single-threaded than native; the gcc -O2 fixture loop
+//! (three stores and a byte RMW per iteration) ~10–20x slower with two threads. Tail-only
 //! merging (required by TSO) cannot coalesce interleaved stores to several addresses, so
-//! each costs an append and the log drains every ~20 iterations. On this machine's cheap
-//! false sharing (1.2–4x) the repair does not beat native; it pays only where line transfers
-//! cost more than ~100 instructions per store.
+//! each costs an inline append and the log drains every ~20 iterations. Against this
+//! machine's cheap false sharing (padding gains 1.1–4x) the repair does not beat native; it
+//! can pay only where a line transfer costs more than the ~20–40 instructions an access
+//! costs here.
 //!
 //! Known limits: a signal handler running on a thread stopped inside the region does not see
 //! that thread's buffered stores (and must not itself enter the region); a store to an
 //! invalid address faults at the flush, not at the store; code outside the function jumping
 //! into the bytes under an entry jmp (other than its first byte) is not detected; thread state
 //! keys on `%fs:0` (glibc/musl TCB self-pointer), and threads with `%fs:0 == 0` or beyond the
-//! slot pool run natively (correct, unbuffered).
+//! slot pool run natively (correct, unbuffered); liveness assumes the SysV ABI at calls and
+//! returns only for choosing scratch registers and flag saves (the state register is saved
+//! and restored regardless).
 
 pub mod cfg;
 pub mod classify;
 pub mod fastpath;
+pub mod helper_path;
 pub mod insn;
 pub mod lanes;
 pub mod liveness;
+pub mod native_copy;
 pub mod refusal;
 pub mod region;
 pub mod rewrite;
 pub mod source;
 pub mod ssb_layout;
 pub mod ssb_runtime;
+pub mod ssb_thread;
 
 pub use refusal::{Refusal, RefusalReason};
 pub use region::Region;

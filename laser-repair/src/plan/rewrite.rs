@@ -24,14 +24,15 @@
 
 use super::cfg::Cfg;
 use super::classify::Treatment;
-use super::fastpath::pick_state_register;
+use super::fastpath::{pick_reserved, pick_state_register};
 use super::liveness::{Liveness, FLAGS};
+use super::native_copy::emit_native_copy;
 use super::refusal::RefusalReason;
 use super::region::Region;
-use super::ssb_runtime::{size_index, RuntimeInfo};
+use super::ssb_runtime::{saved_regs_offset, RuntimeInfo, ST_SAVED_RS};
 use iced_x86::{
-    BlockEncoder, BlockEncoderOptions, Code, Encoder, FlowControl, Instruction, InstructionBlock,
-    InstructionInfoFactory, MemoryOperand, OpKind, Register,
+    BlockEncoder, BlockEncoderOptions, Code, FlowControl, Instruction, InstructionBlock,
+    InstructionInfoFactory, MemoryOperand, Register,
 };
 use std::collections::{HashMap, HashSet};
 
@@ -40,7 +41,7 @@ const LABEL_LIMIT: u64 = 0x1_0000;
 
 /// Scratch registers in order of preference (no REX-only byte registers first is not needed:
 /// the encoder check below rejects any pairing that cannot be encoded).
-const SCRATCH: [Register; 14] = [
+pub(super) const SCRATCH: [Register; 14] = [
     Register::RDI,
     Register::RSI,
     Register::R11,
@@ -69,18 +70,22 @@ pub struct Rewritten {
 }
 
 pub(super) struct Emitter<'a> {
-    out: Vec<Instruction>,
+    pub(super) out: Vec<Instruction>,
     /// Rarely executed code (helper calls of the fast path), appended after everything.
     pub(super) cold: Vec<Instruction>,
     /// Register holding the thread's SSB state in the region (fast path), if one is free.
     pub(super) rs: Option<Register>,
+    /// Scratch registers reserved for the whole region (saved/restored like `rs`).
+    pub(super) reserved: Vec<Register>,
     pub(super) live: Option<&'a Liveness>,
     /// For each original instruction address: index in `out` of its first instruction.
-    first: Vec<(u64, usize)>,
+    pub(super) first: Vec<(u64, usize)>,
     labels: HashMap<u64, u64>,
+    /// Labels of the uninstrumented copy (fast mode only), by original address.
+    native: HashMap<u64, u64>,
     next_label: u64,
     pub(super) rt: &'a RuntimeInfo,
-    info: InstructionInfoFactory,
+    pub(super) info: InstructionInfoFactory,
 }
 
 pub(super) fn enc(e: iced_x86::IcedError) -> RefusalReason {
@@ -116,13 +121,47 @@ impl<'a> Emitter<'a> {
         self.next_label
     }
 
-    fn orig_label(&mut self, ip: u64) -> u64 {
+    pub(super) fn orig_label(&mut self, ip: u64) -> u64 {
         if let Some(&l) = self.labels.get(&ip) {
             return l;
         }
         let l = self.label();
         self.labels.insert(ip, l);
         l
+    }
+
+    pub(super) fn native_label(&mut self, ip: u64) -> u64 {
+        if let Some(&l) = self.native.get(&ip) {
+            return l;
+        }
+        let l = self.label();
+        self.native.insert(ip, l);
+        l
+    }
+
+    /// `mov rs,[rs+saved]` before leaving the region (fast mode): callers may rely on the
+    /// register's value. No flags touched.
+    fn restore_rs(&mut self) -> Result<(), RefusalReason> {
+        if let Some(rs) = self.rs {
+            let base = i64::from(saved_regs_offset(&self.rt.config));
+            for (k, &r) in self.reserved.clone().iter().enumerate() {
+                let m = MemoryOperand::with_base_displ(rs, base + 8 * k as i64);
+                self.push(Instruction::with2(Code::Mov_r64_rm64, r, m).map_err(enc)?);
+            }
+            let m = MemoryOperand::with_base_displ(rs, i64::from(ST_SAVED_RS));
+            self.push(Instruction::with2(Code::Mov_r64_rm64, rs, m).map_err(enc)?);
+        }
+        Ok(())
+    }
+
+    /// After the trampoline loaded the state: save the reserved registers in it.
+    fn save_reserved(&mut self, rs: Register) -> Result<(), RefusalReason> {
+        let base = i64::from(saved_regs_offset(&self.rt.config));
+        for (k, &r) in self.reserved.clone().iter().enumerate() {
+            let m = MemoryOperand::with_base_displ(rs, base + 8 * k as i64);
+            self.push(Instruction::with2(Code::Mov_rm64_r64, m, r).map_err(enc)?);
+        }
+        Ok(())
     }
 
     pub(super) fn push(&mut self, i: Instruction) {
@@ -143,12 +182,16 @@ impl<'a> Emitter<'a> {
         .map_err(enc)
     }
 
-    fn call(&mut self, target: u64) -> Instruction {
+    pub(super) fn call(&mut self, target: u64) -> Instruction {
         Instruction::with_branch(Code::Call_rel32_64, target).unwrap_or_default()
     }
 
     /// `lea rsp,[rsp-128]; call helper; lea rsp,[rsp+128]`, the first carrying `label`.
-    fn helper_call(&mut self, helper: u64, label: Option<u64>) -> Result<(), RefusalReason> {
+    pub(super) fn helper_call(
+        &mut self,
+        helper: u64,
+        label: Option<u64>,
+    ) -> Result<(), RefusalReason> {
         let down = self.lea_rsp(-RED_ZONE)?;
         match label {
             Some(l) => self.push_at(down, l),
@@ -161,100 +204,8 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
-    fn jmp(&mut self, target: u64) -> Result<Instruction, RefusalReason> {
+    pub(super) fn jmp(&mut self, target: u64) -> Result<Instruction, RefusalReason> {
         Instruction::with_branch(Code::Jmp_rel32_64, target).map_err(enc)
-    }
-
-    fn emit_ssb(
-        &mut self,
-        i: &Instruction,
-        op: u32,
-        size: u32,
-        read: bool,
-        write: bool,
-        label: u64,
-    ) -> Result<(), RefusalReason> {
-        let unsupported = |why| RefusalReason::UnsupportedInstruction {
-            pc: i.ip(),
-            text: i.to_string(),
-            why,
-        };
-        let base = i.memory_base();
-        if base != Register::None && base != Register::RIP && !base.is_gpr64() {
-            return Err(unsupported("32-bit address size"));
-        }
-        let used: HashSet<Register> = self
-            .info
-            .info(i)
-            .used_registers()
-            .iter()
-            .map(|r| r.register().full_register())
-            .collect();
-        let mut chosen = None;
-        let mut encoder = Encoder::new(64);
-        for &t in SCRATCH.iter().filter(|t| !used.contains(t)) {
-            let mut ii = *i;
-            ii.set_op_kind(op, OpKind::Register);
-            ii.set_op_register(op, sized(t, size));
-            ii.set_segment_prefix(Register::None);
-            ii.set_memory_base(Register::None);
-            ii.set_memory_index(Register::None);
-            ii.set_memory_displacement64(0);
-            ii.set_memory_displ_size(0);
-            if encoder.encode(&ii, 0).is_ok() {
-                chosen = Some((t, ii));
-                break;
-            }
-        }
-        let (t, mut body) = chosen
-            .ok_or_else(|| unsupported("no scratch register can replace the memory operand"))?;
-        body.set_ip(0);
-        let mut displ = i.memory_displacement64() as i64;
-        if base == Register::RSP {
-            displ += RED_ZONE + 8;
-        }
-        let mem = if base == Register::RIP {
-            MemoryOperand::with_base_displ(Register::RIP, i.memory_displacement64() as i64)
-        } else {
-            MemoryOperand::new(
-                base,
-                i.memory_index(),
-                i.memory_index_scale(),
-                displ,
-                // iced in 64-bit mode: 1 = disp8 if it fits, 8 = sign-extended disp32.
-                if base != Register::None && i8::try_from(displ).is_ok() {
-                    1
-                } else {
-                    8
-                },
-                false,
-                Register::None,
-            )
-        };
-        let down = self.lea_rsp(-RED_ZONE)?;
-        self.push_at(down, label);
-        self.push(Instruction::with1(Code::Push_r64, t).map_err(enc)?);
-        self.push(Instruction::with2(Code::Lea_r64_m, t, mem).map_err(enc)?);
-        self.push(Instruction::with1(Code::Push_r64, t).map_err(enc)?);
-        self.push(Instruction::with1(Code::Push_r64, t).map_err(enc)?);
-        let slot = MemoryOperand::with_base(Register::RSP);
-        if read {
-            let c = self.call(self.rt.load[size_index(size)]);
-            self.push(c);
-            self.push(Instruction::with2(Code::Mov_r64_rm64, t, slot).map_err(enc)?);
-        }
-        self.push(body);
-        if write {
-            self.push(Instruction::with2(Code::Mov_rm64_r64, slot, t).map_err(enc)?);
-            let c = self.call(self.rt.store[size_index(size)]);
-            self.push(c);
-        }
-        let up = self.lea_rsp(16)?;
-        self.push(up);
-        self.push(Instruction::with1(Code::Pop_r64, t).map_err(enc)?);
-        let up = self.lea_rsp(RED_ZONE)?;
-        self.push(up);
-        Ok(())
     }
 }
 
@@ -291,22 +242,23 @@ pub fn rewrite(
         .flat_map(|&b| cfg.blocks[b].insns.clone())
         .collect();
     let rs = if fast {
-        pick_state_register(
-            &live.live_in,
-            &live.live_out,
-            &live.mentioned,
-            &region_insns,
-        )
+        pick_state_register(&live.mentioned, &region_insns)
     } else {
         None
     };
+    let reserved = match rs {
+        Some(rs) => pick_reserved(&live.mentioned, &region_insns, rs),
+        None => Vec::new(),
+    };
     let mut e = Emitter {
+        reserved,
         cold: Vec::new(),
         rs,
         live: Some(live),
         out: Vec::new(),
         first: Vec::new(),
         labels: HashMap::new(),
+        native: HashMap::new(),
         next_label: 0,
         rt,
         info: InstructionInfoFactory::new(),
@@ -348,6 +300,9 @@ pub fn rewrite(
                 }
                 Treatment::FlushBefore => {
                     e.helper_call(rt.flush, Some(label))?;
+                    if i.flow_control() == FlowControl::Return {
+                        e.restore_rs()?;
+                    }
                     let mut c = i;
                     c.set_ip(0);
                     e.push(c);
@@ -355,6 +310,7 @@ pub fn rewrite(
                 }
                 Treatment::ExitToOriginal => {
                     e.helper_call(rt.flush, Some(label))?;
+                    e.restore_rs()?;
                     let j = e.jmp(i.ip())?;
                     e.push(j);
                     falls_through = false;
@@ -401,6 +357,7 @@ pub fn rewrite(
                     e.push(j);
                 } else {
                     e.helper_call(rt.flush, None)?;
+                    e.restore_rs()?;
                     let j = e.jmp(next)?;
                     e.push(j);
                 }
@@ -420,28 +377,58 @@ pub fn rewrite(
             }
         } else {
             e.helper_call(rt.flush, Some(label))?;
+            e.restore_rs()?;
             let j = e.jmp(target)?;
             e.push(j);
         }
     }
-    // Trampolines: every way into the region from outside sets the state register first.
+    // Trampolines: every way into the region from outside goes through one. With a state,
+    // `ssb_enter` saves the state register's value and loads the state pointer; without one it
+    // returns to the native continuation, into an uninstrumented copy of the region.
     let mut entry_idx: Vec<usize> = e.first.iter().map(|&(_, idx)| idx).collect();
+    let mut native_idx: Vec<usize> = Vec::new();
     if let Some(rs) = e.rs {
         let firsts = e.first.clone();
         for (n, &(ip, _)) in firsts.iter().enumerate() {
             entry_idx[n] = e.out.len();
+            let native_cont = e.label();
             let down = e.lea_rsp(-RED_ZONE)?;
             e.push(down);
             e.push(Instruction::with1(Code::Push_r64, rs).map_err(enc)?);
+            e.push(
+                Instruction::with2(
+                    Code::Lea_r64_m,
+                    rs,
+                    MemoryOperand::with_base_displ(Register::RIP, native_cont as i64),
+                )
+                .map_err(enc)?,
+            );
+            e.push(Instruction::with1(Code::Push_r64, rs).map_err(enc)?);
             let c = e.call(rt.enter);
             e.push(c);
-            e.push(Instruction::with1(Code::Pop_r64, rs).map_err(enc)?);
-            let up = e.lea_rsp(RED_ZONE)?;
-            e.push(up);
-            let l = e.orig_label(ip);
-            let j = e.jmp(l)?;
-            e.push(j);
+            for native in [false, true] {
+                let drop = e.lea_rsp(8)?;
+                if native {
+                    e.push_at(drop, native_cont);
+                } else {
+                    e.push(drop);
+                }
+                e.push(Instruction::with1(Code::Pop_r64, rs).map_err(enc)?);
+                if !native {
+                    e.save_reserved(rs)?;
+                }
+                let up = e.lea_rsp(RED_ZONE)?;
+                e.push(up);
+                let l = if native {
+                    e.native_label(ip)
+                } else {
+                    e.orig_label(ip)
+                };
+                let j = e.jmp(l)?;
+                e.push(j);
+            }
         }
+        native_idx = emit_native_copy(&mut e, cfg, tr, region)?;
     }
     // Undo stubs: a thread stopped at the start of an instruction's sequence leaves through
     // here (flush its log, continue at the original instruction).
@@ -449,6 +436,7 @@ pub fn rewrite(
     for &(ip, _) in &e.first.clone() {
         undo_idx.push(e.out.len());
         e.helper_call(rt.flush, None)?;
+        e.restore_rs()?;
         let j = e.jmp(ip)?;
         e.push(j);
     }
@@ -477,8 +465,10 @@ pub fn rewrite(
     for (n, &(ip, first)) in e.first.iter().enumerate() {
         undo_map.push((at(first), at(undo_idx[n])));
         if e.rs.is_some() {
-            // A thread at a trampoline has not touched the SSB: straight back.
+            // A thread at a trampoline or in the native copy has not touched the SSB (and
+            // its state register holds its own value): straight back.
             undo_map.push((at(entry_idx[n]), ip));
+            undo_map.push((at(native_idx[n]), ip));
         }
     }
     Ok(Rewritten {

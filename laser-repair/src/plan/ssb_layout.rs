@@ -59,12 +59,17 @@ pub const ST_STORES: i32 = 24;
 /// Bitmap of the 8-byte words (address bits 3..9) any log entry touches: a load whose words
 /// are all clear cannot overlap the log and reads memory directly (the inline fast path).
 pub const ST_SUMMARY: i32 = 56;
+/// The state register's value from before the region (the entry trampoline saves it, every
+/// exit restores it: callers may rely on any register the function does not write, e.g.
+/// with gcc's `-fipa-ra`). It sits in the sentinel entry's address field, which is never
+/// compared: the sentinel's size never matches.
+pub const ST_SAVED_RS: i32 = 32;
 /// Offset 32..64 doubles as a sentinel entry "before" entry 0: its size field (offset 40)
 /// stays 0, so the inline tail check `entries[count-1]` needs no `count == 0` test.
 pub const ST_SENTINEL_SIZE: i32 = 40;
-/// `log_capacity * 32`, written whenever a thread looks its state up; 0 in the bypass state,
-/// so the inline append never fills the shared bypass state. (It sits in the sentinel's value
-/// field, which is never read: the sentinel's size never matches.)
+/// `log_capacity * 32`, written whenever a thread looks its state up: the inline append's
+/// bound. (It sits in the sentinel's value field, which is never read: the sentinel's size
+/// never matches.)
 pub const ST_LIMIT: i32 = 48;
 pub const ST_ENTRIES: i32 = 64;
 pub const ENTRY_SIZE: u64 = 32;
@@ -87,7 +92,17 @@ pub fn index_offset(cfg: &RuntimeConfig) -> i32 {
 
 /// Bytes of one thread's state block.
 pub fn state_size(cfg: &RuntimeConfig) -> u64 {
-    index_offset(cfg) as u64 + INDEX_SLOT_SIZE * INDEX_SLOTS
+    saved_regs_offset(cfg) as u64 + 8 * MAX_RESERVED as u64
+}
+
+/// Scratch registers a fast-path region may reserve besides the state register: registers
+/// no region instruction mentions, saved here by the entry trampoline and restored at exits,
+/// so accesses need no spills.
+pub const MAX_RESERVED: usize = 4;
+
+/// Offset of the reserved registers' saved values in a state block.
+pub fn saved_regs_offset(cfg: &RuntimeConfig) -> i32 {
+    index_offset(cfg) + (INDEX_SLOT_SIZE * INDEX_SLOTS) as i32
 }
 
 /// Addresses of everything the rewritten region and the tracee need.
@@ -103,11 +118,9 @@ pub struct RuntimeInfo {
     pub store: [u64; 4],
     pub flush: u64,
     pub backedge: u64,
-    /// `ssb_enter`: value slot <- this thread's state, or `bypass_state` when it has none.
+    /// `ssb_enter` (entry trampolines): saves the state register and loads this thread's
+    /// state, or sends a slot-less thread to the uninstrumented copy of the region.
     pub enter: u64,
-    /// An all-zero state nobody writes: with it, the inline paths send slot-less threads'
-    /// stores to the helpers (which store directly) and let their loads read memory.
-    pub bypass_state: u64,
     pub mode_addr: u64,
     pub no_slot_addr: u64,
     pub keys_addr: u64,
@@ -139,9 +152,5 @@ pub(crate) fn round_up(x: u64, a: u64) -> u64 {
 pub fn data_len(cfg: &RuntimeConfig) -> u64 {
     let states = round_up(KEYS_OFF + 8 * u64::from(cfg.thread_slots), 64);
     let state_size = state_size(cfg);
-    // One extra state block: the bypass state.
-    round_up(
-        states + state_size * (u64::from(cfg.thread_slots) + 1),
-        4096,
-    )
+    round_up(states + state_size * u64::from(cfg.thread_slots), 4096)
 }

@@ -4,14 +4,16 @@
 //! ```text
 //!  cache base ─┬─ data (RW, zero-filled by mmap) ───────────────────────────────────────┐
 //!              │ +0  mode word: 0 not yet probed, 1 FIFO, 2 RTM (CPUID at run time)
-//!              │ +8  stores made by threads that got no slot (bypassed the SSB)
+//!              │ +8  bypasses by threads that got no slot (helper stores, native-copy entries)
 //!              │ +64 keys[slots]: thread pointer (%fs:0) owning each slot, 0 = free
-//!              │ states[slots + 1]: count | back-edges | flushes | stores | sentinel | summary
-//!              │                    | log[capacity] of { addr, size, value, _ } (32 bytes)
-//!              │   (the last state is the all-zero "bypass state" for slot-less threads)
+//!              │ states[slots]: count | back-edges | flushes | stores | saved state register
+//!              │                | sentinel size | limit | summary
+//!              │                | log[capacity] of { addr, size, value, _ } (32 bytes)
+//!              │                | byte-lane index[64] of { lanes, word, period, contested }
 //!  code ───────┴─ helpers (RX): ssb_load{1,2,4,8} ssb_store{1,2,4,8} ssb_flush
 //!                 ssb_backedge ssb_enter, then the rewritten region (hot code, exit and
-//!                 back-edge stubs, entry trampolines, cold code)
+//!                 back-edge stubs, entry trampolines, the uninstrumented copy, undo stubs,
+//!                 cold code)
 //! ```
 //!
 //! Per-thread state: a thread finds its slot by hashing its thread pointer (`%fs:0`, the TCB
@@ -88,7 +90,6 @@ pub fn generate(
         flush: ip(&labels.flush)?,
         backedge: ip(&labels.backedge)?,
         enter: ip(&labels.enter)?,
-        bypass_state: states_addr + g.state_size * u64::from(cfg.thread_slots),
         mode_addr: g.mode_addr,
         no_slot_addr: g.no_slot_addr,
         keys_addr: g.keys_addr,
@@ -110,26 +111,26 @@ struct Labels {
     enter: CodeLabel,
 }
 
-struct Gen {
-    a: CodeAssembler,
-    cfg: RuntimeConfig,
-    mode_addr: u64,
-    no_slot_addr: u64,
-    keys_addr: u64,
-    states_addr: u64,
-    state_size: u64,
+pub(super) struct Gen {
+    pub(super) a: CodeAssembler,
+    pub(super) cfg: RuntimeConfig,
+    pub(super) mode_addr: u64,
+    pub(super) no_slot_addr: u64,
+    pub(super) keys_addr: u64,
+    pub(super) states_addr: u64,
+    pub(super) state_size: u64,
 }
 
-type R = Result<(), iced_x86::IcedError>;
+pub(super) type R = Result<(), iced_x86::IcedError>;
 
 /// Offsets of the caller's slots once a helper has pushed its 6 registers and the flags.
-const VALUE_SLOT: i32 = 64;
-const ADDR_SLOT: i32 = 72;
+pub(super) const VALUE_SLOT: i32 = 64;
+pub(super) const ADDR_SLOT: i32 = 72;
 
 impl Gen {
     /// `lea reg, [rip + (addr - next_ip)]`: the block encoder turns the absolute displacement
     /// into a rip-relative one, keeping the runtime position independent of its data.
-    fn lea_abs(&mut self, reg: Register, addr: u64) -> R {
+    pub(super) fn lea_abs(&mut self, reg: Register, addr: u64) -> R {
         let i = Instruction::with2(
             Code::Lea_r64_m,
             reg,
@@ -185,7 +186,7 @@ impl Gen {
 
     /// Saves the registers helpers use and the flags (`seto al; lahf`: ~1 ns, vs ~8 ns for
     /// pushfq/popfq here).
-    fn prologue(&mut self) -> R {
+    pub(super) fn prologue(&mut self) -> R {
         let a = &mut self.a;
         a.push(rax)?;
         a.push(rcx)?;
@@ -198,7 +199,7 @@ impl Gen {
         a.push(rax)
     }
 
-    fn epilogue(&mut self) -> R {
+    pub(super) fn epilogue(&mut self) -> R {
         let a = &mut self.a;
         a.pop(rax)?;
         // al = 1 if OF was set: 1 + 0x7f overflows and sets OF again; sahf restores the rest.
@@ -432,78 +433,6 @@ impl Gen {
         self.epilogue()
     }
 
-    fn enter_helper(&mut self, get_state: CodeLabel) -> R {
-        let mut have = self.a.create_label();
-        self.prologue()?;
-        let a = &mut self.a;
-        a.call(get_state)?;
-        a.test(rcx, rcx)?;
-        a.jnz(have)?;
-        let bypass = self.states_addr + self.state_size * u64::from(self.cfg.thread_slots);
-        self.lea_abs(Register::RCX, bypass)?;
-        let a = &mut self.a;
-        a.set_label(&mut have)?;
-        a.mov(qword_ptr(rsp + VALUE_SLOT), rcx)?;
-        self.epilogue()
-    }
-
-    /// rcx = this thread's state, or 0 (no slot: bypass). Clobbers rax, rdx, r8, r9, flags.
-    fn get_state(&mut self, detect: CodeLabel) -> R {
-        let mut probe = self.a.create_label();
-        let mut next = self.a.create_label();
-        let mut claim = self.a.create_label();
-        let mut found = self.a.create_label();
-        let mut none = self.a.create_label();
-        let mask = (self.cfg.thread_slots - 1) as i32;
-        let slots = self.cfg.thread_slots as i32;
-        let (keys, states, ssize) = (self.keys_addr, self.states_addr, self.state_size);
-        let a = &mut self.a;
-        a.mov(rax, qword_ptr(0u64).fs())?;
-        a.test(rax, rax)?;
-        a.jz(none)?;
-        // Hash: TCBs sit at the top of page-aligned thread stacks, so mix bits above 12.
-        a.mov(rcx, rax)?;
-        a.shr(rcx, 12)?;
-        a.mov(rdx, rax)?;
-        a.shr(rdx, 23)?;
-        a.xor(rcx, rdx)?;
-        a.and(ecx, mask)?;
-        self.lea_abs(Register::RDX, keys)?;
-        let a = &mut self.a;
-        a.mov(r8d, slots)?;
-        a.set_label(&mut probe)?;
-        a.cmp(qword_ptr(rdx + rcx * 8), rax)?;
-        a.je(found)?;
-        a.cmp(qword_ptr(rdx + rcx * 8), 0)?;
-        a.je(claim)?;
-        a.set_label(&mut next)?;
-        a.inc(ecx)?;
-        a.and(ecx, mask)?;
-        a.dec(r8d)?;
-        a.jnz(probe)?;
-        a.set_label(&mut none)?;
-        a.xor(ecx, ecx)?;
-        a.ret()?;
-        a.set_label(&mut claim)?;
-        a.mov(r9, rax)?;
-        a.xor(eax, eax)?;
-        // ATOMICS: cmpxchg claims the free key against other new threads; the state block is
-        // private to the winner afterwards, so no ordering beyond the lock is needed.
-        a.lock().cmpxchg(qword_ptr(rdx + rcx * 8), r9)?;
-        a.mov(rax, r9)?;
-        // Lost the race: the slot now holds another thread's key; the probe moves on.
-        a.jne(probe)?;
-        a.call(detect)?;
-        a.set_label(&mut found)?;
-        a.imul_3(rcx, rcx, ssize as i32)?;
-        self.lea_abs(Register::RDX, states)?;
-        let limit = (ENTRY_SIZE * u64::from(self.cfg.log_capacity)) as i32;
-        let a = &mut self.a;
-        a.add(rcx, rdx)?;
-        a.mov(qword_ptr(rcx + ST_LIMIT), limit)?;
-        a.ret()
-    }
-
     /// Drains the log of state rcx in program order, then empties it.
     ///
     /// Why the RTM path publishes the FIFO log rather than a coalescing buffer that merges
@@ -586,48 +515,6 @@ impl Gen {
         a.dec(rdx)?;
         a.jmp(lp)?;
         a.set_label(&mut end)?;
-        a.ret()
-    }
-
-    /// Sets the mode word once: 2 if CPUID.(EAX=7,ECX=0):EBX bit 11 (RTM) and not EDX bit 11
-    /// (RTM_ALWAYS_ABORT), else 1. Preserves
-    /// all registers (flags clobbered; callers have saved them).
-    fn detect_mode(&mut self) -> R {
-        let mut set = self.a.create_label();
-        let mut out = self.a.create_label();
-        let mode = self.mode_addr;
-        let a = &mut self.a;
-        a.push(rax)?;
-        a.push(rbx)?;
-        a.push(rcx)?;
-        a.push(rdx)?;
-        a.push(rsi)?;
-        a.mov(esi, 1)?;
-        a.xor(eax, eax)?;
-        a.cpuid()?;
-        a.cmp(eax, 7)?;
-        a.jb(set)?;
-        a.mov(eax, 7)?;
-        a.xor(ecx, ecx)?;
-        a.cpuid()?;
-        a.bt(ebx, 11)?;
-        a.jnc(set)?;
-        // RTM_ALWAYS_ABORT (EDX bit 11): RTM enumerated but every xbegin aborts.
-        a.bt(edx, 11)?;
-        a.jc(set)?;
-        a.mov(esi, 2)?;
-        a.set_label(&mut set)?;
-        self.lea_abs(Register::RAX, mode)?;
-        let a = &mut self.a;
-        a.cmp(qword_ptr(rax), 0)?;
-        a.jne(out)?;
-        a.mov(qword_ptr(rax), rsi)?;
-        a.set_label(&mut out)?;
-        a.pop(rsi)?;
-        a.pop(rdx)?;
-        a.pop(rcx)?;
-        a.pop(rbx)?;
-        a.pop(rax)?;
         a.ret()
     }
 }
