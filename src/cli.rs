@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     version,
     about = "Find and repair cache-line contention (true and false sharing) in x86-64 Linux programs",
     after_help = "Exit status: `laser run` exits with the program's own status (128+N if a signal N \
-killed it). Otherwise: 0 ok, 1 laser failed, 2 bad usage, 3 a --fail-on gate tripped, \
+killed it). Otherwise: 0 ok, 1 laser failed, 2 bad usage, 3 a --fail-on gate tripped, 4 a repair was refused, \
 125 laser failed while the program ran, 126 the program could not be executed, 127 not found."
 )]
 pub struct Cli {
@@ -33,6 +33,8 @@ pub enum Command {
     Attach(AttachArgs),
     /// Print which sampling backends this machine supports, and why.
     Backends,
+    /// Repair false sharing in a running process (or undo laser's repairs there).
+    Repair(RepairArgs),
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -125,6 +127,35 @@ pub struct AttachArgs {
     /// Also keep the recording in this file.
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("what").required(true).args(["pc", "from", "undo"]))]
+pub struct RepairArgs {
+    /// Process id to repair.
+    #[arg(long, short)]
+    pub pid: i32,
+    /// Run-time addresses of contending instructions (hex with 0x, or decimal).
+    #[arg(long, num_args = 1.., value_parser = parse_addr)]
+    pub pc: Vec<u64>,
+    /// A `laser run/attach --json` report: repair the sources of its false-sharing findings.
+    #[arg(long)]
+    pub from: Option<PathBuf>,
+    /// Undo every repair laser made in the process.
+    #[arg(long)]
+    pub undo: bool,
+    /// Print the plan without touching the process.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+fn parse_addr(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let r = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => t.parse(),
+    };
+    r.map_err(|_| format!("not an address: {s:?} (use 0x-prefixed hex or decimal)"))
 }
 
 impl Default for AnalysisArgs {
