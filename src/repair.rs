@@ -187,6 +187,7 @@ fn group_pcs(pcs: &[u64], space: &Space, name: impl Fn(u64) -> Option<String>) -
 fn from_report(report: &Report, space: &Space) -> Result<Vec<Group>> {
     let mut pcs = Vec::new();
     let mut names: BTreeMap<u64, String> = BTreeMap::new();
+    let mut wanted = 0;
     for f in &report.findings {
         if f.kind != Kind::FalseSharing {
             println!(
@@ -203,17 +204,26 @@ fn from_report(report: &Report, space: &Space) -> Result<Vec<Group>> {
                 );
                 continue;
             };
+            wanted += 1;
             let Some(pc) = space.resolve(module, offset) else {
-                bail!(
-                    "module {module} (source offset {offset:#x}) is not mapped executable in process {}",
+                println!(
+                    "skipping source {module}+{offset:#x}: not mapped executable in process {}",
                     space.pid
                 );
+                continue;
             };
             if let Some(n) = s.function.as_ref().or(s.symbol.as_ref()) {
                 names.insert(pc, n.clone());
             }
             pcs.push(pc);
         }
+    }
+    if wanted > 0 && pcs.is_empty() {
+        bail!(
+            "none of the report's {wanted} false-sharing source(s) is in code mapped by process {} \
+             (a report of another program?)",
+            space.pid
+        );
     }
     Ok(group_pcs(&pcs, space, |pc| names.get(&pc).cloned()))
 }
@@ -326,8 +336,12 @@ fn repair_group(pid: i32, space: &Space, g: &Group, dry_run: bool) -> Result<(),
         ..sizes0
     };
     let (fs, fe) = p.function;
+    let replan = std::cell::Cell::new(Duration::ZERO);
     let build = |c: &CacheAddrs| -> Result<PatchSet, String> {
-        let q = plan::plan(&req(c.data_base)).map_err(|r| r.to_string())?;
+        let t = Instant::now();
+        let q = plan::plan(&req(c.data_base)).map_err(|r| r.to_string());
+        replan.set(t.elapsed());
+        let q = q?;
         if q.cache.code_addr != c.code_base || q.cache.data_len > c.data_len as u64 {
             return Err(format!(
                 "plan puts code at {:#x} after {} data bytes; the cache has code at {:#x} after {}",
@@ -371,7 +385,8 @@ fn repair_group(pid: i32, space: &Space, g: &Group, dry_run: bool) -> Result<(),
         applied.moved.len()
     );
     println!(
-        "  pause: {:.2} ms ({} thread(s) held{}), plan {:.2} ms before the pause",
+        "  pause: {:.2} ms ({} thread(s) held{}; re-plan at the cache address {:.2} ms of it), \
+         plan {:.2} ms before the pause",
         applied.pause.paused.as_secs_f64() * 1e3,
         applied.pause.threads,
         if tries > 1 {
@@ -379,6 +394,7 @@ fn repair_group(pid: i32, space: &Space, g: &Group, dry_run: bool) -> Result<(),
         } else {
             String::new()
         },
+        replan.get().as_secs_f64() * 1e3,
         plan_time.as_secs_f64() * 1e3
     );
     // The runtime probes CPUID when the first thread claims a slot: give it a moment.
@@ -509,7 +525,7 @@ fn undo(pid: i32) -> Result<i32> {
     let mut left = 0;
     for r in &reports {
         println!(
-            "undid cache {:#x}: {} patch(es) restored, {} thread(s) moved out, {}; pause {:.2} ms",
+            "undid cache {:#x}: {} patch(es) restored, {} thread(s) moved out, {}",
             r.map_base,
             r.restored_patches,
             r.moved.len(),
@@ -517,14 +533,20 @@ fn undo(pid: i32) -> Result<i32> {
                 "unmapped".to_string()
             } else {
                 format!(
-                    "kept retired ({} thread(s) still using it)",
+                    "kept retired ({} thread(s) still refer to it)",
                     r.threads_left_in_cache
                 )
             },
-            r.pause.paused.as_secs_f64() * 1e3
         );
         left += usize::from(!r.unmapped);
     }
+    let p = reports[0].pause;
+    println!(
+        "pause: {:.2} ms in {} hold(s) (waiting for threads at safe points between them), longest {:.2} ms",
+        p.paused.as_secs_f64() * 1e3,
+        p.holds,
+        p.longest.as_secs_f64() * 1e3
+    );
     // Threads moved to a flush stub leave the cache within microseconds; collect it then.
     for _ in 0..20 {
         if left == 0 {

@@ -438,3 +438,117 @@ fn repair_of_ipa_ra_code_keeps_the_caller_alive() {
     assert_eq!(laser(&repair_args(&t, &["--undo"])).status.code(), Some(0));
     t.finish();
 }
+
+/// An error in the ptrace half (here: another tracer already holds the process, so seizing
+/// fails with EPERM) leaves the target as it was: same bytes, no cache, not stopped.
+#[test]
+fn a_tracee_failure_leaves_the_process_untouched() {
+    let _g = serial();
+    let b = bin();
+    let t = Target::spawn(b);
+    let orig = t.read(b.bump.0, (b.bump.1 - b.bump.0) as usize);
+    let maps = t.anon_exec();
+    let pid = t.pid;
+    // SAFETY: plain ptrace requests on our own child; no memory is passed.
+    let r = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, 0) };
+    assert_eq!(r, 0, "seize: {}", std::io::Error::last_os_error());
+    let pc = format!("{:#x}", t.bias + b.store);
+    let o = laser(&repair_args(&t, &["--pc", &pc]));
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("cannot ptrace"), "{err}");
+    assert_eq!(t.read(b.bump.0, orig.len()), orig);
+    assert_eq!(t.anon_exec(), maps);
+    // Let go of it again (a seized thread must be in a stop to detach).
+    // SAFETY: as above; `st` is a valid out-pointer for waitpid.
+    unsafe {
+        assert_eq!(libc::ptrace(libc::PTRACE_INTERRUPT, pid, 0, 0), 0);
+        let mut st = 0;
+        assert_eq!(libc::waitpid(pid, &mut st, libc::__WALL), pid);
+        assert_eq!(libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0), 0);
+    }
+    assert!(t.free_running());
+    t.finish();
+}
+
+/// Repair, undo, repair again on one live process: every cycle keeps the counts right.
+#[test]
+fn repeated_repair_and_undo_on_one_process() {
+    let _g = serial();
+    let b = bin();
+    let t = Target::spawn(b);
+    let orig = t.read(b.bump.0, (b.bump.1 - b.bump.0) as usize);
+    let pc = format!("{:#x}", t.bias + b.store);
+    for i in 0..5 {
+        let o = laser(&repair_args(&t, &["--pc", &pc]));
+        assert_eq!(o.status.code(), Some(0), "cycle {i}");
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(laser(&repair_args(&t, &["--undo"])).status.code(), Some(0));
+        assert_eq!(t.read(b.bump.0, orig.len()), orig, "cycle {i}");
+    }
+    t.finish();
+}
+
+/// The whole loop: `laser run --json` on the program finds the false sharing in `bump`, and
+/// `laser repair --from` that report repairs a second run of it (other load address).
+#[test]
+fn laser_run_report_then_repair_from_it() {
+    let _g = serial();
+    let b = bin();
+    let json = b.path.with_file_name("run-report.json");
+    let mut run = Command::new(LASER)
+        .args(["run", "--threshold", "1", "-q", "--json"])
+        .arg(&json)
+        .arg("--")
+        .arg(&b.path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    writeln!(run.stdin.as_mut().unwrap(), "stop").unwrap();
+    let o = run.wait_with_output().unwrap();
+    assert!(o.status.success(), "laser run: {o:?}");
+    let report = std::fs::read_to_string(&json).unwrap();
+    assert!(report.contains("\"false_sharing\""), "{report}");
+    let t = Target::spawn(b);
+    let orig = t.read(b.bump.0, (b.bump.1 - b.bump.0) as usize);
+    let o = laser(&repair_args(&t, &["--from", json.to_str().unwrap()]));
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(out.contains("repair bump ["), "{out}");
+    assert_ne!(t.read(b.bump.0, orig.len()), orig);
+    settle();
+    assert_eq!(laser(&repair_args(&t, &["--undo"])).status.code(), Some(0));
+    t.finish();
+}
+
+#[test]
+fn a_report_of_another_program_is_an_error() {
+    let _g = serial();
+    let b = bin();
+    let t = Target::spawn(b);
+    let report = serde_json::json!({
+        "schema": "laser-report/1", "backend": "soft", "duration_s": 1.0, "samples": 10,
+        "lost": 0, "line_size": 64, "threshold": 1000.0,
+        "findings": [{
+            "kind": "false_sharing", "line_addr": "0x1000", "rate_per_s": 5000.0, "events": 100,
+            "share": 0.5, "threads": [1, 2], "fix": "pad",
+            "data": {"kind": "global", "name": "x"},
+            "sources": [{"pc": "0x1", "module": "/nonexistent/other-program", "offset": "0x1139",
+                         "op": "store", "offsets": [0], "events": 10}]
+        }]
+    });
+    let path = b.path.with_file_name(format!("other-{}.json", t.pid));
+    std::fs::write(&path, report.to_string()).unwrap();
+    let o = laser(&repair_args(&t, &["--from", path.to_str().unwrap()]));
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("none of the report's 1 false-sharing source"),
+        "{err}"
+    );
+    assert!(t.free_running());
+    t.finish();
+}
