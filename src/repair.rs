@@ -547,12 +547,14 @@ fn undo(pid: i32) -> Result<i32> {
         p.holds,
         p.longest.as_secs_f64() * 1e3
     );
-    // Threads moved to a flush stub leave the cache within microseconds; collect it then.
-    for _ in 0..20 {
+    // Threads moved to a flush stub leave the cache within microseconds; collect it then. A
+    // dead register still holding the SSB state pointer (the fast path's r11) keeps it until
+    // the program overwrites it: a few tries only, each one is a hold of the target.
+    for _ in 0..3 {
         if left == 0 {
             break;
         }
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(20));
         let again = tracee::undo(pid, &opts)?;
         left = again.iter().filter(|r| !r.unmapped).count();
     }

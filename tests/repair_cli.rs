@@ -496,22 +496,32 @@ fn laser_run_report_then_repair_from_it() {
     let _g = serial();
     let b = bin();
     let json = b.path.with_file_name("run-report.json");
-    let mut run = Command::new(LASER)
-        .args(["run", "--threshold", "1", "-q", "--json"])
-        .arg(&json)
-        .arg("--")
-        .arg(&b.path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_secs(2));
-    writeln!(run.stdin.as_mut().unwrap(), "stop").unwrap();
-    let o = run.wait_with_output().unwrap();
-    assert!(o.status.success(), "laser run: {o:?}");
-    let report = std::fs::read_to_string(&json).unwrap();
-    assert!(report.contains("\"false_sharing\""), "{report}");
+    // Sampling on a loaded 2-core machine: threads that are not running at once do not
+    // contend, so a run may see nothing; three tries.
+    let mut found = false;
+    for _ in 0..3 {
+        let mut run = Command::new(LASER)
+            .args(["run", "--threshold", "1", "-q", "--json"])
+            .arg(&json)
+            .arg("--")
+            .arg(&b.path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_secs(2));
+        writeln!(run.stdin.as_mut().unwrap(), "stop").unwrap();
+        let o = run.wait_with_output().unwrap();
+        assert!(o.status.success(), "laser run: {o:?}");
+        let report = std::fs::read_to_string(&json).unwrap();
+        if report.contains("\"false_sharing\"") {
+            found = true;
+            break;
+        }
+        eprintln!("no false sharing seen this run: {report}");
+    }
+    assert!(found, "laser run never reported the false sharing in bump");
     let t = Target::spawn(b);
     let orig = t.read(b.bump.0, (b.bump.1 - b.bump.0) as usize);
     let o = laser(&repair_args(&t, &["--from", json.to_str().unwrap()]));
