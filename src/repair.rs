@@ -565,3 +565,80 @@ fn undo(pid: i32) -> Result<i32> {
     }
     Ok(exit::OK)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// gcc -O2 `for (i = 0; i < n; i++) (*p)++;` on a volatile long (the CLI tests' `bump`).
+    const BUMP: [u8; 36] = [
+        0x48, 0x85, 0xf6, 0x7e, 0x1e, 0x31, 0xd2, 0x66, 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x48, 0x8b, 0x07, 0x48, 0x83, 0xc2, 0x01, 0x48, 0x83, 0xc0, 0x01, 0x48, 0x89, 0x07,
+        0x48, 0x39, 0xd6, 0x75, 0xed, 0xc3,
+    ];
+    const BASE: u64 = 0x40_1000;
+    const STORE: u64 = BASE + 0x1b;
+
+    fn plan_bump(inline_fast_path: bool) -> RepairPlan {
+        let code = CodeBytes {
+            base: BASE,
+            bytes: &BUMP,
+        };
+        let options = PlanOptions {
+            inline_fast_path,
+            ..PlanOptions::default()
+        };
+        plan::plan(&PlanRequest {
+            code: &code,
+            function: Some((BASE, BASE + BUMP.len() as u64)),
+            contending_pcs: &[STORE],
+            cache_addr: 0x4000_0000,
+            options,
+        })
+        .expect("bump plans")
+    }
+
+    /// Undo must send a thread at a sequence start through its flush stub (its log may hold
+    /// stores), never straight back to the original instruction; apply keeps the moves the
+    /// undo map leaves room for; new pcs stay unique (the tracee validates that).
+    #[test]
+    fn record_map_prefers_undo_safe_points() {
+        for fast in [true, false] {
+            let p = plan_bump(fast);
+            let m = record_pc_map(&p);
+            let mut news: Vec<u64> = m.iter().map(|&(_, n)| n).collect();
+            news.sort_unstable();
+            news.dedup();
+            assert_eq!(news.len(), m.len(), "fast {fast}: new pcs unique");
+            for &(cache_pc, to) in &p.undo_map {
+                assert_eq!(
+                    m.iter().find(|&&(_, n)| n == cache_pc),
+                    Some(&(to, cache_pc)),
+                    "fast {fast}: undo at {cache_pc:#x}"
+                );
+            }
+            for &(old, new) in &p.pc_map {
+                let claimed = p.undo_map.iter().any(|&(c, _)| c == new);
+                if !claimed {
+                    assert!(m.contains(&(old, new)), "fast {fast}: apply move {old:#x}");
+                }
+            }
+            if fast {
+                // Trampolines: the apply move and the undo move are the same pair.
+                assert!(p.pc_map.iter().all(|pair| m.contains(pair)));
+            }
+            assert!(record_len(&p) > 96 + 16 * m.len());
+        }
+    }
+
+    #[test]
+    fn patch_set_carries_the_plan() {
+        let p = plan_bump(true);
+        let s = patch_set(&p);
+        assert_eq!(s.code, p.cache.code);
+        assert_eq!(s.patches.len(), p.patches.len());
+        assert_eq!(s.patches[0].addr, p.patches[0].addr);
+        assert_eq!(s.patches[0].old_bytes, p.patches[0].old_bytes);
+        assert!(s.data.is_empty(), "the runtime's data starts zeroed");
+    }
+}
