@@ -145,7 +145,7 @@ pub struct RepairArgs {
     #[arg(long)]
     pub undo: bool,
     /// Print the plan without touching the process.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "undo")]
     pub dry_run: bool,
 }
 
@@ -242,6 +242,21 @@ mod tests {
         assert_eq!(
             (r.analysis.threshold, r.analysis.line),
             (d.threshold, d.line)
+        );
+    }
+
+    #[test]
+    fn repair_takes_hex_or_decimal_pcs_and_one_action() {
+        let cli =
+            Cli::try_parse_from(["laser", "repair", "-p", "7", "--pc", "0x10", "32"]).unwrap();
+        let Command::Repair(r) = cli.command else {
+            panic!("not repair")
+        };
+        assert_eq!((r.pid, r.pc), (7, vec![16, 32]));
+        assert!(Cli::try_parse_from(["laser", "repair", "-p", "7"]).is_err());
+        assert!(Cli::try_parse_from(["laser", "repair", "-p", "7", "--pc", "zz"]).is_err());
+        assert!(
+            Cli::try_parse_from(["laser", "repair", "-p", "7", "--undo", "--dry-run"]).is_err()
         );
     }
 
