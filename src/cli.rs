@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     version,
     about = "Find and repair cache-line contention (true and false sharing) in x86-64 Linux programs",
     after_help = "Exit status: `laser run` exits with the program's own status (128+N if a signal N \
-killed it). Otherwise: 0 ok, 1 laser failed, 2 bad usage, 3 a --fail-on gate tripped, \
+killed it). Otherwise: 0 ok, 1 laser failed, 2 bad usage, 3 a --fail-on gate tripped, 4 a repair was refused, \
 125 laser failed while the program ran, 126 the program could not be executed, 127 not found."
 )]
 pub struct Cli {
@@ -35,6 +35,8 @@ pub enum Command {
     Backends,
     /// Print a recording's header and events, one per line (for debugging and scripts).
     Dump(DumpArgs),
+    /// Repair false sharing in a running process (or undo laser's repairs there).
+    Repair(RepairArgs),
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -140,6 +142,35 @@ pub struct AttachArgs {
     /// Also keep the recording in this file.
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+#[command(group = clap::ArgGroup::new("what").required(true).args(["pc", "from", "undo"]))]
+pub struct RepairArgs {
+    /// Process id to repair.
+    #[arg(long, short)]
+    pub pid: i32,
+    /// Run-time addresses of contending instructions (hex with 0x, or decimal).
+    #[arg(long, num_args = 1.., value_parser = parse_addr)]
+    pub pc: Vec<u64>,
+    /// A `laser run/attach --json` report: repair the sources of its false-sharing findings.
+    #[arg(long)]
+    pub from: Option<PathBuf>,
+    /// Undo every repair laser made in the process.
+    #[arg(long)]
+    pub undo: bool,
+    /// Print the plan without touching the process.
+    #[arg(long, conflicts_with = "undo")]
+    pub dry_run: bool,
+}
+
+fn parse_addr(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let r = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => t.parse(),
+    };
+    r.map_err(|_| format!("not an address: {s:?} (use 0x-prefixed hex or decimal)"))
 }
 
 impl Default for AnalysisArgs {
@@ -258,6 +289,21 @@ mod tests {
         );
         assert!(Cli::try_parse_from(["laser", "report", "--path-map", "nope", "x"]).is_err());
         assert!(Cli::try_parse_from(["laser", "report", "--path-map", "=/b", "x"]).is_err());
+    }
+
+    #[test]
+    fn repair_takes_hex_or_decimal_pcs_and_one_action() {
+        let cli =
+            Cli::try_parse_from(["laser", "repair", "-p", "7", "--pc", "0x10", "32"]).unwrap();
+        let Command::Repair(r) = cli.command else {
+            panic!("not repair")
+        };
+        assert_eq!((r.pid, r.pc), (7, vec![16, 32]));
+        assert!(Cli::try_parse_from(["laser", "repair", "-p", "7"]).is_err());
+        assert!(Cli::try_parse_from(["laser", "repair", "-p", "7", "--pc", "zz"]).is_err());
+        assert!(
+            Cli::try_parse_from(["laser", "repair", "-p", "7", "--undo", "--dry-run"]).is_err()
+        );
     }
 
     #[test]

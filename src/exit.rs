@@ -14,6 +14,9 @@ pub const USAGE: i32 = 2;
 /// A `--fail-on` gate tripped.
 #[allow(dead_code)]
 pub const GATE: i32 = 3;
+/// `laser repair` refused (the planner's or the tracee's reason is printed); the target was
+/// left untouched. With `--from`, some functions may have been repaired: the output says which.
+pub const REPAIR_REFUSED: i32 = 4;
 /// laser failed while the program ran (monitoring broke down; the program may still be running).
 pub const MONITOR_FAILED: i32 = 125;
 /// The program exists but could not be executed.

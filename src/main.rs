@@ -7,6 +7,7 @@ mod commands;
 mod exit;
 mod monitor;
 mod recording;
+mod repair;
 
 use clap::Parser;
 use laser_driver::DriverError;
@@ -21,6 +22,7 @@ fn main() {
         cli::Command::Attach(a) => commands::attach(a),
         cli::Command::Backends => backend::list().map(|()| exit::OK),
         cli::Command::Dump(a) => recording::dump(&a.input, a.limit).map(|()| exit::OK),
+        cli::Command::Repair(a) => repair::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),
