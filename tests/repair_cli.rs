@@ -3,9 +3,8 @@
 //! so the program itself proves no increment was lost (`ok 1`). Each test repairs a fresh
 //! process while its threads run, and checks the bytes of the target through /proc/PID/mem.
 //!
-//! Built with `-fno-ipa-ra`: with gcc's default IPA register allocation, `worker` keeps a value
-//! in a caller-saved register across `call bump`, which the planner's liveness (ABI rules at
-//! `ret`) treats as free; see the ignored test at the end.
+//! Built with gcc's defaults (`-fipa-ra` included: callers may keep values in caller-saved
+//! registers across a call they know does not touch them; the repair must not clobber them).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -122,7 +121,7 @@ fn build(name: &str, extra: &[&str]) -> Bin {
 
 fn bin() -> &'static Bin {
     static B: OnceLock<Bin> = OnceLock::new();
-    B.get_or_init(|| build("fs", &["-fno-ipa-ra"]))
+    B.get_or_init(|| build("fs", &[]))
 }
 
 fn run_text(c: &mut Command) -> String {
@@ -420,11 +419,9 @@ fn from_report_resolves_module_offsets_in_this_process() {
 }
 
 /// With gcc's default `-fipa-ra`, `worker` keeps `k` in a caller-saved register across
-/// `call bump`; the planner treats caller-saved registers as dead at `ret` and the repaired
-/// loop clobbers it: the worker then faults. A planner fix (assume every register live at
-/// `ret`, or save what the region writes) is needed; the CLI cannot see it.
+/// `call bump`. A planner that took caller-saved registers as dead at `ret` would clobber it
+/// and the worker would fault (it did, before the planner kept every register live there).
 #[test]
-#[ignore = "planner bug: liveness assumes the ABI at ret, gcc -fipa-ra does not"]
 fn repair_of_ipa_ra_code_keeps_the_caller_alive() {
     let _g = serial();
     let b = build("fs-ipa-ra", &[]);
