@@ -8,6 +8,7 @@ mod exit;
 mod monitor;
 mod recording;
 mod repair;
+mod steering;
 
 use clap::Parser;
 use laser_driver::DriverError;

@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use laser_detect::Detector;
-use laser_driver::{Event, ExitStatus, Session, Status, WatchKind, WatchSpec, MAX_WATCHES};
+use laser_driver::{Event, ExitStatus, Session, Status};
 
 use crate::recording::Recorder;
+use crate::steering::Steering;
 
 /// Set by SIGINT/SIGTERM. `run` keeps going until the program (which got the same Ctrl-C, being
 /// in our process group) exits; `attach` stops monitoring and reports.
@@ -56,9 +57,6 @@ pub struct Outcome {
     pub exit: Option<ExitStatus>,
     pub elapsed: Duration,
 }
-
-/// How long one candidate line keeps the watchpoints before the next one gets them.
-const WATCH_TURN: Duration = Duration::from_millis(100);
 
 pub fn run_loop(
     session: &mut Session,
@@ -136,47 +134,4 @@ fn progress_bar(pid: i32) -> ProgressBar {
     pb.set_message(format!("pid {pid}"));
     pb.enable_steady_tick(Duration::from_millis(200));
     pb
-}
-
-/// Rotates the 4 debug registers over the detector's top candidate lines, a turn each.
-#[derive(Default)]
-struct Steering {
-    turn_started: Option<Instant>,
-    next: usize,
-}
-
-impl Steering {
-    fn step(
-        &mut self,
-        session: &mut Session,
-        detector: &Detector<crate::analyze::Code>,
-    ) -> Result<()> {
-        if self.turn_started.is_some_and(|t| t.elapsed() < WATCH_TURN) {
-            return Ok(());
-        }
-        let candidates = detector.candidates(4);
-        let Ok(watcher) = session.watch_mut() else {
-            return Ok(());
-        };
-        if candidates.is_empty() {
-            return Ok(());
-        }
-        let c = &candidates[self.next % candidates.len()];
-        self.next = self.next.wrapping_add(1);
-        let specs: Vec<WatchSpec> = c
-            .words
-            .iter()
-            .take(MAX_WATCHES)
-            .map(|&(addr, len)| WatchSpec {
-                addr,
-                len: len as u8,
-                kind: WatchKind::ReadWrite,
-            })
-            .collect();
-        watcher
-            .arm(&specs)
-            .with_context(|| format!("arming watchpoints on line {:#x}", c.line_addr))?;
-        self.turn_started = Some(Instant::now());
-        Ok(())
-    }
 }

@@ -1,0 +1,190 @@
+//! Where the 4 debug registers point during a live run: the detector's top candidate lines in
+//! turn, each until its watch estimate is good, then nothing until it is due for a refresh.
+//!
+//! ```text
+//!   line A  [watch][watch]......settled (≥ 400 transfers)......[watch] refresh after 5 s
+//!   line B         [watch][watch][watch] settled (0.3 s armed, quiet)......
+//!   traps   ███████████████████                                 ███
+//! ```
+//! Watching costs the target a trap per access to the watched words; once an estimate has
+//! ±5% statistical error, more of the same adds cost, not knowledge.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use laser_detect::{Detector, LineEstimate, WatchCandidate};
+use laser_driver::{Session, WatchKind, WatchSpec, MAX_WATCHES};
+
+/// How long one candidate line keeps the watchpoints before the next one gets them.
+const TURN: Duration = Duration::from_millis(100);
+/// Transfers after which a line's estimate is good enough (±1/√n ≈ ±5%).
+const ENOUGH_TRANSFERS: u64 = 400;
+/// Armed time after which a line with few transfers is known to be quiet.
+const ENOUGH_ARMED_S: f64 = 0.3;
+/// A settled line is watched again after this long (contention can change by phase).
+const REFRESH: Duration = Duration::from_secs(5);
+
+/// A line whose estimate was good at `at`, with the totals it had then.
+#[derive(Clone, Copy, Debug)]
+struct Settled {
+    line: u64,
+    at: Instant,
+    transfers: u64,
+    armed_s: f64,
+}
+
+#[derive(Default)]
+pub struct Steering {
+    turn_started: Option<Instant>,
+    next: usize,
+    settled: Vec<Settled>,
+    idle: bool,
+}
+
+impl Steering {
+    /// Called between polls: re-points the watchpoints when a turn is over.
+    pub fn step(
+        &mut self,
+        session: &mut Session,
+        detector: &Detector<crate::analyze::Code>,
+    ) -> Result<()> {
+        if self.turn_started.is_some_and(|t| t.elapsed() < TURN) {
+            return Ok(());
+        }
+        let due = self.due(
+            &detector.estimates(),
+            detector.candidates(4),
+            Instant::now(),
+        );
+        let Ok(watcher) = session.watch_mut() else {
+            return Ok(());
+        };
+        if due.is_empty() {
+            if !self.idle {
+                // Nothing to learn right now: no traps at all until something is due.
+                watcher.disarm().context("disarming watchpoints")?;
+                self.idle = true;
+            }
+            return Ok(());
+        }
+        self.idle = false;
+        let c = &due[self.next % due.len()];
+        self.next = self.next.wrapping_add(1);
+        let specs: Vec<WatchSpec> = c
+            .words
+            .iter()
+            .take(MAX_WATCHES)
+            .map(|&(addr, len)| WatchSpec {
+                addr,
+                len: len as u8,
+                kind: WatchKind::ReadWrite,
+            })
+            .collect();
+        watcher
+            .arm(&specs)
+            .with_context(|| format!("arming watchpoints on line {:#x}", c.line_addr))?;
+        self.turn_started = Some(Instant::now());
+        Ok(())
+    }
+
+    /// The candidates still worth watching at `now`; settles lines whose estimate has become
+    /// good since they were last settled.
+    fn due(
+        &mut self,
+        estimates: &[LineEstimate],
+        candidates: Vec<WatchCandidate>,
+        now: Instant,
+    ) -> Vec<WatchCandidate> {
+        for e in estimates {
+            let prev = self.settled.iter().position(|s| s.line == e.line_addr);
+            let (t0, a0) = prev.map_or((0, 0.0), |i| {
+                (self.settled[i].transfers, self.settled[i].armed_s)
+            });
+            let good = e.transfers.saturating_sub(t0) >= ENOUGH_TRANSFERS
+                || e.armed_s - a0 >= ENOUGH_ARMED_S;
+            if good {
+                let s = Settled {
+                    line: e.line_addr,
+                    at: now,
+                    transfers: e.transfers,
+                    armed_s: e.armed_s,
+                };
+                match prev {
+                    Some(i) => self.settled[i] = s,
+                    None => self.settled.push(s),
+                }
+            }
+        }
+        candidates
+            .into_iter()
+            .filter(|c| {
+                !self
+                    .settled
+                    .iter()
+                    .any(|s| s.line == c.line_addr && now.duration_since(s.at) < REFRESH)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn est(line: u64, transfers: u64, armed_s: f64) -> LineEstimate {
+        LineEstimate {
+            line_addr: line,
+            transfers,
+            true_transfers: 0,
+            false_transfers: transfers,
+            accesses: transfers * 2,
+            outside: 0,
+            windows: 1,
+            inferred: false,
+            armed_s,
+            effective_s: armed_s,
+            clamped: false,
+            rate_per_s: transfers as f64 / armed_s.max(1e-9),
+            rel_error: 0.1,
+            per_pc: Vec::new(),
+        }
+    }
+
+    fn cand(line: u64) -> WatchCandidate {
+        WatchCandidate {
+            line_addr: line,
+            words: vec![(line, 8)],
+        }
+    }
+
+    fn lines(v: &[WatchCandidate]) -> Vec<u64> {
+        v.iter().map(|c| c.line_addr).collect()
+    }
+
+    #[test]
+    fn a_line_is_left_alone_once_its_estimate_is_good_until_refresh() {
+        let mut s = Steering::default();
+        let t = Instant::now();
+        // A: 50 transfers so far, B: none yet → both due.
+        let due = s.due(&[est(0x40, 50, 0.05)], vec![cand(0x40), cand(0x80)], t);
+        assert_eq!(lines(&due), [0x40, 0x80]);
+        // A reaches 400 transfers: settled; B still due.
+        let due = s.due(&[est(0x40, 450, 0.1)], vec![cand(0x40), cand(0x80)], t);
+        assert_eq!(lines(&due), [0x80]);
+        // B watched 0.3 s with few transfers: quiet, settled too → nothing to watch.
+        let t1 = t + Duration::from_secs(1);
+        let due = s.due(
+            &[est(0x40, 450, 0.1), est(0x80, 3, 0.35)],
+            vec![cand(0x40), cand(0x80)],
+            t1,
+        );
+        assert!(due.is_empty(), "{:?}", lines(&due));
+        // After REFRESH, A is due again; its old transfers don't re-settle it at once.
+        let t2 = t + REFRESH + Duration::from_millis(1);
+        let due = s.due(&[est(0x40, 460, 0.12)], vec![cand(0x40)], t2);
+        assert_eq!(lines(&due), [0x40]);
+        // 400 new transfers since the refresh began: settled again.
+        let due = s.due(&[est(0x40, 860, 0.2)], vec![cand(0x40)], t2);
+        assert!(due.is_empty());
+    }
+}
