@@ -164,7 +164,15 @@ fn soft(s: &Sample, info: &PcInfo, out: &mut Accesses) {
         }
     }
     if info.join {
-        return; // the predecessor in the code may not be what ran just before
+        // The predecessor in the code may not be what ran just before, unless the one jump
+        // into here was not taken according to the flags it tested (see `PcInfo::guard`).
+        let fell_through = match (info.guard, regs.get(laser_driver::Reg::Flags)) {
+            (Some(cc), Some(flags)) => !crate::classify::condition_holds(cc, flags),
+            _ => false,
+        };
+        if !fell_through {
+            return;
+        }
     }
     if let Some(prev) = &info.prev {
         for m in prev.mem() {
@@ -321,6 +329,46 @@ mod tests {
         let mut out = Accesses::default();
         let r = resolve(s, &info, &mut out);
         (r, out.iter().copied().collect())
+    }
+
+    /// The sampled flags decide whether a store skipped by a branch ran:
+    /// ```text
+    ///  test bl,1 ; jnz skip ; mov [r12],r14 ; skip: add r14,r15   ← sample here
+    ///  ZF=1 (even): jnz not taken → the store ran  → access at [r12]
+    ///  ZF=0 (odd):  jnz taken     → it did not     → no access
+    /// ```
+    #[test]
+    fn soft_join_uses_the_flags_to_tell_whether_the_skipped_store_ran() {
+        let mut a = CodeAssembler::new(64).unwrap();
+        let mut skip = a.create_label();
+        a.test(bl, 1).unwrap();
+        a.jnz(skip).unwrap();
+        a.mov(qword_ptr(r12), r14).unwrap();
+        a.set_label(&mut skip).unwrap();
+        a.add(r14, r15).unwrap();
+        a.ret().unwrap();
+        let bytes = a.assemble(F).unwrap();
+        let pcs = crate::test_util::starts(F, &bytes);
+        let mut m = MemoryCode::new();
+        m.add_function(F, bytes);
+        for (zf, ran) in [(true, true), (false, false)] {
+            let mut s = soft_sample(pcs[3]);
+            let r = s.regs.as_mut().unwrap();
+            r.set(Reg::R12, 0x60_0040);
+            r.set(Reg::Flags, if zf { 0x246 } else { 0x202 });
+            let (_, acc) = run(&m, &s);
+            let stores: Vec<_> = acc.iter().filter(|a| a.op == Op::Store).collect();
+            if ran {
+                assert_eq!(stores.len(), 1, "ZF=1: fell through, the store ran");
+                assert_eq!((stores[0].pc, stores[0].addr), (pcs[2], 0x60_0040));
+            } else {
+                assert!(stores.is_empty(), "ZF=0: jumped over the store");
+            }
+        }
+        // Without flags in the sample nothing can be said: no access from the predecessor.
+        let mut s = soft_sample(pcs[3]);
+        s.regs.as_mut().unwrap().mask &= !(1 << Reg::Flags as u8);
+        assert!(run(&m, &s).1.iter().all(|a| a.op != Op::Store));
     }
 
     #[test]

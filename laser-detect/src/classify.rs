@@ -89,6 +89,10 @@ pub struct Insn {
     pub falls_through: bool,
     /// Direct branch target, if any (for finding join points in the linear sweep).
     pub branch_target: Option<u64>,
+    /// For a conditional jump (`jcc`): its condition, which sampled RFLAGS can evaluate.
+    pub branch_cond: Option<iced_x86::ConditionCode>,
+    /// Writes any status flag (so flags sampled after it no longer say how a jump went).
+    pub writes_flags: bool,
 }
 
 impl Insn {
@@ -224,6 +228,8 @@ impl Classifier {
             writes_regs: 0,
             falls_through: true,
             branch_target: None,
+            branch_cond: None,
+            writes_flags: ins.rflags_modified() != 0,
         };
         out.rep = out.string && (ins.has_rep_prefix() || ins.has_repne_prefix());
         for r in info.used_registers() {
@@ -285,14 +291,64 @@ impl Classifier {
             OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
         ) {
             out.branch_target = Some(ins.near_branch_target());
+            if ins.is_jcc_short_or_near() {
+                out.branch_cond = Some(ins.condition_code());
+            }
         }
         out
+    }
+}
+
+/// Whether a conditional jump with condition `cc` is taken under `rflags` (x86 encoding:
+/// CF bit 0, PF 2, ZF 6, SF 7, OF 11).
+pub fn condition_holds(cc: iced_x86::ConditionCode, rflags: u64) -> bool {
+    use iced_x86::ConditionCode as C;
+    let f = |bit: u32| rflags & (1 << bit) != 0;
+    let (cf, pf, zf, sf, of) = (f(0), f(2), f(6), f(7), f(11));
+    match cc {
+        C::None => true,
+        C::o => of,
+        C::no => !of,
+        C::b => cf,
+        C::ae => !cf,
+        C::e => zf,
+        C::ne => !zf,
+        C::be => cf || zf,
+        C::a => !cf && !zf,
+        C::s => sf,
+        C::ns => !sf,
+        C::p => pf,
+        C::np => !pf,
+        C::l => sf != of,
+        C::ge => sf == of,
+        C::le => zf || sf != of,
+        C::g => !zf && sf == of,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conditions_evaluate_on_rflags() {
+        use iced_x86::ConditionCode as C;
+        const CF: u64 = 1;
+        const ZF: u64 = 1 << 6;
+        const SF: u64 = 1 << 7;
+        const OF: u64 = 1 << 11;
+        assert!(condition_holds(C::ne, 0) && !condition_holds(C::ne, ZF));
+        assert!(condition_holds(C::e, ZF));
+        assert!(condition_holds(C::b, CF) && !condition_holds(C::ae, CF));
+        assert!(condition_holds(C::be, ZF) && !condition_holds(C::a, ZF));
+        assert!(condition_holds(C::a, 0));
+        assert!(condition_holds(C::l, SF) && condition_holds(C::l, OF));
+        assert!(!condition_holds(C::l, SF | OF) && condition_holds(C::ge, SF | OF));
+        assert!(condition_holds(C::le, ZF) && !condition_holds(C::g, ZF));
+        assert!(condition_holds(C::g, 0));
+        assert!(condition_holds(C::s, SF) && condition_holds(C::ns, 0));
+        assert!(condition_holds(C::o, OF) && condition_holds(C::no, 0));
+    }
     use iced_x86::code_asm::*;
 
     const BASE: u64 = 0x40_1000;

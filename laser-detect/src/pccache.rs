@@ -31,6 +31,11 @@ pub struct PcInfo {
     pub prev: Option<Insn>,
     /// Whether `pc` is the target of a direct branch inside its function.
     pub join: bool,
+    /// For a join reached only by fall-through from `prev` or by one conditional jump placed
+    /// right before `prev` (`jcc pc; prev; pc:`, the shape of `if (c) store;`), where `prev`
+    /// leaves the flags alone: that jump's condition. The sampled RFLAGS then still hold the
+    /// flags the jump tested, so they say whether `prev` ran (condition false: it fell through).
+    pub guard: Option<iced_x86::ConditionCode>,
     /// The PC lies in vdso/vvar/vsyscall (decided by the caller at first sight).
     pub special: bool,
 }
@@ -38,6 +43,8 @@ pub struct PcInfo {
 struct Sweep {
     starts: Vec<u64>,
     targets: Vec<u64>,
+    /// (target, branch pc, branch next ip, condition) of every direct branch, by target.
+    branches: Vec<(u64, u64, u64, Option<iced_x86::ConditionCode>)>,
 }
 
 /// Per-PC decode cache (hashbrown: the hot path is one lookup per sample).
@@ -144,6 +151,19 @@ impl PcCache {
                 }
             }
         }
+        if let (true, Some(prev)) = (info.join, info.prev.as_ref()) {
+            let from = s.branches.partition_point(|b| b.0 < pc);
+            let into: Vec<_> = s.branches[from..]
+                .iter()
+                .take_while(|b| b.0 == pc)
+                .collect();
+            if let [(_, _, next, Some(cc))] = into[..] {
+                let prev_is_join = s.targets.binary_search(&prev.pc).is_ok();
+                if *next == prev.pc && !prev.writes_flags && !prev_is_join {
+                    info.guard = Some(*cc);
+                }
+            }
+        }
         info
     }
 
@@ -154,6 +174,7 @@ impl PcCache {
         let mut d = Decoder::with_ip(64, &self.buf[..n], start, DecoderOptions::NONE);
         let mut starts = Vec::new();
         let mut targets = Vec::new();
+        let mut branches = Vec::new();
         while d.can_decode() {
             let ins = d.decode();
             if ins.is_invalid() {
@@ -164,12 +185,18 @@ impl PcCache {
             if let Some(t) = c.branch_target {
                 if t >= start && t < end {
                     targets.push(t);
+                    branches.push((t, c.pc, c.next_ip(), c.branch_cond));
                 }
             }
         }
         targets.sort_unstable();
         targets.dedup();
-        Sweep { starts, targets }
+        branches.sort_unstable_by_key(|b| (b.0, b.1));
+        Sweep {
+            starts,
+            targets,
+            branches,
+        }
     }
 }
 
@@ -240,6 +267,65 @@ mod tests {
         assert!(after_ret.prev.is_none());
         // `jnz` falls through to `ret`.
         assert_eq!(c.get(pcs[6], &m).prev.unwrap().pc, pcs[5]);
+    }
+
+    /// `if (odd) skip; store;` as compilers and the asm-tests' branchy bodies emit it:
+    /// ```text
+    ///  top:  test bl,1            ; sets ZF
+    ///        jnz skip             ; the only jump into `skip`
+    ///        mov [r12],r14        ; prev of `skip`, leaves flags alone
+    ///  skip: add r14,r15          ; join: sampled here after skid
+    ///        dec r13
+    ///        jnz top
+    ///        ret
+    /// ```
+    fn guarded(store_writes_flags: bool, second_jump: bool) -> (MemoryCode, Vec<u64>) {
+        let mut a = CodeAssembler::new(64).unwrap();
+        let mut top = a.create_label();
+        let mut skip = a.create_label();
+        a.set_label(&mut top).unwrap();
+        a.test(bl, 1).unwrap();
+        a.jnz(skip).unwrap();
+        if store_writes_flags {
+            a.add(qword_ptr(r12), r14).unwrap();
+        } else {
+            a.mov(qword_ptr(r12), r14).unwrap();
+        }
+        a.set_label(&mut skip).unwrap();
+        a.add(r14, r15).unwrap();
+        a.dec(r13).unwrap();
+        a.jnz(top).unwrap();
+        if second_jump {
+            a.jmp(skip).unwrap();
+        }
+        a.ret().unwrap();
+        let bytes = a.assemble(F).unwrap();
+        let offs = crate::test_util::starts(F, &bytes);
+        let mut m = MemoryCode::new();
+        m.add_function(F, bytes);
+        (m, offs)
+    }
+
+    #[test]
+    fn a_join_reached_by_one_jcc_over_a_flag_neutral_store_is_guarded() {
+        let (m, pcs) = guarded(false, false);
+        let mut c = PcCache::new();
+        let skip = c.get(pcs[3], &m);
+        assert!(skip.join);
+        assert_eq!(skip.prev.unwrap().pc, pcs[2]);
+        assert_eq!(skip.guard, Some(iced_x86::ConditionCode::ne));
+        // The loop head is a join too, but its jump is not right before its predecessor.
+        assert_eq!(c.get(pcs[0], &m).guard, None);
+    }
+
+    #[test]
+    fn no_guard_when_the_skipped_instruction_writes_flags_or_two_jumps_arrive() {
+        let (m, pcs) = guarded(true, false);
+        assert_eq!(PcCache::new().get(pcs[3], &m).guard, None, "add [m] sets flags");
+        let (m, pcs) = guarded(false, true);
+        let skip = PcCache::new().get(pcs[3], &m);
+        assert!(skip.join);
+        assert_eq!(skip.guard, None, "a second jump also reaches skip");
     }
 
     #[test]
