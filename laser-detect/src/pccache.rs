@@ -321,7 +321,11 @@ mod tests {
     #[test]
     fn no_guard_when_the_skipped_instruction_writes_flags_or_two_jumps_arrive() {
         let (m, pcs) = guarded(true, false);
-        assert_eq!(PcCache::new().get(pcs[3], &m).guard, None, "add [m] sets flags");
+        assert_eq!(
+            PcCache::new().get(pcs[3], &m).guard,
+            None,
+            "add [m] sets flags"
+        );
         let (m, pcs) = guarded(false, true);
         let skip = PcCache::new().get(pcs[3], &m);
         assert!(skip.join);
