@@ -16,34 +16,9 @@ const LOW_THRESHOLD: f64 = 100.0;
 const LOW: &str = "100";
 
 /// Two threads incrementing neighbouring words of one line: the simplest false sharing.
-/// Runs for argv[1] seconds (default 1). Line numbers below are asserted on.
-const FS_C: &str = r#"#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-#include <unistd.h>
-struct pair { volatile long a; volatile long b; } __attribute__((aligned(64)));
-struct pair counters;
-static double secs;
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
-static void *bump_b(void *arg) {
-    (void)arg; double end = now() + secs;
-    while (now() < end) for (int i = 0; i < 1000; i++)
-        counters.b++; /* line 13: thread 2 */
-    return 0;
-}
-int main(int argc, char **argv) {
-    secs = argc > 1 ? atof(argv[1]) : 1.0;
-    if (getenv("FS_PRINT_PID")) { printf("%d\n", getpid()); fflush(stdout); }
-    pthread_t t; pthread_create(&t, 0, bump_b, 0);
-    double end = now() + secs;
-    while (now() < end) for (int i = 0; i < 1000; i++)
-        counters.a++; /* line 22: thread 1 */
-    pthread_join(t, 0);
-    printf("done %ld\n", counters.a > 0 && counters.b > 0 ? 1L : 0L);
-    return 0;
-}
-"#;
+/// Runs for argv[1] seconds (default 1); the golden recording is of the same program. Its
+/// source lines 13 (thread 2) and 22 (thread 1) are asserted on.
+const FS_C: &str = include_str!("fixtures/golden/fs.c");
 
 /// Tests that measure contention run one at a time: two busy programs on 2 cores time-slice
 /// each other's threads, and threads that don't run at once don't contend (really: the
