@@ -117,12 +117,14 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
     let config = session_config(&args.monitor)?;
     let pid = i32::try_from(args.pid).context("pid out of range")?;
     let mut session = Session::attach(pid, &config)?;
+    // One read of the target's maps and build-ids serves the recording and the detector.
+    let info = session.header_info();
     let mut recorder = match &args.output {
-        Some(p) => Some(Recorder::create(p, &session.header_info())?),
+        Some(p) => Some(Recorder::create(p, &info)?),
         None => None,
     };
     let mut detector = analyze::detector(&args.analysis, None);
-    detector.add_maps(args.pid, &session.header_info().maps);
+    detector.add_maps(args.pid, &info.maps);
     if args.duration.is_none() {
         eprintln!("laser: monitoring pid {pid} until it exits or Ctrl-C");
     }

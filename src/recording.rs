@@ -67,6 +67,14 @@ fn header(info: &HeaderInfo) -> TraceHeader {
     h
 }
 
+/// The recording's bytes, mapped (the reader parses bytes; the file stays at the edge).
+fn map_recording(path: &Path) -> Result<memmap2::Mmap> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: the mapping is read-only and private; a recording being appended to by another
+    // laser would at worst show up as a truncated file, which the reader handles.
+    unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))
+}
+
 /// What replaying a recording found besides its events.
 pub struct Replay {
     pub header: TraceHeader,
@@ -80,11 +88,7 @@ pub fn replay(
     path: &Path,
     mut detector: Option<&mut Detector<crate::analyze::Code>>,
 ) -> Result<Replay> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: the mapping is read-only and private; a recording being appended to by another
-    // laser would at worst show up as a truncated file, which the reader handles.
-    let map = unsafe { memmap2::Mmap::map(&file) }
-        .with_context(|| format!("mapping {}", path.display()))?;
+    let map = map_recording(path)?;
     let mut reader = Reader::new(&map).with_context(|| format!("reading {}", path.display()))?;
     let header = reader.header().clone();
     if let Some(d) = detector.as_deref_mut() {
@@ -137,10 +141,7 @@ pub fn end_warning(path: &Path, end: &EndState) -> Option<String> {
 /// `laser dump`: the header, then one event per line (Debug form), then how the file ended.
 pub fn dump(path: &Path, limit: Option<u64>) -> Result<()> {
     use std::io::Write;
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    // SAFETY: read-only private mapping; see `replay`.
-    let map = unsafe { memmap2::Mmap::map(&file) }
-        .with_context(|| format!("mapping {}", path.display()))?;
+    let map = map_recording(path)?;
     let mut reader = Reader::new(&map).with_context(|| format!("reading {}", path.display()))?;
     let out = std::io::stdout();
     let mut out = std::io::BufWriter::new(out.lock());

@@ -247,15 +247,16 @@ pub struct StreamStats {
 }
 
 impl StreamStats {
+    /// Counts `e`. Saturating throughout: a corrupt or forged `Lost` count (recordings are
+    /// untrusted input) must not panic a debug build.
     pub fn account(&mut self, e: &Event) {
-        self.records += 1;
+        self.records = self.records.saturating_add(1);
         match e {
-            // Saturating: a corrupt or hostile Lost count must not panic a debug build.
             Event::Sample(_) => self.samples = self.samples.saturating_add(1),
             Event::Lost { count, .. } => self.lost = self.lost.saturating_add(*count),
             Event::Throttle {
                 throttled: true, ..
-            } => self.throttles += 1,
+            } => self.throttles = self.throttles.saturating_add(1),
             _ => {}
         }
     }

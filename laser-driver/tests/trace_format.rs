@@ -73,7 +73,7 @@ fn event() -> impl Strategy<Value = Event> {
         }),
         1 => ids.prop_map(|(pid, ppid, tid, ptid, time)| Event::Fork { pid, ppid, tid, ptid, time }),
         1 => ids.prop_map(|(pid, ppid, tid, ptid, time)| Event::Exit { pid, ppid, tid, ptid, time }),
-        // Kernel lost counts are small; `StreamStats::account` adds them unchecked.
+        // Kernel lost counts are small (the footer check compares sums of them).
         1 => (0..u64::from(u32::MAX), any::<u64>()).prop_map(|(count, time)| Event::Lost { count, time }),
         1 => any::<(u64, bool)>().prop_map(|(time, throttled)| Event::Throttle { time, throttled }),
         1 => (any::<u64>(), proptest::collection::vec(any::<(u64, u8)>(), 0..5))

@@ -55,7 +55,7 @@ impl<W: Write> Writer<W> {
             self.buf.truncate(mark);
             return Err(err);
         }
-        account(&mut self.stats, e);
+        self.stats.account(e);
         if self.buf.len() >= BATCH {
             self.flush_buf()?;
         }
@@ -139,18 +139,5 @@ impl<W: Write> Drop for Writer<W> {
         // Best effort: an error here has nowhere to go, and the file reads as truncated
         // either way.
         let _ = self.flush();
-    }
-}
-
-/// `StreamStats::account`, saturating: a recording must not panic on a forged `Lost` count.
-fn account(s: &mut StreamStats, e: &Event) {
-    s.records = s.records.saturating_add(1);
-    match e {
-        Event::Sample(_) => s.samples = s.samples.saturating_add(1),
-        Event::Lost { count, .. } => s.lost = s.lost.saturating_add(*count),
-        Event::Throttle {
-            throttled: true, ..
-        } => s.throttles = s.throttles.saturating_add(1),
-        _ => {}
     }
 }
