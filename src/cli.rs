@@ -162,6 +162,17 @@ pub struct RepairArgs {
     /// Print the plan without touching the process.
     #[arg(long, conflicts_with = "undo")]
     pub dry_run: bool,
+    /// Refuse regions whose estimated stores per flush are below this (default 4: fewer
+    /// cost more than they save). 0 repairs any region, e.g. straight-line litmus bodies.
+    #[arg(long, default_value_t = 4.0, value_parser = parse_non_negative)]
+    pub min_stores_per_flush: f64,
+}
+
+fn parse_non_negative(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("'{s}' is not a non-negative number")),
+    }
 }
 
 fn parse_addr(s: &str) -> Result<u64, String> {
@@ -299,6 +310,35 @@ mod tests {
             panic!("not repair")
         };
         assert_eq!((r.pid, r.pc), (7, vec![16, 32]));
+        assert_eq!(r.min_stores_per_flush, 4.0);
+        let cli = Cli::try_parse_from([
+            "laser",
+            "repair",
+            "-p",
+            "7",
+            "--pc",
+            "1",
+            "--min-stores-per-flush",
+            "0",
+        ])
+        .unwrap();
+        let Command::Repair(r) = cli.command else {
+            panic!("not repair")
+        };
+        assert_eq!(r.min_stores_per_flush, 0.0);
+        for bad in ["-1", "nan", "x"] {
+            let args = [
+                "laser",
+                "repair",
+                "-p",
+                "7",
+                "--pc",
+                "1",
+                "--min-stores-per-flush",
+                bad,
+            ];
+            assert!(Cli::try_parse_from(args).is_err(), "{bad} accepted");
+        }
         assert!(Cli::try_parse_from(["laser", "repair", "-p", "7"]).is_err());
         assert!(Cli::try_parse_from(["laser", "repair", "-p", "7", "--pc", "zz"]).is_err());
         assert!(

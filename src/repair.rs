@@ -64,7 +64,7 @@ pub fn run(a: RepairArgs) -> Result<i32> {
     println!("{}", ssb_mode_line(None));
     let mut refused = 0;
     for g in &groups {
-        match repair_group(pid, &space, g, a.dry_run) {
+        match repair_group(pid, &space, g, a.dry_run, a.min_stores_per_flush) {
             Ok(()) => {}
             Err(Outcome::Refused(why)) => {
                 println!("  refused: {why}; function left untouched");
@@ -108,8 +108,17 @@ fn tracee_refusal(e: &TraceeError) -> bool {
     )
 }
 
-fn repair_group(pid: i32, space: &Space, g: &Group, dry_run: bool) -> Result<(), Outcome> {
-    let opts = PlanOptions::default();
+fn repair_group(
+    pid: i32,
+    space: &Space,
+    g: &Group,
+    dry_run: bool,
+    min_stores_per_flush: f64,
+) -> Result<(), Outcome> {
+    let opts = PlanOptions {
+        min_stores_per_flush,
+        ..PlanOptions::default()
+    };
     let label = match (&g.name, g.function) {
         (Some(n), Some((s, e))) => format!("{n} [{s:#x}..{e:#x}]"),
         (None, Some((s, e))) => format!("function [{s:#x}..{e:#x}]"),
