@@ -72,6 +72,18 @@ pub fn detector(args: &AnalysisArgs, duration_s: Option<f64>) -> Detector<Code> 
 
 /// Symbolizes, thresholds and prints (text unless `--quiet`, JSON if `--json`).
 pub fn emit(analysis: &Analysis, args: &AnalysisArgs) -> Result<Report> {
+    let report = build(analysis, args);
+    if !args.quiet {
+        print!("{}", render_text(&report));
+    }
+    if let Some(path) = &args.json {
+        write_json(&report, path)?;
+    }
+    Ok(report)
+}
+
+/// Symbolizes and thresholds, printing nothing (`run --repair` decides from this mid-run).
+pub fn build(analysis: &Analysis, args: &AnalysisArgs) -> Report {
     let opts = ReportOptions {
         threshold: args.threshold,
         ..Default::default()
@@ -80,14 +92,7 @@ pub fn emit(analysis: &Analysis, args: &AnalysisArgs) -> Result<Report> {
     let mut symbolizer = Symbolizer::with_reader(Box::new(move |p: &str| {
         std::fs::read(map.apply(p).as_ref())
     }));
-    let report = build_report(analysis, &mut symbolizer, &opts);
-    if !args.quiet {
-        print!("{}", render_text(&report));
-    }
-    if let Some(path) = &args.json {
-        write_json(&report, path)?;
-    }
-    Ok(report)
+    build_report(analysis, &mut symbolizer, &opts)
 }
 
 fn write_json(report: &Report, path: &Path) -> Result<()> {

@@ -12,9 +12,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     name = "laser",
     version,
     about = "Find and repair cache-line contention (true and false sharing) in x86-64 Linux programs",
-    after_help = "Exit status: `laser run` exits with the program's own status (128+N if a signal N \
-killed it). Otherwise: 0 ok, 1 laser failed, 2 bad usage, 3 a --fail-on gate tripped, 4 a repair was refused, \
-125 laser failed while the program ran, 126 the program could not be executed, 127 not found."
+    after_help = "Exit status: `laser run` (with or without --repair) exits with the program's own \
+status (128+N if a signal N killed it). Otherwise: 0 ok (for `repair` and `attach --repair`: \
+everything found was repaired, or nothing needed it), 1 laser failed, 2 bad usage, 3 a --fail-on \
+gate tripped, 4 a repair was refused (the output says which and why), 125 laser failed while the \
+program ran, 126 the program could not be executed, 127 not found."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -93,9 +95,36 @@ pub struct RunArgs {
     /// Also keep the recording in this file.
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
+    /// Repair false sharing while the program runs: after --repair-after, repair the sources
+    /// of the false-sharing findings seen so far (at or above --threshold) in the live
+    /// program, keep monitoring to the end, and print the report with a "repaired:" section.
+    /// The exit status is still the program's own; repair messages go to stderr.
+    #[arg(long)]
+    pub repair: bool,
+    /// With --repair: how long to monitor before repairing (e.g. 500ms, 2s). A program that
+    /// exits sooner is only reported.
+    #[arg(long, value_parser = parse_duration, default_value = "1s", requires = "repair")]
+    pub repair_after: Duration,
+    #[command(flatten)]
+    pub repair_opts: RepairTuning,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<OsString>,
+}
+
+/// Planner knobs shared by `run --repair` and `attach --repair`.
+#[derive(Args, Debug, Clone)]
+pub struct RepairTuning {
+    /// With --repair: refuse regions whose estimated stores per flush are below this
+    /// (default 4; see `laser repair --help`).
+    #[arg(
+        long = "min-stores-per-flush",
+        id = "repair_min_stores_per_flush",
+        default_value_t = 4.0,
+        value_parser = parse_non_negative,
+        requires = "repair"
+    )]
+    pub min_stores_per_flush: f64,
 }
 
 #[derive(Args, Debug)]
@@ -132,7 +161,8 @@ pub struct AttachArgs {
     /// Process id to monitor.
     #[arg(long, short)]
     pub pid: u32,
-    /// How long to monitor (e.g. 10s, 500ms, 2m). Default: until the process exits or Ctrl-C.
+    /// How long to monitor (e.g. 10s, 500ms, 2m). Default: until the process exits or
+    /// Ctrl-C; with --repair, 2s.
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
     #[command(flatten)]
@@ -142,7 +172,22 @@ pub struct AttachArgs {
     /// Also keep the recording in this file.
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
+    /// Repair false sharing in the running process: after monitoring, repair the sources of
+    /// the report's false-sharing findings (at or above --threshold) exactly as
+    /// `laser repair --from` would, print what was repaired or refused, and detach. Exit 0 if
+    /// everything found was repaired (or nothing needed it), 4 if a repair was refused, 1 if
+    /// one failed. `laser repair -p PID --undo` takes the repairs out again.
+    #[arg(long)]
+    pub repair: bool,
+    #[command(flatten)]
+    pub repair_opts: RepairTuning,
 }
+
+/// How long `attach --repair` monitors when no --duration is given: long enough for the soft
+/// backend (500 Hz per thread) to see a falsely shared loop several hundred times and for the
+/// watchpoints to settle a line's estimate (0.3 s armed per candidate), short enough that the
+/// repair comes while the contention is still there.
+pub const ATTACH_REPAIR_DURATION: Duration = Duration::from_secs(2);
 
 #[derive(Args, Debug)]
 #[command(group = clap::ArgGroup::new("what").required(true).args(["pc", "from", "undo"]))]

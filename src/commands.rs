@@ -1,6 +1,6 @@
 //! One function per subcommand. Each returns the process exit code.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use laser_driver::{Config, Session};
@@ -8,6 +8,7 @@ use laser_driver::{Config, Session};
 use crate::cli::{AttachArgs, MonitorArgs, RecordArgs, ReportArgs, RunArgs};
 use crate::monitor::{self, LoopOptions};
 use crate::recording::{self, Recorder};
+use crate::repair::{self, online::Online};
 use crate::{analyze, backend, exit};
 
 fn session_config(m: &MonitorArgs) -> Result<Config> {
@@ -24,8 +25,10 @@ fn session_config(m: &MonitorArgs) -> Result<Config> {
     Ok(config)
 }
 
-/// `laser run`: launch, monitor, report; exit with the program's status.
+/// `laser run`: launch, monitor, report; exit with the program's status. With `--repair`,
+/// the monitoring stops once at `--repair-after` for an online repair (`repair::online`).
 pub fn run(args: RunArgs) -> Result<i32> {
+    let start = Instant::now();
     let config = session_config(&args.monitor)?;
     let mut session = Session::launch(&args.command, &config)?;
     let mut recorder = match &args.output {
@@ -33,19 +36,56 @@ pub fn run(args: RunArgs) -> Result<i32> {
         None => None,
     };
     let mut detector = analyze::detector(&args.analysis, None);
-    let opts = LoopOptions {
-        duration: None,
+    let mut opts = LoopOptions {
+        duration: args.repair.then_some(args.repair_after),
         stop_on_interrupt: false,
         steer_watchpoints: config.watch,
+        skip_pcs: Vec::new(),
     };
-    let outcome = monitor::run_loop(&mut session, &opts, Some(&mut detector), recorder.as_mut())
-        .map_err(|e| e.context("monitoring failed"))?;
+    let mut outcome =
+        monitor::run_loop(&mut session, &opts, Some(&mut detector), recorder.as_mut())
+            .map_err(|e| e.context("monitoring failed"))?;
+    let online = args.repair.then(|| match outcome.exit {
+        Some(_) => Online::ExitedFirst {
+            after: start.elapsed(),
+        },
+        None => {
+            let at = start.elapsed();
+            let mut so_far = detector.finish();
+            so_far.duration_s = at.as_secs_f64();
+            let report = analyze::build(&so_far, &args.analysis);
+            let settings = repair::Settings {
+                dry_run: false,
+                min_stores_per_flush: args.repair_opts.min_stores_per_flush,
+            };
+            repair::online::repair_now(session.pid(), &report, at, &settings)
+        }
+    });
+    if let Some(o) = online.as_ref().filter(|_| outcome.exit.is_none()) {
+        opts.duration = None;
+        opts.skip_pcs = o.caches();
+        outcome = monitor::run_loop(&mut session, &opts, Some(&mut detector), recorder.as_mut())
+            .map_err(|e| e.context("monitoring failed"))?;
+    }
+    let elapsed = start.elapsed();
     if let Some(r) = recorder {
-        r.finish(outcome.elapsed.as_nanos() as u64)?;
+        r.finish(elapsed.as_nanos() as u64)?;
     }
     let mut analysis = detector.finish();
-    analysis.duration_s = outcome.elapsed.as_secs_f64();
+    analysis.duration_s = elapsed.as_secs_f64();
+    if let Some(o) = &online {
+        analysis.notes.push(o.note());
+    }
     analyze::emit(&analysis, &args.analysis)?;
+    if let Some(o) = &online {
+        let section = o.section(args.repair_after, outcome.skipped);
+        // stdout carries the report; with --quiet the section still reaches the user.
+        if args.analysis.quiet {
+            eprint!("{section}");
+        } else {
+            print!("{section}");
+        }
+    }
     Ok(outcome.exit.map_or(exit::OK, exit::of_program))
 }
 
@@ -61,6 +101,7 @@ pub fn record(args: RecordArgs) -> Result<i32> {
         duration: None,
         stop_on_interrupt: false,
         steer_watchpoints: config.watch,
+        skip_pcs: Vec::new(),
     };
     let outcome = monitor::run_loop(
         &mut session,
@@ -112,10 +153,14 @@ pub fn report(args: ReportArgs) -> Result<i32> {
     Ok(exit::OK)
 }
 
-/// `laser attach`: monitor a running process for a while (or until it exits / Ctrl-C).
+/// `laser attach`: monitor a running process for a while (or until it exits / Ctrl-C); with
+/// `--repair`, then repair the report's false-sharing sources (exit codes: `repair.rs`).
 pub fn attach(args: AttachArgs) -> Result<i32> {
     let config = session_config(&args.monitor)?;
     let pid = i32::try_from(args.pid).context("pid out of range")?;
+    let duration = args
+        .duration
+        .or(args.repair.then_some(crate::cli::ATTACH_REPAIR_DURATION));
     let mut session = Session::attach(pid, &config)?;
     // One read of the target's maps and build-ids serves the recording and the detector.
     let info = session.header_info();
@@ -125,13 +170,19 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
     };
     let mut detector = analyze::detector(&args.analysis, None);
     detector.add_maps(args.pid, &info.maps);
-    if args.duration.is_none() {
-        eprintln!("laser: monitoring pid {pid} until it exits or Ctrl-C");
+    match duration {
+        None => eprintln!("laser: monitoring pid {pid} until it exits or Ctrl-C"),
+        Some(d) if args.repair => eprintln!(
+            "laser: monitoring pid {pid} for {:.1} s, then repairing",
+            d.as_secs_f64()
+        ),
+        Some(_) => {}
     }
     let opts = LoopOptions {
-        duration: args.duration,
+        duration,
         stop_on_interrupt: true,
         steer_watchpoints: config.watch,
+        skip_pcs: Vec::new(),
     };
     let outcome = monitor::run_loop(&mut session, &opts, Some(&mut detector), recorder.as_mut())?;
     drop(session); // detach before the (possibly slow) symbolization
@@ -140,6 +191,34 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
     }
     let mut analysis = detector.finish();
     analysis.duration_s = outcome.elapsed.max(Duration::from_millis(1)).as_secs_f64();
-    analyze::emit(&analysis, &args.analysis)?;
-    Ok(exit::OK)
+    let report = analyze::emit(&analysis, &args.analysis)?;
+    if !args.repair {
+        return Ok(exit::OK);
+    }
+    if outcome.exit.is_some() {
+        println!("repair: process {pid} exited while monitored; nothing to repair");
+        return Ok(exit::OK);
+    }
+    if monitor::interrupted() {
+        println!("repair: interrupted; process {pid} not repaired");
+        return Ok(exit::OK);
+    }
+    let settings = repair::Settings {
+        dry_run: false,
+        min_stores_per_flush: args.repair_opts.min_stores_per_flush,
+    };
+    let summary = repair::repair_report(pid, &report, &settings, &mut |l| println!("{l}"))?;
+    if summary.functions > 0 {
+        println!(
+            "repaired {} of {} function(s) in process {pid}{}",
+            summary.repaired.len(),
+            summary.functions,
+            if summary.repaired.is_empty() {
+                String::new()
+            } else {
+                format!(" (undo: laser repair -p {pid} --undo)")
+            }
+        );
+    }
+    Ok(summary.exit_code())
 }

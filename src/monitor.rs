@@ -2,10 +2,11 @@
 //! the detector and/or a recording, steer watchpoints at the lines the detector suspects, show
 //! progress, and stop when the target exits, the duration is up, or the user interrupts.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use laser_detect::Detector;
 use laser_driver::{Event, ExitStatus, Session, Status};
@@ -49,6 +50,9 @@ pub struct LoopOptions {
     pub stop_on_interrupt: bool,
     /// Point watchpoints at the detector's candidate lines.
     pub steer_watchpoints: bool,
+    /// Samples whose IP falls here are counted, not analysed: laser's code caches (repaired
+    /// code lives in anonymous memory, in no ELF file, and its accesses go through the SSB).
+    pub skip_pcs: Vec<Range<u64>>,
 }
 
 /// What ended the loop.
@@ -56,6 +60,8 @@ pub struct Outcome {
     /// The target's exit status, if it exited while we watched.
     pub exit: Option<ExitStatus>,
     pub elapsed: Duration,
+    /// Samples left out because their IP was in `LoopOptions::skip_pcs`.
+    pub skipped: u64,
 }
 
 pub fn run_loop(
@@ -68,10 +74,14 @@ pub fn run_loop(
     let progress = progress_bar(session.pid());
     let mut steering = Steering::default();
     let mut record_error: Option<anyhow::Error> = None;
+    let mut skipped = 0;
     let exit = loop {
         let status = {
             let mut sink = |e: Event| {
-                if let Some(d) = detector.as_deref_mut() {
+                let skip = matches!(&e, Event::Sample(s)
+                    if opts.skip_pcs.iter().any(|r| r.contains(&s.ip)));
+                skipped += u64::from(skip);
+                if let Some(d) = detector.as_deref_mut().filter(|_| !skip) {
                     d.feed(&e);
                 }
                 if let Some(r) = recorder.as_deref_mut() {
@@ -82,9 +92,16 @@ pub fn run_loop(
                     }
                 }
             };
-            session
-                .poll(Duration::from_millis(50), &mut sink)
-                .context("reading samples from the kernel")?
+            match session.poll(Duration::from_millis(50), &mut sink) {
+                Ok(st) => st,
+                // Our child was reaped by someone else's waitpid: a repair's tracee (laser
+                // itself) collects a thread that exits while it holds the process. The
+                // program is gone; its status went with that wait.
+                Err(e) if reaped_elsewhere(&e) => Status::Exited(ExitStatus::Unknown),
+                Err(e) => {
+                    return Err(anyhow::Error::new(e).context("reading samples from the kernel"))
+                }
+            }
         };
         if let Some(err) = record_error.take() {
             return Err(err);
@@ -121,7 +138,20 @@ pub fn run_loop(
     Ok(Outcome {
         exit,
         elapsed: start.elapsed(),
+        skipped,
     })
+}
+
+/// `waitpid` on the launched child failed with ECHILD: it has been reaped already.
+fn reaped_elsewhere(e: &laser_driver::DriverError) -> bool {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return io.raw_os_error() == Some(libc::ECHILD);
+        }
+        src = s.source();
+    }
+    false
 }
 
 fn progress_bar(pid: i32) -> ProgressBar {

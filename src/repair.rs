@@ -1,382 +1,196 @@
-//! `laser repair`: put the planner's rewrite of contending loops into a running process
-//! (`--pc ADDR…` or `--from report.json`), print the plan only (`--dry-run`), or take every
-//! laser repair out again (`--undo`).
+//! Repair of false sharing in a running process, for three callers:
+//!
+//! - `laser repair -p PID --pc ADDR… | --from report.json [--dry-run]`, `--undo`;
+//! - `laser attach -p PID --repair`: monitor, report, then repair the report's false-sharing
+//!   sources (this module's [`repair_report`], on the in-memory report);
+//! - `laser run --repair -- prog`: the same, once, in the child laser launched, while the
+//!   monitoring session keeps running (see `commands::run_with_repair`).
 //!
 //! ```text
 //!  PCs (given, or report module+offset + load bias from /proc/PID/maps)
-//!    └─ grouped by enclosing ELF function ─▶ plan at a dummy cache address (refusal: exit 4,
-//!       nothing touched) ─▶ tracee::apply, re-planning at the real cache address inside the hold
+//!    └─ grouped by enclosing ELF function ─▶ plan at a dummy cache address (refusal: reason
+//!       printed, function untouched) ─▶ tracee::apply, re-planning at the real cache address
+//!       inside the hold (group.rs)
 //! ```
 //!
-//! Planning runs twice on purpose: the first run decides (and prints) everything with the
-//! target running; the second, inside the pause, only resolves addresses, on a snapshot of the
-//! function's bytes taken beforehand, so the pause does not read the target's memory.
-//!
-//! Undo safety: the tracee keeps one `(old, new)` pc map for both directions. The planner's
-//! `pc_map` is right for apply (a thread entering the cache has an empty log) but not for undo
-//! (a thread stopped in the cache may hold buffered stores). So the record's map is the
-//! planner's `undo_map` reversed (cache pc ← flush stub or original pc) plus those `pc_map`
-//! pairs whose cache pc the undo map does not already claim.
+//! Outcomes and exit codes (the same for `laser repair` and `laser attach --repair`):
+//! nothing to repair → 0 (says so); everything asked for repaired → 0; at least one function
+//! refused → [`exit::REPAIR_REFUSED`] (4; the others may be repaired, the output says which);
+//! a failure (laser's own error: the tracee guards restored the failing function, functions
+//! repaired before it stay repaired) → [`exit::FAILED`] (1). `laser run --repair` reports
+//! the same outcomes in its "repaired:" section and exits with the program's status.
 
-use std::time::{Duration, Instant};
+use std::ops::Range;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use laser_detect::{CodeSource as _, Report};
-use laser_repair::plan::{self, CodeBytes, PlanOptions, PlanRequest, RepairPlan, SsbMode};
-use laser_repair::tracee::{
-    self, maps as tmaps, ApplyOptions, CacheAddrs, CacheSizes, FnSource, PatchSet, TraceeError,
-    UndoOptions,
-};
+use laser_detect::Report;
+use laser_repair::plan::SsbMode;
+use laser_repair::tracee::{self, UndoOptions};
 
+mod group;
+pub mod online;
 mod targets;
 
-use targets::{from_report, group_pcs, Group, Live, Space};
+use group::{repair_group, ssb_mode_line, Outcome};
+use targets::{from_report, group_pcs, Group, Space};
 
 use crate::cli::RepairArgs;
 use crate::exit;
 
-/// Apply attempts when a thread sits where it cannot be moved (inside the patched bytes at an
-/// unmapped pc, or in a restartable syscall there): it moves on within microseconds.
-const APPLY_TRIES: usize = 20;
+/// Where a repair's progress lines go: stdout for `laser repair` and `attach --repair`;
+/// stderr during `run --repair`, whose stdout is the program's.
+pub type Say<'a> = dyn FnMut(&str) + 'a;
 
+/// How to repair.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Plan and print, but do not touch the process.
+    pub dry_run: bool,
+    /// The planner's profitability floor (`--min-stores-per-flush`).
+    pub min_stores_per_flush: f64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            dry_run: false,
+            min_stores_per_flush: 4.0,
+        }
+    }
+}
+
+/// One function put into the process.
+#[derive(Clone, Debug)]
+pub struct Repaired {
+    /// `name [start..end]`, as printed.
+    pub label: String,
+    /// The code cache mapping (samples here are in repaired code, not in any ELF file).
+    pub cache: Range<u64>,
+    /// How long the target was held.
+    pub pause: Duration,
+    pub threads_held: usize,
+    /// The SSB flush path the runtime reported, if it had started.
+    pub mode: Option<SsbMode>,
+}
+
+/// What a repair pass did.
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    /// Functions the request named (0: nothing to repair).
+    pub functions: usize,
+    pub repaired: Vec<Repaired>,
+    /// `(function, reason)`: left untouched.
+    pub refused: Vec<(String, String)>,
+}
+
+impl Summary {
+    /// 0 unless something was refused (see the module docs).
+    pub fn exit_code(&self) -> i32 {
+        if self.refused.is_empty() {
+            exit::OK
+        } else {
+            exit::REPAIR_REFUSED
+        }
+    }
+
+    /// Code cache ranges of every repair in force.
+    pub fn caches(&self) -> Vec<Range<u64>> {
+        self.repaired.iter().map(|r| r.cache.clone()).collect()
+    }
+}
+
+/// `laser repair`.
 pub fn run(a: RepairArgs) -> Result<i32> {
     let pid = a.pid;
-    if pid <= 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-        bail!("process {pid} does not exist");
-    }
+    check_pid(pid)?;
     if a.undo {
         return undo(pid);
     }
-    let space = Space::read(pid)?;
-    let groups = if let Some(path) = &a.from {
+    let settings = Settings {
+        dry_run: a.dry_run,
+        min_stores_per_flush: a.min_stores_per_flush,
+    };
+    let mut say = |l: &str| println!("{l}");
+    let summary = if let Some(path) = &a.from {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading report {}", path.display()))?;
         let report =
             Report::from_json(&text).with_context(|| format!("parsing {}", path.display()))?;
-        from_report(&report, &space)?
+        repair_report(pid, &report, &settings, &mut say)?
     } else {
-        group_pcs(&a.pc, &space, |_| None)
+        let space = Space::read(pid)?;
+        let groups = group_pcs(&a.pc, &space, |_| None);
+        repair_groups(&space, &groups, &settings, &mut say)?
     };
-    if groups.is_empty() {
-        println!("nothing to repair in process {pid}");
-        return Ok(exit::OK);
-    }
-    println!("{}", ssb_mode_line(None));
-    let mut refused = 0;
-    for g in &groups {
-        match repair_group(pid, &space, g, a.dry_run, a.min_stores_per_flush) {
-            Ok(()) => {}
-            Err(Outcome::Refused(why)) => {
-                println!("  refused: {why}; function left untouched");
-                refused += 1;
-            }
-            Err(Outcome::Failed(e)) => return Err(e),
-        }
-    }
-    if refused > 0 {
-        eprintln!(
-            "laser: {refused} of {} repair(s) refused (see above)",
-            groups.len()
-        );
-        return Ok(exit::REPAIR_REFUSED);
-    }
-    Ok(exit::OK)
+    Ok(summary.exit_code())
 }
 
-enum Outcome {
-    Refused(String),
-    Failed(anyhow::Error),
-}
-
-impl From<anyhow::Error> for Outcome {
-    fn from(e: anyhow::Error) -> Self {
-        Outcome::Failed(e)
+fn check_pid(pid: i32) -> Result<()> {
+    if pid <= 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        bail!("process {pid} does not exist");
     }
-}
-
-/// Tracee errors that mean "cannot repair this here" rather than "laser broke": the target is
-/// untouched either way.
-fn tracee_refusal(e: &TraceeError) -> bool {
-    matches!(
-        e,
-        TraceeError::Seccomp { .. }
-            | TraceeError::NoHole { .. }
-            | TraceeError::ProcessStopped { .. }
-            | TraceeError::UnmappedThread { .. }
-            | TraceeError::ThreadInSyscall { .. }
-            | TraceeError::PatchMismatch { .. }
-    )
-}
-
-fn repair_group(
-    pid: i32,
-    space: &Space,
-    g: &Group,
-    dry_run: bool,
-    min_stores_per_flush: f64,
-) -> Result<(), Outcome> {
-    let opts = PlanOptions {
-        min_stores_per_flush,
-        ..PlanOptions::default()
-    };
-    let label = match (&g.name, g.function) {
-        (Some(n), Some((s, e))) => format!("{n} [{s:#x}..{e:#x}]"),
-        (None, Some((s, e))) => format!("function [{s:#x}..{e:#x}]"),
-        (_, None) => "unknown function (no ELF symbol: bounded scan)".to_string(),
-    };
-    let pcs: Vec<String> = g
-        .pcs
-        .iter()
-        .map(|&pc| match space.module_of(pc) {
-            Some((m, off)) => format!("{pc:#x} ({}+{off:#x})", m.rsplit('/').next().unwrap_or(&m)),
-            None => format!("{pc:#x}"),
-        })
-        .collect();
-    println!("repair {label}: PCs {}", pcs.join(", "));
-    if let Some(span) = g.function {
-        let recs = tracee::find_repairs(pid).map_err(|e| Outcome::Failed(e.into()))?;
-        if let Some(p) = recs
-            .iter()
-            .filter(|r| r.state == tracee::RecordState::Active)
-            .flat_map(|r| &r.patches)
-            .find(|p| span.0 <= p.addr && p.addr < span.1)
-        {
-            return Err(Outcome::Refused(format!(
-                "already repaired (entry patched at {:#x}); run `laser repair -p {pid} --undo` first",
-                p.addr
-            )));
-        }
-    }
-    // Snapshot of the function: the in-pause re-plan reads this, not the target.
-    let snap = g.function.map(|(s, e)| {
-        let mut b = vec![0u8; (e - s) as usize];
-        let n = space.mem.read_code(s, &mut b);
-        b.truncate(n);
-        (s, b)
-    });
-    let live = Live(&space.mem);
-    let snap_src = snap.as_ref().map(|(s, b)| CodeBytes { base: *s, bytes: b });
-    let src: &dyn plan::CodeSource = match &snap_src {
-        Some(c) => c,
-        None => &live,
-    };
-    let span_guess = g.function.unwrap_or((g.pcs[0], g.pcs[0] + 1));
-    let sizes0 = CacheSizes {
-        code: plan::CODE_RESERVATION as usize,
-        data: plan::ssb_layout::data_len(&opts.runtime) as usize,
-        record: 0,
-    };
-    let regions = tmaps::parse_maps(&space.maps_text).map_err(|e| Outcome::Failed(e.into()))?;
-    let Some(&hole) = tmaps::hole_candidates(
-        &regions,
-        &(span_guess.0..span_guess.1),
-        CacheAddrs::layout(&sizes0, 0).map_len,
-    )
-    .first() else {
-        return Err(Outcome::Refused(format!(
-            "no free address range within ±2 GiB of {:#x}",
-            span_guess.0
-        )));
-    };
-    let dummy = CacheAddrs::layout(&sizes0, hole).data_base;
-    let t0 = Instant::now();
-    let req = |cache_addr| PlanRequest {
-        code: src,
-        function: g.function,
-        contending_pcs: &g.pcs,
-        cache_addr,
-        options: opts,
-    };
-    let p = plan::plan(&req(dummy)).map_err(|r| Outcome::Refused(r.reason.to_string()))?;
-    let plan_time = t0.elapsed();
-    print_plan(&p, plan_time);
-    let record_room = record_len(&p);
-    if dry_run {
-        println!("  dry run: process {pid} not touched");
-        return Ok(());
-    }
-    let sizes = CacheSizes {
-        record: record_room,
-        ..sizes0
-    };
-    let (fs, fe) = p.function;
-    let replan = std::cell::Cell::new(Duration::ZERO);
-    let build = |c: &CacheAddrs| -> Result<PatchSet, String> {
-        let t = Instant::now();
-        let q = plan::plan(&req(c.data_base)).map_err(|r| r.to_string());
-        replan.set(t.elapsed());
-        let q = q?;
-        if q.cache.code_addr != c.code_base || q.cache.data_len > c.data_len as u64 {
-            return Err(format!(
-                "plan puts code at {:#x} after {} data bytes; the cache has code at {:#x} after {}",
-                q.cache.code_addr, q.cache.data_len, c.code_base, c.data_len
-            ));
-        }
-        Ok(patch_set(&q))
-    };
-    let source = FnSource {
-        span: fs..fe,
-        sizes,
-        build,
-    };
-    let mut tries = 0;
-    let applied = loop {
-        tries += 1;
-        match tracee::apply(pid, &source, &ApplyOptions::default()) {
-            Ok(a) => break a,
-            Err(e @ (TraceeError::UnmappedThread { .. } | TraceeError::ThreadInSyscall { .. }))
-                if tries < APPLY_TRIES =>
-            {
-                log_retry(&e);
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) if tracee_refusal(&e) => return Err(Outcome::Refused(e.to_string())),
-            Err(e) => {
-                return Err(Outcome::Failed(
-                    anyhow::Error::new(e).context(format!("repairing process {pid}")),
-                ))
-            }
-        }
-    };
-    let c = applied.cache;
-    println!(
-        "  applied: cache {:#x}..{:#x} (data {:#x}, code {:#x}), {} patch(es), {} thread(s) moved in",
-        c.map_base,
-        c.map_base + c.map_len,
-        c.data_base,
-        c.code_base,
-        applied.record.patches.len(),
-        applied.moved.len()
-    );
-    println!(
-        "  pause: {:.2} ms ({} thread(s) held{}; re-plan at the cache address {:.2} ms of it), \
-         plan {:.2} ms before the pause",
-        applied.pause.paused.as_secs_f64() * 1e3,
-        applied.pause.threads,
-        if tries > 1 {
-            format!(", {tries} attempts")
-        } else {
-            String::new()
-        },
-        replan.get().as_secs_f64() * 1e3,
-        plan_time.as_secs_f64() * 1e3
-    );
-    // The runtime probes CPUID when the first thread claims a slot: give it a moment.
-    std::thread::sleep(Duration::from_millis(50));
-    let mut w = [0u8; 8];
-    let mode = (space
-        .mem
-        .read_code(c.data_base + plan::ssb_layout::MODE_OFF, &mut w)
-        == 8)
-        .then(|| SsbMode::from_word(u64::from_le_bytes(w)));
-    println!("  {}", ssb_mode_line(mode));
     Ok(())
 }
 
-fn log_retry(e: &TraceeError) {
-    eprintln!("laser: {e}; retrying");
+/// Repairs the sources of `report`'s false-sharing findings (those it holds: already at or
+/// above its threshold) in process `pid`, as `laser repair --from` does with the JSON form.
+pub fn repair_report(
+    pid: i32,
+    report: &Report,
+    settings: &Settings,
+    say: &mut Say<'_>,
+) -> Result<Summary> {
+    check_pid(pid)?;
+    let space = Space::read(pid)?;
+    let groups = from_report(report, &space, say)?;
+    repair_groups(&space, &groups, settings, say)
 }
 
-/// The tracee's patch set for a plan placed at its cache.
-fn patch_set(p: &RepairPlan) -> PatchSet {
-    PatchSet {
-        code: p.cache.code.clone(),
-        data: Vec::new(),
-        patches: p
-            .patches
-            .iter()
-            .map(|q| tracee::Patch {
-                addr: q.addr,
-                old_bytes: q.old_bytes.clone(),
-                new_bytes: q.new_bytes.clone(),
-            })
-            .collect(),
-        pc_map: record_pc_map(p),
+fn repair_groups(
+    space: &Space,
+    groups: &[Group],
+    settings: &Settings,
+    say: &mut Say<'_>,
+) -> Result<Summary> {
+    let pid = space.pid;
+    let mut summary = Summary {
+        functions: groups.len(),
+        ..Summary::default()
+    };
+    if groups.is_empty() {
+        say(&format!("nothing to repair in process {pid}"));
+        return Ok(summary);
     }
-}
-
-/// `(old, new)` pairs for the tracee (see the module docs): undo safe points first, then the
-/// apply entries for cache pcs they leave free. New pcs stay unique, as the tracee requires.
-pub fn record_pc_map(p: &RepairPlan) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &(cache_pc, to) in &p.undo_map {
-        if !out.iter().any(|&(_, n)| n == cache_pc) {
-            out.push((to, cache_pc));
+    say(&ssb_mode_line(None));
+    for g in groups {
+        match repair_group(pid, space, g, settings, say) {
+            Ok(Some(r)) => summary.repaired.push(r),
+            Ok(None) => {}
+            Err(Outcome::Refused(why)) => {
+                say(&format!("  refused: {why}; function left untouched"));
+                let name = g.name.clone().unwrap_or_else(|| format!("{:#x}", g.pcs[0]));
+                summary.refused.push((name, why));
+            }
+            Err(Outcome::Failed(e)) => {
+                if !summary.repaired.is_empty() {
+                    say(&format!(
+                        "  failed; {} function(s) repaired before this one stay repaired",
+                        summary.repaired.len()
+                    ));
+                }
+                return Err(e);
+            }
         }
     }
-    for &(old, new) in &p.pc_map {
-        if !out.iter().any(|&(_, n)| n == new) {
-            out.push((old, new));
-        }
-    }
-    out
-}
-
-/// Bytes of the undo record for this plan (tracee `record` layout), with slack for the
-/// re-plan at the real address.
-fn record_len(p: &RepairPlan) -> usize {
-    let patches: usize = p.patches.iter().map(|q| 16 + 2 * q.old_bytes.len()).sum();
-    let n = 96 + patches + 16 * record_pc_map(p).len();
-    n + n / 4 + 1024
-}
-
-fn print_plan(p: &RepairPlan, took: Duration) {
-    let r = &p.region;
-    let ranges: Vec<String> = r
-        .ranges
-        .iter()
-        .map(|(s, e)| format!("{s:#x}..{e:#x}"))
-        .collect();
-    println!(
-        "  region: {} ({}), {} stores, {} loads, {} flush points, ~{:.1} stores per flush",
-        ranges.join(" "),
-        if r.is_loop { "loop" } else { "no loop" },
-        r.stores,
-        r.loads,
-        r.flush_points,
-        r.estimated_stores_per_flush
-    );
-    for q in &p.patches {
-        println!(
-            "  entry patch at {:#x}: {} bytes",
-            q.addr,
-            q.old_bytes.len()
+    if !summary.refused.is_empty() {
+        eprintln!(
+            "laser: {} of {} repair(s) refused (see above)",
+            summary.refused.len(),
+            groups.len()
         );
     }
-    println!(
-        "  code cache: {} data + {} code bytes; {}; planned in {:.2} ms",
-        p.cache.data_len,
-        p.cache.code.len(),
-        match p.state_register {
-            Some(reg) => format!("inline fast path, SSB state in {reg:?}"),
-            None => "every access through a helper (no free register)".to_string(),
-        },
-        took.as_secs_f64() * 1e3
-    );
-}
-
-fn cpu_has_rtm() -> bool {
-    // CPUID leaf 7 subleaf 0, EBX bit 11 = RTM.
-    std::arch::x86_64::__cpuid_count(7, 0).ebx & (1 << 11) != 0
-}
-
-/// Which SSB flush path runs: from the runtime's mode word when known, else from CPUID here.
-fn ssb_mode_line(mode: Option<SsbMode>) -> String {
-    let cpu = if cpu_has_rtm() {
-        "this CPU has RTM"
-    } else {
-        "RTM is absent on this CPU"
-    };
-    match mode {
-        Some(SsbMode::Fifo) => format!("SSB mode in use: FIFO log ({cpu})"),
-        Some(SsbMode::Rtm) => format!("SSB mode in use: RTM coalescing buffer ({cpu})"),
-        _ if cpu_has_rtm() => {
-            format!(
-                "SSB mode: RTM coalescing buffer with FIFO fallback ({cpu}; chosen at run time)"
-            )
-        }
-        _ => format!("SSB mode: FIFO log ({cpu})"),
-    }
+    Ok(summary)
 }
 
 fn undo(pid: i32) -> Result<i32> {
@@ -428,81 +242,4 @@ fn undo(pid: i32) -> Result<i32> {
         );
     }
     Ok(exit::OK)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// gcc -O2 `for (i = 0; i < n; i++) (*p)++;` on a volatile long (the CLI tests' `bump`).
-    const BUMP: [u8; 36] = [
-        0x48, 0x85, 0xf6, 0x7e, 0x1e, 0x31, 0xd2, 0x66, 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00,
-        0x00, 0x48, 0x8b, 0x07, 0x48, 0x83, 0xc2, 0x01, 0x48, 0x83, 0xc0, 0x01, 0x48, 0x89, 0x07,
-        0x48, 0x39, 0xd6, 0x75, 0xed, 0xc3,
-    ];
-    const BASE: u64 = 0x40_1000;
-    const STORE: u64 = BASE + 0x1b;
-
-    fn plan_bump(inline_fast_path: bool) -> RepairPlan {
-        let code = CodeBytes {
-            base: BASE,
-            bytes: &BUMP,
-        };
-        let options = PlanOptions {
-            inline_fast_path,
-            ..PlanOptions::default()
-        };
-        plan::plan(&PlanRequest {
-            code: &code,
-            function: Some((BASE, BASE + BUMP.len() as u64)),
-            contending_pcs: &[STORE],
-            cache_addr: 0x4000_0000,
-            options,
-        })
-        .expect("bump plans")
-    }
-
-    /// Undo must send a thread at a sequence start through its flush stub (its log may hold
-    /// stores), never straight back to the original instruction; apply keeps the moves the
-    /// undo map leaves room for; new pcs stay unique (the tracee validates that).
-    #[test]
-    fn record_map_prefers_undo_safe_points() {
-        for fast in [true, false] {
-            let p = plan_bump(fast);
-            let m = record_pc_map(&p);
-            let mut news: Vec<u64> = m.iter().map(|&(_, n)| n).collect();
-            news.sort_unstable();
-            news.dedup();
-            assert_eq!(news.len(), m.len(), "fast {fast}: new pcs unique");
-            for &(cache_pc, to) in &p.undo_map {
-                assert_eq!(
-                    m.iter().find(|&&(_, n)| n == cache_pc),
-                    Some(&(to, cache_pc)),
-                    "fast {fast}: undo at {cache_pc:#x}"
-                );
-            }
-            for &(old, new) in &p.pc_map {
-                let claimed = p.undo_map.iter().any(|&(c, _)| c == new);
-                if !claimed {
-                    assert!(m.contains(&(old, new)), "fast {fast}: apply move {old:#x}");
-                }
-            }
-            if fast {
-                // Trampolines: the apply move and the undo move are the same pair.
-                assert!(p.pc_map.iter().all(|pair| m.contains(pair)));
-            }
-            assert!(record_len(&p) > 96 + 16 * m.len());
-        }
-    }
-
-    #[test]
-    fn patch_set_carries_the_plan() {
-        let p = plan_bump(true);
-        let s = patch_set(&p);
-        assert_eq!(s.code, p.cache.code);
-        assert_eq!(s.patches.len(), p.patches.len());
-        assert_eq!(s.patches[0].addr, p.patches[0].addr);
-        assert_eq!(s.patches[0].old_bytes, p.patches[0].old_bytes);
-        assert!(s.data.is_empty(), "the runtime's data starts zeroed");
-    }
 }

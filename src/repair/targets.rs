@@ -112,32 +112,32 @@ pub fn group_pcs(pcs: &[u64], space: &Space, name: impl Fn(u64) -> Option<String
 }
 
 /// PCs of every false-sharing finding, resolved into this process.
-pub fn from_report(report: &Report, space: &Space) -> Result<Vec<Group>> {
+pub fn from_report(report: &Report, space: &Space, say: &mut super::Say<'_>) -> Result<Vec<Group>> {
     let mut pcs = Vec::new();
     let mut names: BTreeMap<u64, String> = BTreeMap::new();
     let mut wanted = 0;
     for f in &report.findings {
         if f.kind != Kind::FalseSharing {
-            println!(
+            say(&format!(
                 "skipping {:?} line {:#x} ({}): repair is for false sharing only",
                 f.kind, f.line_addr, f.data.name
-            );
+            ));
             continue;
         }
         for s in &f.sources {
             let (Some(module), Some(offset)) = (&s.module, s.offset) else {
-                println!(
+                say(&format!(
                     "skipping source pc {:#x}: the report gives no module+offset",
                     s.pc
-                );
+                ));
                 continue;
             };
             wanted += 1;
             let Some(pc) = space.resolve(module, offset) else {
-                println!(
+                say(&format!(
                     "skipping source {module}+{offset:#x}: not mapped executable in process {}",
                     space.pid
-                );
+                ));
                 continue;
             };
             if let Some(n) = s.function.as_ref().or(s.symbol.as_ref()) {

@@ -1,0 +1,404 @@
+//! One function's repair: plan it (refusals come back with the planner's reason), put it
+//! into the process with the tracee (retrying while a thread sits where it cannot be moved),
+//! and say what happened through the caller's sink.
+//!
+//! Planning runs twice on purpose: the first run decides (and prints) everything with the
+//! target running; the second, inside the pause, only resolves addresses, on a snapshot of the
+//! function's bytes taken beforehand, so the pause does not read the target's memory.
+//!
+//! Undo safety: the tracee keeps one `(old, new)` pc map for both directions. The planner's
+//! `pc_map` is right for apply (a thread entering the cache has an empty log) but not for undo
+//! (a thread stopped in the cache may hold buffered stores). So the record's map is the
+//! planner's `undo_map` reversed (cache pc ← flush stub or original pc) plus those `pc_map`
+//! pairs whose cache pc the undo map does not already claim.
+
+use std::time::{Duration, Instant};
+
+use laser_detect::CodeSource as _;
+use laser_repair::plan::{self, CodeBytes, PlanOptions, PlanRequest, RepairPlan, SsbMode};
+use laser_repair::tracee::{
+    self, maps as tmaps, ApplyOptions, CacheAddrs, CacheSizes, FnSource, PatchSet, TraceeError,
+};
+
+use super::targets::{Group, Live, Space};
+use super::{Repaired, Say, Settings};
+
+/// Apply attempts when a thread sits where it cannot be moved (inside the patched bytes at an
+/// unmapped pc, or in a restartable syscall there): it moves on within microseconds.
+const APPLY_TRIES: usize = 20;
+
+pub enum Outcome {
+    Refused(String),
+    Failed(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Outcome {
+    fn from(e: anyhow::Error) -> Self {
+        Outcome::Failed(e)
+    }
+}
+
+/// Tracee errors that mean "cannot repair this here" rather than "laser broke": the target is
+/// untouched either way.
+pub fn tracee_refusal(e: &TraceeError) -> bool {
+    matches!(
+        e,
+        TraceeError::Seccomp { .. }
+            | TraceeError::NoHole { .. }
+            | TraceeError::ProcessStopped { .. }
+            | TraceeError::UnmappedThread { .. }
+            | TraceeError::ThreadInSyscall { .. }
+            | TraceeError::PatchMismatch { .. }
+    )
+}
+
+pub fn repair_group(
+    pid: i32,
+    space: &Space,
+    g: &Group,
+    settings: &Settings,
+    say: &mut Say<'_>,
+) -> Result<Option<Repaired>, Outcome> {
+    let (dry_run, min_stores_per_flush) = (settings.dry_run, settings.min_stores_per_flush);
+    let opts = PlanOptions {
+        min_stores_per_flush,
+        ..PlanOptions::default()
+    };
+    let label = match (&g.name, g.function) {
+        (Some(n), Some((s, e))) => format!("{n} [{s:#x}..{e:#x}]"),
+        (None, Some((s, e))) => format!("function [{s:#x}..{e:#x}]"),
+        (_, None) => "unknown function (no ELF symbol: bounded scan)".to_string(),
+    };
+    let pcs: Vec<String> = g
+        .pcs
+        .iter()
+        .map(|&pc| match space.module_of(pc) {
+            Some((m, off)) => format!("{pc:#x} ({}+{off:#x})", m.rsplit('/').next().unwrap_or(&m)),
+            None => format!("{pc:#x}"),
+        })
+        .collect();
+    say(&format!("repair {label}: PCs {}", pcs.join(", ")));
+    if let Some(span) = g.function {
+        let recs = tracee::find_repairs(pid).map_err(|e| Outcome::Failed(e.into()))?;
+        if let Some(p) = recs
+            .iter()
+            .filter(|r| r.state == tracee::RecordState::Active)
+            .flat_map(|r| &r.patches)
+            .find(|p| span.0 <= p.addr && p.addr < span.1)
+        {
+            return Err(Outcome::Refused(format!(
+                "already repaired (entry patched at {:#x}); run `laser repair -p {pid} --undo` first",
+                p.addr
+            )));
+        }
+    }
+    // Snapshot of the function: the in-pause re-plan reads this, not the target.
+    let snap = g.function.map(|(s, e)| {
+        let mut b = vec![0u8; (e - s) as usize];
+        let n = space.mem.read_code(s, &mut b);
+        b.truncate(n);
+        (s, b)
+    });
+    let live = Live(&space.mem);
+    let snap_src = snap.as_ref().map(|(s, b)| CodeBytes { base: *s, bytes: b });
+    let src: &dyn plan::CodeSource = match &snap_src {
+        Some(c) => c,
+        None => &live,
+    };
+    let span_guess = g.function.unwrap_or((g.pcs[0], g.pcs[0] + 1));
+    let sizes0 = CacheSizes {
+        code: plan::CODE_RESERVATION as usize,
+        data: plan::ssb_layout::data_len(&opts.runtime) as usize,
+        record: 0,
+    };
+    let regions = tmaps::parse_maps(&space.maps_text).map_err(|e| Outcome::Failed(e.into()))?;
+    let Some(&hole) = tmaps::hole_candidates(
+        &regions,
+        &(span_guess.0..span_guess.1),
+        CacheAddrs::layout(&sizes0, 0).map_len,
+    )
+    .first() else {
+        return Err(Outcome::Refused(format!(
+            "no free address range within ±2 GiB of {:#x}",
+            span_guess.0
+        )));
+    };
+    let dummy = CacheAddrs::layout(&sizes0, hole).data_base;
+    let t0 = Instant::now();
+    let req = |cache_addr| PlanRequest {
+        code: src,
+        function: g.function,
+        contending_pcs: &g.pcs,
+        cache_addr,
+        options: opts,
+    };
+    let p = plan::plan(&req(dummy)).map_err(|r| Outcome::Refused(r.reason.to_string()))?;
+    let plan_time = t0.elapsed();
+    print_plan(&p, plan_time, say);
+    let record_room = record_len(&p);
+    if dry_run {
+        say(&format!("  dry run: process {pid} not touched"));
+        return Ok(None);
+    }
+    let sizes = CacheSizes {
+        record: record_room,
+        ..sizes0
+    };
+    let (fs, fe) = p.function;
+    let replan = std::cell::Cell::new(Duration::ZERO);
+    let build = |c: &CacheAddrs| -> Result<PatchSet, String> {
+        let t = Instant::now();
+        let q = plan::plan(&req(c.data_base)).map_err(|r| r.to_string());
+        replan.set(t.elapsed());
+        let q = q?;
+        if q.cache.code_addr != c.code_base || q.cache.data_len > c.data_len as u64 {
+            return Err(format!(
+                "plan puts code at {:#x} after {} data bytes; the cache has code at {:#x} after {}",
+                q.cache.code_addr, q.cache.data_len, c.code_base, c.data_len
+            ));
+        }
+        Ok(patch_set(&q))
+    };
+    let source = FnSource {
+        span: fs..fe,
+        sizes,
+        build,
+    };
+    let mut tries = 0;
+    let applied = loop {
+        tries += 1;
+        match tracee::apply(pid, &source, &ApplyOptions::default()) {
+            Ok(a) => break a,
+            Err(e @ (TraceeError::UnmappedThread { .. } | TraceeError::ThreadInSyscall { .. }))
+                if tries < APPLY_TRIES =>
+            {
+                say(&format!("  {e}; retrying"));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) if tracee_refusal(&e) => return Err(Outcome::Refused(e.to_string())),
+            Err(e) => {
+                return Err(Outcome::Failed(
+                    anyhow::Error::new(e).context(format!("repairing process {pid}")),
+                ))
+            }
+        }
+    };
+    let c = applied.cache;
+    say(&format!(
+        "  applied: cache {:#x}..{:#x} (data {:#x}, code {:#x}), {} patch(es), {} thread(s) moved in",
+        c.map_base,
+        c.map_base + c.map_len,
+        c.data_base,
+        c.code_base,
+        applied.record.patches.len(),
+        applied.moved.len()
+    ));
+    say(&format!(
+        "  pause: {:.2} ms ({} thread(s) held{}; re-plan at the cache address {:.2} ms of it), \
+         plan {:.2} ms before the pause",
+        applied.pause.paused.as_secs_f64() * 1e3,
+        applied.pause.threads,
+        if tries > 1 {
+            format!(", {tries} attempts")
+        } else {
+            String::new()
+        },
+        replan.get().as_secs_f64() * 1e3,
+        plan_time.as_secs_f64() * 1e3
+    ));
+    // The runtime probes CPUID when the first thread claims a slot: give it a moment.
+    std::thread::sleep(Duration::from_millis(50));
+    let mut w = [0u8; 8];
+    let mode = (space
+        .mem
+        .read_code(c.data_base + plan::ssb_layout::MODE_OFF, &mut w)
+        == 8)
+        .then(|| SsbMode::from_word(u64::from_le_bytes(w)));
+    say(&format!("  {}", ssb_mode_line(mode)));
+    Ok(Some(Repaired {
+        label,
+        cache: c.map_base..c.map_base + c.map_len,
+        pause: applied.pause.paused,
+        threads_held: applied.pause.threads,
+        mode,
+    }))
+}
+
+/// The tracee's patch set for a plan placed at its cache.
+pub fn patch_set(p: &RepairPlan) -> PatchSet {
+    PatchSet {
+        code: p.cache.code.clone(),
+        data: Vec::new(),
+        patches: p
+            .patches
+            .iter()
+            .map(|q| tracee::Patch {
+                addr: q.addr,
+                old_bytes: q.old_bytes.clone(),
+                new_bytes: q.new_bytes.clone(),
+            })
+            .collect(),
+        pc_map: record_pc_map(p),
+    }
+}
+
+/// `(old, new)` pairs for the tracee (see the module docs): undo safe points first, then the
+/// apply entries for cache pcs they leave free. New pcs stay unique, as the tracee requires.
+pub fn record_pc_map(p: &RepairPlan) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &(cache_pc, to) in &p.undo_map {
+        if !out.iter().any(|&(_, n)| n == cache_pc) {
+            out.push((to, cache_pc));
+        }
+    }
+    for &(old, new) in &p.pc_map {
+        if !out.iter().any(|&(_, n)| n == new) {
+            out.push((old, new));
+        }
+    }
+    out
+}
+
+/// Bytes of the undo record for this plan (tracee `record` layout), with slack for the
+/// re-plan at the real address.
+pub fn record_len(p: &RepairPlan) -> usize {
+    let patches: usize = p.patches.iter().map(|q| 16 + 2 * q.old_bytes.len()).sum();
+    let n = 96 + patches + 16 * record_pc_map(p).len();
+    n + n / 4 + 1024
+}
+
+fn print_plan(p: &RepairPlan, took: Duration, say: &mut Say<'_>) {
+    let r = &p.region;
+    let ranges: Vec<String> = r
+        .ranges
+        .iter()
+        .map(|(s, e)| format!("{s:#x}..{e:#x}"))
+        .collect();
+    say(&format!(
+        "  region: {} ({}), {} stores, {} loads, {} flush points, ~{:.1} stores per flush",
+        ranges.join(" "),
+        if r.is_loop { "loop" } else { "no loop" },
+        r.stores,
+        r.loads,
+        r.flush_points,
+        r.estimated_stores_per_flush
+    ));
+    for q in &p.patches {
+        say(&format!(
+            "  entry patch at {:#x}: {} bytes",
+            q.addr,
+            q.old_bytes.len()
+        ));
+    }
+    say(&format!(
+        "  code cache: {} data + {} code bytes; {}; planned in {:.2} ms",
+        p.cache.data_len,
+        p.cache.code.len(),
+        match p.state_register {
+            Some(reg) => format!("inline fast path, SSB state in {reg:?}"),
+            None => "every access through a helper (no free register)".to_string(),
+        },
+        took.as_secs_f64() * 1e3
+    ));
+}
+
+fn cpu_has_rtm() -> bool {
+    // CPUID leaf 7 subleaf 0, EBX bit 11 = RTM.
+    std::arch::x86_64::__cpuid_count(7, 0).ebx & (1 << 11) != 0
+}
+
+/// Which SSB flush path runs: from the runtime's mode word when known, else from CPUID here.
+pub fn ssb_mode_line(mode: Option<SsbMode>) -> String {
+    let cpu = if cpu_has_rtm() {
+        "this CPU has RTM"
+    } else {
+        "RTM is absent on this CPU"
+    };
+    match mode {
+        Some(SsbMode::Fifo) => format!("SSB mode in use: FIFO log ({cpu})"),
+        Some(SsbMode::Rtm) => format!("SSB mode in use: RTM coalescing buffer ({cpu})"),
+        _ if cpu_has_rtm() => {
+            format!(
+                "SSB mode: RTM coalescing buffer with FIFO fallback ({cpu}; chosen at run time)"
+            )
+        }
+        _ => format!("SSB mode: FIFO log ({cpu})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// gcc -O2 `for (i = 0; i < n; i++) (*p)++;` on a volatile long (the CLI tests' `bump`).
+    const BUMP: [u8; 36] = [
+        0x48, 0x85, 0xf6, 0x7e, 0x1e, 0x31, 0xd2, 0x66, 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x48, 0x8b, 0x07, 0x48, 0x83, 0xc2, 0x01, 0x48, 0x83, 0xc0, 0x01, 0x48, 0x89, 0x07,
+        0x48, 0x39, 0xd6, 0x75, 0xed, 0xc3,
+    ];
+    const BASE: u64 = 0x40_1000;
+    const STORE: u64 = BASE + 0x1b;
+
+    fn plan_bump(inline_fast_path: bool) -> RepairPlan {
+        let code = CodeBytes {
+            base: BASE,
+            bytes: &BUMP,
+        };
+        let options = PlanOptions {
+            inline_fast_path,
+            ..PlanOptions::default()
+        };
+        plan::plan(&PlanRequest {
+            code: &code,
+            function: Some((BASE, BASE + BUMP.len() as u64)),
+            contending_pcs: &[STORE],
+            cache_addr: 0x4000_0000,
+            options,
+        })
+        .expect("bump plans")
+    }
+
+    /// Undo must send a thread at a sequence start through its flush stub (its log may hold
+    /// stores), never straight back to the original instruction; apply keeps the moves the
+    /// undo map leaves room for; new pcs stay unique (the tracee validates that).
+    #[test]
+    fn record_map_prefers_undo_safe_points() {
+        for fast in [true, false] {
+            let p = plan_bump(fast);
+            let m = record_pc_map(&p);
+            let mut news: Vec<u64> = m.iter().map(|&(_, n)| n).collect();
+            news.sort_unstable();
+            news.dedup();
+            assert_eq!(news.len(), m.len(), "fast {fast}: new pcs unique");
+            for &(cache_pc, to) in &p.undo_map {
+                assert_eq!(
+                    m.iter().find(|&&(_, n)| n == cache_pc),
+                    Some(&(to, cache_pc)),
+                    "fast {fast}: undo at {cache_pc:#x}"
+                );
+            }
+            for &(old, new) in &p.pc_map {
+                let claimed = p.undo_map.iter().any(|&(c, _)| c == new);
+                if !claimed {
+                    assert!(m.contains(&(old, new)), "fast {fast}: apply move {old:#x}");
+                }
+            }
+            if fast {
+                // Trampolines: the apply move and the undo move are the same pair.
+                assert!(p.pc_map.iter().all(|pair| m.contains(pair)));
+            }
+            assert!(record_len(&p) > 96 + 16 * m.len());
+        }
+    }
+
+    #[test]
+    fn patch_set_carries_the_plan() {
+        let p = plan_bump(true);
+        let s = patch_set(&p);
+        assert_eq!(s.code, p.cache.code);
+        assert_eq!(s.patches.len(), p.patches.len());
+        assert_eq!(s.patches[0].addr, p.patches[0].addr);
+        assert_eq!(s.patches[0].old_bytes, p.patches[0].old_bytes);
+        assert!(s.data.is_empty(), "the runtime's data starts zeroed");
+    }
+}

@@ -1,0 +1,215 @@
+//! Online repair: the decision `laser run --repair` takes mid-run, and how its outcome is
+//! told in the final report.
+//!
+//! ```text
+//!  launch ──monitor──▶ t = --repair-after ──▶ report so far (not printed) ──▶ repair its
+//!  false-sharing sources in the child (session still open, samples wait in the rings)
+//!         ──monitor, code-cache samples counted not analysed──▶ exit ──▶ report + "repaired:"
+//! ```
+//!
+//! The child is laser's own (forked, not traced): the tracee seizes its threads like any
+//! other process's, and the perf events, inherited per CPU, keep sampling through and after
+//! the hold. Messages during the run go to stderr: stdout is shared with the program.
+
+use std::time::Duration;
+
+use laser_detect::{Kind, Report};
+use laser_repair::plan::SsbMode;
+
+use super::{repair_report, Settings, Summary};
+
+/// What the mid-run repair did.
+#[derive(Debug)]
+pub enum Online {
+    /// The program exited before `--repair-after`.
+    ExitedFirst { after: Duration },
+    /// A repair pass ran (possibly finding nothing to repair).
+    Ran { at: Duration, summary: Summary },
+    /// laser failed while repairing (the tracee restored the function it was working on).
+    Failed { at: Duration, error: String },
+}
+
+/// Repairs the false-sharing sources of `report` (the run so far) in process `pid`.
+pub fn repair_now(pid: i32, report: &Report, at: Duration, settings: &Settings) -> Online {
+    let n = report
+        .findings
+        .iter()
+        .filter(|f| f.kind == Kind::FalseSharing)
+        .count();
+    eprintln!(
+        "laser: after {:.2} s: {n} false-sharing finding(s) at or above {}/s{}",
+        at.as_secs_f64(),
+        report.threshold,
+        if n > 0 { "; repairing" } else { "" }
+    );
+    if n == 0 {
+        return Online::Ran {
+            at,
+            summary: Summary::default(),
+        };
+    }
+    let mut say = |l: &str| eprintln!("laser: {l}");
+    match repair_report(pid, report, settings, &mut say) {
+        Ok(summary) => Online::Ran { at, summary },
+        Err(e) => {
+            let error = format!("{e:#}");
+            eprintln!("laser: repair failed: {error}");
+            Online::Failed { at, error }
+        }
+    }
+}
+
+impl Online {
+    /// The code caches now in the process (their samples are not in any ELF file).
+    pub fn caches(&self) -> Vec<std::ops::Range<u64>> {
+        match self {
+            Online::Ran { summary, .. } => summary.caches(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The "repaired:" section printed after the report.
+    pub fn section(&self, repair_after: Duration, skipped_samples: u64) -> String {
+        let mut out = String::new();
+        let secs = |d: &Duration| d.as_secs_f64();
+        match self {
+            Online::ExitedFirst { after } => out.push_str(&format!(
+                "repaired: nothing (the program exited after {:.2} s, before --repair-after {:.2} s)\n",
+                secs(after),
+                secs(&repair_after)
+            )),
+            Online::Failed { at, error } => out.push_str(&format!(
+                "repaired: nothing (the repair at {:.2} s failed: {error})\n",
+                secs(at)
+            )),
+            Online::Ran { at, summary } if summary.functions == 0 => out.push_str(&format!(
+                "repaired: nothing (no false sharing to repair at or above the threshold in the \
+                 first {:.2} s)\n",
+                secs(at)
+            )),
+            Online::Ran { at, summary } => {
+                out.push_str(&format!(
+                    "repaired: {} of {} function(s) at {:.2} s\n",
+                    summary.repaired.len(),
+                    summary.functions,
+                    secs(at)
+                ));
+                for r in &summary.repaired {
+                    out.push_str(&format!(
+                        "  {}: code cache {:#x}..{:#x}, target paused {:.2} ms ({} thread(s)), {}\n",
+                        r.label,
+                        r.cache.start,
+                        r.cache.end,
+                        r.pause.as_secs_f64() * 1e3,
+                        r.threads_held,
+                        match r.mode {
+                            Some(SsbMode::Rtm) => "SSB: RTM coalescing buffer",
+                            Some(SsbMode::Fifo) => "SSB: FIFO log",
+                            _ => "SSB mode not reported yet",
+                        }
+                    ));
+                }
+                for (f, why) in &summary.refused {
+                    out.push_str(&format!("  refused {f}: {why}\n"));
+                }
+                if skipped_samples > 0 {
+                    out.push_str(&format!(
+                        "  {skipped_samples} sample(s) after the repair were in laser's code \
+                         cache (repaired code): counted, not analysed\n"
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    /// One line for the report's notes (text and JSON).
+    pub fn note(&self) -> String {
+        match self {
+            Online::ExitedFirst { .. } => {
+                "run --repair: the program exited before the repair point; nothing repaired"
+                    .to_string()
+            }
+            Online::Failed { at, error } => format!(
+                "run --repair: the repair at {:.2} s failed ({error}); counts are of unrepaired code",
+                at.as_secs_f64()
+            ),
+            Online::Ran { at, summary } => format!(
+                "run --repair: {} function(s) repaired, {} refused at {:.2} s; counts before then \
+                 are of the original code, after it of the code left outside laser's code cache",
+                summary.repaired.len(),
+                summary.refused.len(),
+                at.as_secs_f64()
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::repair::Repaired;
+
+    fn repaired(label: &str) -> Repaired {
+        Repaired {
+            label: label.into(),
+            cache: 0x1000..0x9000,
+            pause: Duration::from_micros(11_640),
+            threads_held: 3,
+            mode: Some(SsbMode::Fifo),
+        }
+    }
+
+    #[test]
+    fn section_names_what_was_repaired_refused_and_skipped() {
+        let o = Online::Ran {
+            at: Duration::from_secs(1),
+            summary: Summary {
+                functions: 2,
+                repaired: vec![repaired("bump [0x10..0x40]")],
+                refused: vec![("avx_loop".into(), "vmovdqu".into())],
+            },
+        };
+        let s = o.section(Duration::from_secs(1), 7);
+        assert!(
+            s.starts_with("repaired: 1 of 2 function(s) at 1.00 s"),
+            "{s}"
+        );
+        assert!(
+            s.contains("bump [0x10..0x40]: code cache 0x1000..0x9000"),
+            "{s}"
+        );
+        assert!(s.contains("paused 11.64 ms (3 thread(s))"), "{s}");
+        assert!(s.contains("refused avx_loop: vmovdqu"), "{s}");
+        assert!(s.contains("7 sample(s)"), "{s}");
+        assert_eq!(o.caches(), vec![0x1000..0x9000]);
+    }
+
+    #[test]
+    fn section_says_why_nothing_was_repaired() {
+        let early = Online::ExitedFirst {
+            after: Duration::from_millis(300),
+        };
+        let s = early.section(Duration::from_secs(1), 0);
+        assert!(
+            s.contains("repaired: nothing (the program exited after 0.30 s"),
+            "{s}"
+        );
+        assert!(early.caches().is_empty());
+        let none = Online::Ran {
+            at: Duration::from_secs(1),
+            summary: Summary::default(),
+        };
+        assert!(none
+            .section(Duration::from_secs(1), 0)
+            .contains("repaired: nothing (no false sharing"));
+        let failed = Online::Failed {
+            at: Duration::from_secs(1),
+            error: "boom 42".into(),
+        };
+        assert!(failed
+            .section(Duration::from_secs(1), 0)
+            .contains("boom 42"));
+        assert!(failed.note().contains("boom 42"));
+    }
+}
