@@ -392,6 +392,54 @@ mod tests {
     }
 
     #[test]
+    fn run_and_attach_repair_flags() {
+        let cli = Cli::try_parse_from(["laser", "run", "--repair", "--", "./app"]).unwrap();
+        let Command::Run(r) = cli.command else {
+            panic!("not run")
+        };
+        assert!(r.repair);
+        assert_eq!(r.repair_after, Duration::from_secs(1));
+        assert_eq!(r.repair_opts.min_stores_per_flush, 4.0);
+        let cli = Cli::try_parse_from([
+            "laser",
+            "run",
+            "--repair",
+            "--repair-after",
+            "250ms",
+            "--min-stores-per-flush",
+            "0",
+            "--",
+            "./app",
+            "--repair",
+        ])
+        .unwrap();
+        let Command::Run(r) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(r.repair_after, Duration::from_millis(250));
+        assert_eq!(r.repair_opts.min_stores_per_flush, 0.0);
+        assert_eq!(r.command, ["./app", "--repair"], "the program's own flags");
+        // Repair knobs without --repair are a usage error, not silently ignored.
+        for bad in [
+            &["laser", "run", "--repair-after", "2s", "--", "x"][..],
+            &["laser", "run", "--min-stores-per-flush", "1", "--", "x"],
+            &["laser", "attach", "-p", "1", "--min-stores-per-flush", "1"],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?} accepted");
+        }
+        let cli = Cli::try_parse_from(["laser", "attach", "-p", "9", "--repair"]).unwrap();
+        let Command::Attach(a) = cli.command else {
+            panic!("not attach")
+        };
+        assert!(a.repair && a.duration.is_none());
+        let cli = Cli::try_parse_from(["laser", "attach", "-p", "9"]).unwrap();
+        let Command::Attach(a) = cli.command else {
+            panic!("not attach")
+        };
+        assert!(!a.repair);
+    }
+
+    #[test]
     fn line_size_must_be_64_or_128() {
         assert!(Cli::try_parse_from(["laser", "run", "--line", "96", "--", "x"]).is_err());
         assert!(Cli::try_parse_from(["laser", "run", "--line", "128", "--", "x"]).is_ok());

@@ -6,241 +6,13 @@
 //! Built with gcc's defaults (`-fipa-ra` included: callers may keep values in caller-saved
 //! registers across a call they know does not touch them; the repair must not clobber them).
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
-use std::sync::OnceLock;
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const LASER: &str = env!("CARGO_BIN_EXE_laser");
-
-const FS_C: &str = r#"#include <pthread.h>
-#include <stdio.h>
-#include <string.h>
-#include <unistd.h>
-#define CHUNK 100000L
-struct pair { long a; long b; } __attribute__((aligned(64)));
-static struct pair counters;
-static volatile int stop;
-static long rounds[2];
-__attribute__((noinline)) void bump(volatile long *p, long n) {
-    for (long i = 0; i < n; i++) (*p)++;
-}
-/* Never called: an AVX store the rewriter must refuse. */
-__asm__(".text\n.globl avx_loop\n.type avx_loop,@function\navx_loop:\n"
-        "  xor %eax,%eax\n1:\n.globl avx_store\navx_store:\n  vmovdqu %ymm0,(%rdi,%rax)\n"
-        "  add $32,%rax\n  cmp %rsi,%rax\n  jb 1b\n  vzeroupper\n  ret\n.size avx_loop,.-avx_loop\n");
-static void *worker(void *arg) {
-    long k = (long)arg;
-    volatile long *p = k ? &counters.b : &counters.a;
-    while (!stop) { bump(p, CHUNK); rounds[k]++; }
-    return 0;
-}
-int main(void) {
-    pthread_t t[2];
-    for (long k = 0; k < 2; k++) pthread_create(&t[k], 0, worker, (void *)k);
-    printf("pid %d\n", getpid()); fflush(stdout);
-    char line[64];
-    while (fgets(line, sizeof line, stdin) && strncmp(line, "stop", 4) != 0) {}
-    stop = 1;
-    for (int k = 0; k < 2; k++) pthread_join(t[k], 0);
-    printf("a %ld ra %ld b %ld rb %ld ok %d\n", counters.a, rounds[0], counters.b, rounds[1],
-           counters.a == rounds[0] * CHUNK && counters.b == rounds[1] * CHUNK);
-    return 0;
-}
-"#;
-
-/// One live target at a time: two busy programs on 2 cores would only slow each other down.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-struct Bin {
-    path: PathBuf,
-    /// ELF vaddrs.
-    bump: (u64, u64),
-    store: u64,
-    avx_store: u64,
-}
-
-fn build(name: &str, extra: &[&str]) -> Bin {
-    let d = std::env::temp_dir().join(format!("laser-repair-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    let src = d.join("fs.c");
-    std::fs::write(&src, FS_C).unwrap();
-    let path = d.join(name);
-    let ok = Command::new("gcc")
-        .args(["-O2", "-g", "-pthread"])
-        .args(extra)
-        .arg("-o")
-        .arg(&path)
-        .arg(&src)
-        .status()
-        .expect("gcc runs");
-    assert!(ok.success(), "gcc failed");
-    let nm = run_text(Command::new("nm").arg("-S").arg(&path));
-    let sym = |name: &str| -> (u64, u64) {
-        let l = nm
-            .lines()
-            .find(|l| l.split_whitespace().last() == Some(name))
-            .unwrap_or_else(|| panic!("{name} not in nm output"));
-        let f: Vec<&str> = l.split_whitespace().collect();
-        let a = u64::from_str_radix(f[0], 16).unwrap();
-        let size = if f.len() == 4 {
-            u64::from_str_radix(f[1], 16).unwrap()
-        } else {
-            0
-        };
-        (a, a + size)
-    };
-    let bump = sym("bump");
-    // The store of `(*p)++`: the one instruction in bump writing through %rdi.
-    let dis = run_text(
-        Command::new("objdump")
-            .args(["-d", "--no-show-raw-insn"])
-            .arg(&path),
-    );
-    let store = dis
-        .lines()
-        .filter_map(|l| {
-            let (a, rest) = l.trim().split_once(':')?;
-            let a = u64::from_str_radix(a, 16).ok()?;
-            ((bump.0..bump.1).contains(&a) && rest.contains("mov") && rest.contains(",(%rdi)"))
-                .then_some(a)
-        })
-        .next()
-        .expect("store in bump");
-    Bin {
-        path,
-        bump,
-        store,
-        avx_store: sym("avx_store").0,
-    }
-}
-
-fn bin() -> &'static Bin {
-    static B: OnceLock<Bin> = OnceLock::new();
-    B.get_or_init(|| build("fs", &[]))
-}
-
-fn run_text(c: &mut Command) -> String {
-    let o = c.output().expect("tool runs");
-    assert!(o.status.success(), "{c:?} failed");
-    String::from_utf8(o.stdout).unwrap()
-}
-
-struct Target {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    pid: i32,
-    bias: u64,
-}
-
-impl Target {
-    fn spawn(b: &Bin) -> Target {
-        let mut child = Command::new(&b.path)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let pid: i32 = line.trim().strip_prefix("pid ").unwrap().parse().unwrap();
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-        let p = b.path.to_str().unwrap();
-        let bias = maps
-            .lines()
-            .filter(|l| l.ends_with(p) && l.contains(" 00000000 "))
-            .map(|l| u64::from_str_radix(l.split('-').next().unwrap(), 16).unwrap())
-            .next()
-            .expect("first mapping of the binary (PIE, p_vaddr 0 at offset 0)");
-        let stdin = child.stdin.take();
-        Target {
-            child,
-            stdin,
-            pid,
-            bias,
-        }
-    }
-
-    fn read(&self, vaddr: u64, len: usize) -> Vec<u8> {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::File::open(format!("/proc/{}/mem", self.pid)).unwrap();
-        let mut b = vec![0; len];
-        f.read_exact_at(&mut b, self.bias + vaddr).unwrap();
-        b
-    }
-
-    fn anon_exec(&self) -> usize {
-        std::fs::read_to_string(format!("/proc/{}/maps", self.pid))
-            .unwrap()
-            .lines()
-            .filter(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                f.len() == 5 && f[1].contains('x')
-            })
-            .count()
-    }
-
-    /// Not stopped, not traced: what "untouched" means for the process state.
-    fn free_running(&self) -> bool {
-        let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap();
-        let field = |k: &str| {
-            s.lines()
-                .find(|l| l.starts_with(k))
-                .map(|l| l[k.len()..].trim().to_string())
-                .unwrap()
-        };
-        field("TracerPid:") == "0" && !field("State:").starts_with('t')
-    }
-
-    /// Stops the workers; returns the program's final line, asserting it proved its counts.
-    fn finish(mut self) -> String {
-        writeln!(self.stdin.as_mut().unwrap(), "stop").unwrap();
-        drop(self.stdin.take());
-        let mut text = String::new();
-        std::io::Read::read_to_string(self.child.stdout.as_mut().unwrap(), &mut text).unwrap();
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "target failed: {status:?} {text}");
-        assert!(text.contains("ok 1"), "lost increments: {text}");
-        text
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn laser(args: &[String]) -> Output {
-    let o = Command::new(LASER).args(args).output().unwrap();
-    eprintln!(
-        "$ laser {}\n{}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    o
-}
-
-fn repair_args(t: &Target, extra: &[&str]) -> Vec<String> {
-    let mut v = vec!["repair".into(), "-p".into(), t.pid.to_string()];
-    v.extend(extra.iter().map(|s| s.to_string()));
-    v
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).to_string()
-}
-
-fn settle() {
-    std::thread::sleep(Duration::from_millis(300));
-}
+use common::*;
 
 #[test]
 fn repair_mid_run_then_undo_keeps_every_increment() {
@@ -468,22 +240,42 @@ fn a_tracee_failure_leaves_the_process_untouched() {
     t.finish();
 }
 
-/// Repair, undo, repair again on one live process: every cycle keeps the counts right.
+/// Repair, undo, repair again on one live process, 100 times, through the real CLI (200
+/// laser processes; ~1 min in a debug build here): every undo restores the original bytes,
+/// the process never stops or stays traced, the code caches do not pile up, and at the end
+/// the program proves it lost no increment (`ok 1`).
 #[test]
-fn repeated_repair_and_undo_on_one_process() {
+fn repair_and_undo_100_times_on_one_process() {
+    const CYCLES: usize = 100;
     let _g = serial();
     let b = bin();
     let t = Target::spawn(b);
     let orig = t.read(b.bump.0, (b.bump.1 - b.bump.0) as usize);
+    let maps = t.anon_exec();
     let pc = format!("{:#x}", t.bias + b.store);
-    for i in 0..5 {
+    let start = std::time::Instant::now();
+    let mut max_caches = 0;
+    for i in 0..CYCLES {
         let o = laser(&repair_args(&t, &["--pc", &pc]));
-        assert_eq!(o.status.code(), Some(0), "cycle {i}");
-        std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(laser(&repair_args(&t, &["--undo"])).status.code(), Some(0));
-        assert_eq!(t.read(b.bump.0, orig.len()), orig, "cycle {i}");
+        assert_eq!(o.status.code(), Some(0), "repair, cycle {i}");
+        assert!(stdout(&o).contains("applied: cache"), "cycle {i}");
+        assert_ne!(t.read(b.bump.0, orig.len()), orig, "patched, cycle {i}");
+        let o = laser(&repair_args(&t, &["--undo"]));
+        assert_eq!(o.status.code(), Some(0), "undo, cycle {i}");
+        assert!(stdout(&o).contains("1 patch(es) restored"), "cycle {i}");
+        assert_eq!(t.read(b.bump.0, orig.len()), orig, "restored, cycle {i}");
+        assert!(t.free_running(), "cycle {i}");
+        max_caches = max_caches.max(t.anon_exec() - maps);
     }
-    t.finish();
+    eprintln!(
+        "{CYCLES} repair/undo cycles in {:.1} s; at most {max_caches} retired cache(s) mapped at once",
+        start.elapsed().as_secs_f64()
+    );
+    // A retired cache is unmapped by a later undo once no thread refers to it: they must not
+    // accumulate one per cycle.
+    assert!(max_caches <= 3, "{max_caches} code caches left mapped");
+    let fin = t.finish();
+    eprintln!("target: {fin}");
 }
 
 /// The whole loop: `laser run --json` on the program finds the false sharing in `bump`, and
