@@ -95,14 +95,16 @@ pub struct RunArgs {
     /// Also keep the recording in this file.
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
-    /// Repair false sharing while the program runs: after --repair-after, repair the sources
-    /// of the false-sharing findings seen so far (at or above --threshold) in the live
-    /// program, keep monitoring to the end, and print the report with a "repaired:" section.
-    /// The exit status is still the program's own; repair messages go to stderr.
+    /// Repair false sharing while the program runs: every --repair-after, check whether a
+    /// false-sharing line has reached --threshold events/s; the first time one has, repair the
+    /// sources of the false-sharing findings seen so far in the live program (once), keep
+    /// monitoring to the end, and print the report with a "repaired:" section. The exit
+    /// status is still the program's own; repair messages go to stderr (stdout is the
+    /// program's). `laser repair -p PID --undo` takes the repair out while it runs.
     #[arg(long)]
     pub repair: bool,
-    /// With --repair: how long to monitor before repairing (e.g. 500ms, 2s). A program that
-    /// exits sooner is only reported.
+    /// With --repair: how long to monitor before the first check, and between checks (e.g.
+    /// 500ms, 2s). A program that exits before the first check is only reported.
     #[arg(long, value_parser = parse_duration, default_value = "1s", requires = "repair")]
     pub repair_after: Duration,
     #[command(flatten)]

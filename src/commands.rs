@@ -42,30 +42,50 @@ pub fn run(args: RunArgs) -> Result<i32> {
         steer_watchpoints: config.watch,
         skip_pcs: Vec::new(),
     };
-    let mut outcome =
-        monitor::run_loop(&mut session, &opts, Some(&mut detector), recorder.as_mut())
-            .map_err(|e| e.context("monitoring failed"))?;
-    let online = args.repair.then(|| match outcome.exit {
-        Some(_) => Online::ExitedFirst {
-            after: start.elapsed(),
-        },
-        None => {
+    let mut monitor = |session: &mut Session, detector: &mut _, opts: &LoopOptions| {
+        monitor::run_loop(session, opts, Some(detector), recorder.as_mut())
+            .map_err(|e| e.context("monitoring failed"))
+    };
+    let mut outcome = monitor(&mut session, &mut detector, &opts)?;
+    let mut online = None;
+    if args.repair {
+        // Check every --repair-after until false sharing crosses the threshold; repair once.
+        let (mut checks, mut last) = (0, Duration::ZERO);
+        while outcome.exit.is_none() {
+            checks += 1;
             let at = start.elapsed();
+            last = at;
             let mut so_far = detector.finish();
-            so_far.duration_s = at.as_secs_f64();
-            let report = analyze::build(&so_far, &args.analysis);
-            let settings = repair::Settings {
-                dry_run: false,
-                min_stores_per_flush: args.repair_opts.min_stores_per_flush,
-            };
-            repair::online::repair_now(session.pid(), &report, at, &settings)
+            if repair::online::crossed(&so_far, args.analysis.threshold) {
+                so_far.duration_s = at.as_secs_f64();
+                let report = analyze::build(&so_far, &args.analysis);
+                let settings = repair::Settings {
+                    dry_run: false,
+                    min_stores_per_flush: args.repair_opts.min_stores_per_flush,
+                };
+                online = Some(repair::online::repair_now(
+                    session.pid(),
+                    &report,
+                    at,
+                    &settings,
+                ));
+                break;
+            }
+            outcome = monitor(&mut session, &mut detector, &opts)?;
         }
-    });
-    if let Some(o) = online.as_ref().filter(|_| outcome.exit.is_none()) {
-        opts.duration = None;
-        opts.skip_pcs = o.caches();
-        outcome = monitor::run_loop(&mut session, &opts, Some(&mut detector), recorder.as_mut())
-            .map_err(|e| e.context("monitoring failed"))?;
+        if let Some(o) = &online {
+            opts.duration = None;
+            opts.skip_pcs = o.caches();
+            outcome = monitor(&mut session, &mut detector, &opts)?;
+        } else {
+            online = Some(if checks == 0 {
+                Online::ExitedFirst {
+                    after: start.elapsed(),
+                }
+            } else {
+                Online::NothingFound { checks, last }
+            });
+        }
     }
     let elapsed = start.elapsed();
     if let Some(r) = recorder {

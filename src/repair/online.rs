@@ -2,10 +2,15 @@
 //! told in the final report.
 //!
 //! ```text
-//!  launch ──monitor──▶ t = --repair-after ──▶ report so far (not printed) ──▶ repair its
-//!  false-sharing sources in the child (session still open, samples wait in the rings)
+//!  launch ──monitor──▶ every --repair-after: any false-sharing line at or above --threshold?
+//!     no: keep monitoring        yes: report so far (not printed) ──▶ repair its false-sharing
+//!     sources in the child, once (session still open, samples wait in the rings)
 //!         ──monitor, code-cache samples counted not analysed──▶ exit ──▶ report + "repaired:"
 //! ```
+//!
+//! The check uses the detector's own rates (watch-window rates where a line was watched, so a
+//! slow start of the program does not dilute them) and symbolizes nothing: only when a line
+//! crosses does the report get built.
 //!
 //! The child is laser's own (forked, not traced): the tracee seizes its threads like any
 //! other process's, and the perf events, inherited per CPU, keep sampling through and after
@@ -13,7 +18,7 @@
 
 use std::time::Duration;
 
-use laser_detect::{Kind, Report};
+use laser_detect::{Analysis, Kind, Report};
 use laser_repair::plan::SsbMode;
 
 use super::{repair_report, Settings, Summary};
@@ -23,10 +28,20 @@ use super::{repair_report, Settings, Summary};
 pub enum Online {
     /// The program exited before `--repair-after`.
     ExitedFirst { after: Duration },
+    /// The program exited; no false sharing had reached the threshold at any check.
+    NothingFound { checks: usize, last: Duration },
     /// A repair pass ran (possibly finding nothing to repair).
     Ran { at: Duration, summary: Summary },
     /// laser failed while repairing (the tracee restored the function it was working on).
     Failed { at: Duration, error: String },
+}
+
+/// Whether any false-sharing line of the run so far is at or above `threshold` events/s.
+pub fn crossed(analysis: &Analysis, threshold: f64) -> bool {
+    analysis
+        .findings
+        .iter()
+        .any(|f| f.kind == Kind::FalseSharing && f.rate_per_s >= threshold)
 }
 
 /// Repairs the false-sharing sources of `report` (the run so far) in process `pid`.
@@ -78,13 +93,19 @@ impl Online {
                 secs(after),
                 secs(&repair_after)
             )),
+            Online::NothingFound { checks, last } => out.push_str(&format!(
+                "repaired: nothing (no false sharing at or above the threshold in {checks} \
+                 check(s), every {:.2} s, the last at {:.2} s)\n",
+                secs(&repair_after),
+                secs(last)
+            )),
             Online::Failed { at, error } => out.push_str(&format!(
                 "repaired: nothing (the repair at {:.2} s failed: {error})\n",
                 secs(at)
             )),
             Online::Ran { at, summary } if summary.functions == 0 => out.push_str(&format!(
-                "repaired: nothing (no false sharing to repair at or above the threshold in the \
-                 first {:.2} s)\n",
+                "repaired: nothing (false sharing crossed the threshold at {:.2} s, but none of \
+                 its sources is in code the process maps)\n",
                 secs(at)
             )),
             Online::Ran { at, summary } => {
@@ -127,9 +148,13 @@ impl Online {
     pub fn note(&self) -> String {
         match self {
             Online::ExitedFirst { .. } => {
-                "run --repair: the program exited before the repair point; nothing repaired"
+                "run --repair: the program exited before the first check; nothing repaired"
                     .to_string()
             }
+            Online::NothingFound { checks, .. } => format!(
+                "run --repair: no false sharing reached the threshold in {checks} check(s); \
+                 nothing repaired"
+            ),
             Online::Failed { at, error } => format!(
                 "run --repair: the repair at {:.2} s failed ({error}); counts are of unrepaired code",
                 at.as_secs_f64()
@@ -196,13 +221,18 @@ mod tests {
             "{s}"
         );
         assert!(early.caches().is_empty());
-        let none = Online::Ran {
-            at: Duration::from_secs(1),
-            summary: Summary::default(),
+        let none = Online::NothingFound {
+            checks: 3,
+            last: Duration::from_secs(3),
         };
-        assert!(none
-            .section(Duration::from_secs(1), 0)
-            .contains("repaired: nothing (no false sharing"));
+        let s = none.section(Duration::from_secs(1), 0);
+        assert!(
+            s.contains(
+                "repaired: nothing (no false sharing at or above the threshold in 3 check(s)"
+            ),
+            "{s}"
+        );
+        assert!(none.note().contains("3 check(s)"));
         let failed = Online::Failed {
             at: Duration::from_secs(1),
             error: "boom 42".into(),
