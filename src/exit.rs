@@ -14,8 +14,11 @@ pub const USAGE: i32 = 2;
 /// A `--fail-on` gate tripped.
 #[allow(dead_code)]
 pub const GATE: i32 = 3;
-/// `laser repair` refused (the planner's or the tracee's reason is printed); the target was
-/// left untouched. With `--from`, some functions may have been repaired: the output says which.
+/// `laser repair` or `laser attach --repair` refused (the planner's or the tracee's reason is
+/// printed); the refused function was left untouched. With several functions to repair, the
+/// others may have been repaired: the output says which. (Nothing to repair, or everything
+/// repaired, is `OK`; a failure is `FAILED`. `laser run --repair` exits with the program's
+/// status whatever the repair did, and says what it did in its "repaired:" section.)
 pub const REPAIR_REFUSED: i32 = 4;
 /// laser failed while the program ran (monitoring broke down; the program may still be running).
 pub const MONITOR_FAILED: i32 = 125;

@@ -3,8 +3,15 @@
 //! - `laser repair -p PID --pc ADDR… | --from report.json [--dry-run]`, `--undo`;
 //! - `laser attach -p PID --repair`: monitor, report, then repair the report's false-sharing
 //!   sources (this module's [`repair_report`], on the in-memory report);
-//! - `laser run --repair -- prog`: the same, once, in the child laser launched, while the
-//!   monitoring session keeps running (see `commands::run_with_repair`).
+//! - `laser run --repair -- prog`: the same, once, in the child laser launched, as soon as a
+//!   false-sharing line reaches the threshold (checked every `--repair-after`), while the
+//!   monitoring session keeps running (`online.rs`, called from `commands::run`).
+//!
+//! `attach --repair` monitors for `--duration` (default 2 s, `cli::ATTACH_REPAIR_DURATION`),
+//! prints the report, detaches the perf session, then repairs. `run --repair` keeps its perf
+//! session open across the repair: the child is laser's own forked (not traced) process, which
+//! the tracee seizes like any other; inherited per-CPU events keep sampling through and after
+//! the hold. Samples in the code cache are in no ELF file: they are counted, not analysed.
 //!
 //! ```text
 //!  PCs (given, or report module+offset + load bias from /proc/PID/maps)
