@@ -96,6 +96,13 @@ pub fn run(args: RunArgs) -> Result<i32> {
     if let Some(o) = &online {
         analysis.notes.push(o.note());
     }
+    if outcome.skipped > 0 {
+        analysis.notes.push(format!(
+            "{} sample(s) in laser's code cache (repaired code, in no ELF file) were counted, \
+             not analysed",
+            outcome.skipped
+        ));
+    }
     analyze::emit(&analysis, &args.analysis)?;
     if let Some(o) = &online {
         let section = o.section(args.repair_after, outcome.skipped);

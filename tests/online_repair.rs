@@ -120,6 +120,12 @@ fn run_repair_repairs_the_live_child_and_passes_its_status_through() {
     assert!(r
         .stdout
         .contains("note: run --repair: 1 function(s) repaired"));
+    // The text report wraps notes: look for the start of this one.
+    assert!(
+        r.stdout.contains("sample(s) in laser's code cache"),
+        "{}",
+        r.stdout
+    );
     assert!(r.stderr.contains("applied: cache"), "details on stderr");
     // Sampling went on after the repair: the threads spend their time in the code cache,
     // whose samples are counted, not analysed.
