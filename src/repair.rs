@@ -250,3 +250,26 @@ fn undo(pid: i32) -> Result<i32> {
     }
     Ok(exit::OK)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_code_is_refused_only_when_something_was_refused() {
+        let mut s = Summary::default();
+        assert_eq!(s.exit_code(), exit::OK, "nothing to repair");
+        s.functions = 2;
+        s.repaired.push(Repaired {
+            label: "f".into(),
+            cache: 0x1000..0x2000,
+            pause: Duration::from_millis(3),
+            threads_held: 2,
+            mode: None,
+        });
+        assert_eq!(s.exit_code(), exit::OK, "repaired");
+        assert_eq!(s.caches(), vec![0x1000..0x2000]);
+        s.refused.push(("g".into(), "vmovdqu".into()));
+        assert_eq!(s.exit_code(), exit::REPAIR_REFUSED, "one of two refused");
+    }
+}
