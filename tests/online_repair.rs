@@ -241,11 +241,13 @@ fn attach_repair_of_a_process_without_false_sharing_touches_nothing() {
         "-p".into(),
         t.pid.to_string(),
         "--repair".into(),
-        "--duration".into(),
-        "1s".into(),
     ]);
     let out = stdout(&o);
     assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("for 2.0 s, then repairing"),
+        "--repair without --duration monitors for the documented 2 s"
+    );
     assert!(out.contains("nothing to repair"), "{out}");
     assert_eq!(t.read(b.bump.0, orig.len()), orig);
     assert_eq!(t.anon_exec(), maps, "no code cache");
