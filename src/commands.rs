@@ -26,7 +26,8 @@ fn session_config(m: &MonitorArgs) -> Result<Config> {
 }
 
 /// `laser run`: launch, monitor, report; exit with the program's status. With `--repair`,
-/// the monitoring stops once at `--repair-after` for an online repair (`repair::online`).
+/// the monitoring pauses every `--repair-after` to check the rates, until one check finds
+/// false sharing at or above the threshold and repairs it (once; `repair::online`).
 pub fn run(args: RunArgs) -> Result<i32> {
     let start = Instant::now();
     let config = session_config(&args.monitor)?;
