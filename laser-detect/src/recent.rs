@@ -27,18 +27,42 @@
 /// eight accesses per critical section).
 pub const WINDOW: usize = 8;
 
-/// One thread's last [`WINDOW`] accesses to one line: (bytes touched, bytes written).
+use crate::line_model::byte_mask;
+
+/// One thread's last [`WINDOW`] accesses to one line, each kept as a byte range (offset,
+/// length, written) in 3 bytes, so a window costs 25 bytes per thread per contended line.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Recent {
-    slots: [(u128, u128); WINDOW],
+    /// (offset, length, written); length 0 = empty slot.
+    slots: [(u8, u8, bool); WINDOW],
     next: u8,
+}
+
+/// The byte range of a mask (accesses are contiguous; a mask with holes is widened to its
+/// span, which can only add overlap, never hide it).
+fn range_of(bytes: u128) -> (u8, u8) {
+    if bytes == 0 {
+        return (0, 0);
+    }
+    let lo = bytes.trailing_zeros();
+    let hi = 128 - bytes.leading_zeros();
+    (lo as u8, (hi - lo) as u8)
+}
+
+fn mask_of(off: u8, len: u8) -> u128 {
+    if len == 0 {
+        0
+    } else {
+        byte_mask(off as u32, len as u32)
+    }
 }
 
 impl Recent {
     /// Remember an access of `bytes`, written when `writes`.
     #[inline]
     pub fn push(&mut self, bytes: u128, writes: bool) {
-        self.slots[self.next as usize] = (bytes, if writes { bytes } else { 0 });
+        let (off, len) = range_of(bytes);
+        self.slots[self.next as usize] = (off, len, writes);
         self.next = ((self.next as usize + 1) % WINDOW) as u8;
     }
 
@@ -47,19 +71,23 @@ impl Recent {
     #[inline]
     pub fn push_once(&mut self, bytes: u128, writes: bool) {
         let last = (self.next as usize + WINDOW - 1) % WINDOW;
-        if self.slots[last] != (bytes, if writes { bytes } else { 0 }) {
+        let (off, len) = range_of(bytes);
+        if self.slots[last] != (off, len, writes) {
             self.push(bytes, writes);
         }
     }
 
     /// Bytes touched by the remembered accesses.
     pub fn touched(&self) -> u128 {
-        self.slots.iter().fold(0, |a, s| a | s.0)
+        self.slots.iter().fold(0, |a, s| a | mask_of(s.0, s.1))
     }
 
     /// Bytes written by the remembered accesses.
     pub fn written(&self) -> u128 {
-        self.slots.iter().fold(0, |a, s| a | s.1)
+        self.slots
+            .iter()
+            .filter(|s| s.2)
+            .fold(0, |a, s| a | mask_of(s.0, s.1))
     }
 
     /// Whether the two threads exchange data: one wrote bytes the other touched.
@@ -102,7 +130,19 @@ impl RecentByThread {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::line_model::byte_mask;
+
+    #[test]
+    fn ranges_round_trip_through_masks() {
+        for (off, len) in [(0u8, 8u8), (16, 8), (60, 4), (0, 128), (120, 8), (5, 1)] {
+            let m = byte_mask(off as u32, len as u32);
+            assert_eq!(range_of(m), (off, len));
+            assert_eq!(mask_of(off, len), m);
+        }
+        assert_eq!(range_of(0), (0, 0));
+        assert_eq!(mask_of(0, 0), 0);
+        // Holes widen to the span: more overlap, never less.
+        assert_eq!(range_of(0b1001), (0, 4));
+    }
 
     #[test]
     fn publisher_and_reader_of_one_word_share_despite_a_private_neighbour() {
