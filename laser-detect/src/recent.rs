@@ -14,12 +14,18 @@
 //!
 //! Moving word 2 to its own line would not remove a single transfer: T0 and T1 share word 0.
 //! So an event between two threads is counted as true sharing when the bytes either thread
-//! touched in its last [`WINDOW`] contending accesses overlap bytes the other *wrote* in its
+//! touched in its last [`WINDOW`] accesses to the line overlap bytes the other *wrote* in its
 //! own last [`WINDOW`] (plain byte overlap of the two accesses stays the first test). Two
 //! threads writing only their own words never overlap, however long they run; a thread that
 //! reads another's word once (a final result) only reclassifies the few events around that read.
 //! A line is then `mixed` only when it is genuinely split: some thread pairs exchange data on
-//! it and others only collide on neighbouring bytes.
+//! it and others only collide on neighbouring bytes ([`crate::line_kind`]).
+//!
+//! Where the accesses come from: the line model ([`crate::line_model`]) remembers both sides
+//! of every event and, once a line has had one, every later sampled access to it (a flag in the
+//! line table says so; uncontended lines cost nothing); its first event has no history and
+//! keeps the byte test. The watch estimator ([`crate::estimate`]) remembers every access to
+//! the watched words, across windows.
 
 /// Accesses per thread remembered: small, because "recently" must mean "in the same
 /// exchange", but enough for a lock/unlock pair touching a mutex's fields (glibc's
