@@ -137,6 +137,8 @@ mod tests {
             events,
             true_events: 0,
             false_events: events,
+            exchange_events: 0,
+            recent: Default::default(),
             sources: threads
                 .iter()
                 .map(|&(t, b)| SourceStat {

@@ -29,7 +29,8 @@ use laser_driver::{BackendKind, Event, Mmap, Sample, StreamStats};
 use crate::access::{resolve, Accesses, DropReason};
 use crate::code::{CodeSource, FileMapping};
 use crate::estimate::{Estimator, LineEstimate, DEFAULT_TRAP_COST_NS};
-use crate::findings::{Analysis, Kind, LineFinding, Location, ModuleInfo, SourceAccess};
+use crate::findings::{Analysis, LineFinding, Location, ModuleInfo, SourceAccess};
+use crate::line_kind::line_kind;
 use crate::line_model::{LineModel, LineStat};
 use crate::maps::{self, AddressSpace, Class, KERNEL_START};
 use crate::pccache::PcCache;
@@ -386,13 +387,7 @@ impl<C: CodeSource> Detector<C> {
                 (l.events, l.true_events, l.false_events, r)
             }
         };
-        let kind = if events > 0 && true_events as f64 >= 0.9 * events as f64 {
-            Kind::TrueSharing
-        } else if events > 0 && false_events as f64 >= 0.9 * events as f64 {
-            Kind::FalseSharing
-        } else {
-            Kind::Mixed
-        };
+        let kind = line_kind(true_events, false_events);
         let mut sources: Vec<SourceAccess> = l
             .sources
             .iter()

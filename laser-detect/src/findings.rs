@@ -15,7 +15,8 @@ pub enum Kind {
     FalseSharing,
     /// Contending accesses touched the same bytes: the data itself is shared.
     TrueSharing,
-    /// Both kinds on one line, neither dominant (neither ≥ 90% of the events).
+    /// Both kinds on one line, neither dominant (neither ≥ 80% of the events,
+    /// `detector::KIND_SHARE`; neighbour accesses of an exchanged word count as true).
     Mixed,
 }
 

@@ -24,6 +24,7 @@ use hashbrown::HashMap;
 use crate::access::Access;
 use crate::findings::Op;
 use crate::line_table::{LastAccess, LineTable};
+use crate::recent::RecentByThread;
 
 /// Bytes `[off, off+len)` of a line as a bitmap (bit N = byte N).
 #[inline]
@@ -56,9 +57,15 @@ pub struct LineStat {
     pub events: u64,
     pub true_events: u64,
     pub false_events: u64,
+    /// Of `true_events`, those whose two accesses touched disjoint bytes but whose threads
+    /// were exchanging data on the line at the time ([`crate::recent`]): neighbour accesses of
+    /// true sharing, which padding would not remove.
+    pub exchange_events: u64,
     pub sources: Vec<SourceStat>,
     /// Per thread, the bytes it touched in contending accesses (both sides of each event).
     pub threads: Vec<(u32, u128)>,
+    /// Per thread, its latest contending accesses (for the exchange test).
+    pub recent: RecentByThread,
 }
 
 impl LineStat {
@@ -207,16 +214,27 @@ impl LineModel {
             off: off as u8,
             len: len as u8,
             op: a.op,
+            contended: false,
         };
         let Some(prev) = self.lines.swap(line, new) else {
             return Event::None;
         };
         if prev.tid == a.tid || !(prev.op.writes() || a.op.writes()) {
+            if prev.contended {
+                // No event, but what this thread touches now decides whether its later
+                // disjoint events are neighbour accesses of an exchange (crate::recent).
+                if let Some(st) = self.contended.get_mut(&line) {
+                    st.recent.push(a.tid, bytes_of(&new), a.op.writes(), false);
+                }
+            }
             return Event::None;
+        }
+        if !prev.contended {
+            self.lines.mark_contended(line);
         }
         let bytes = bytes_of(&new);
         let prev_bytes = bytes_of(&prev);
-        let is_true = prev_bytes & bytes != 0;
+        let overlap = prev_bytes & bytes != 0;
         if self.contended.len() >= self.max_contended && !self.contended.contains_key(&line) {
             self.prune();
         }
@@ -225,13 +243,22 @@ impl LineModel {
             events: 0,
             true_events: 0,
             false_events: 0,
+            exchange_events: 0,
             sources: Vec::new(),
             threads: Vec::new(),
+            recent: RecentByThread::default(),
         });
+        st.recent.push(prev.tid, prev_bytes, prev.op.writes(), true);
+        st.recent.push(a.tid, bytes, a.op.writes(), false);
+        let exchange = !overlap && st.recent.pair_shares(prev.tid, a.tid);
+        let is_true = overlap || exchange;
         let w = a.weight;
         st.events += w;
         if is_true {
             st.true_events += w;
+            if exchange {
+                st.exchange_events += w;
+            }
         } else {
             st.false_events += w;
         }
@@ -428,12 +455,77 @@ mod tests {
         let mut b = acc(2, W, 0, 8, 2);
         b.weight = 10;
         m.access(&b); // true, weight 10
-        let mut c = acc(1, W, 8, 8, 3);
+                      // A third thread's private word: false (T1 and T2 exchange word 0, so a write of
+                      // word 1 by T1 would be a neighbour access of that exchange, counted true).
+        let mut c = acc(3, W, 8, 8, 3);
         c.weight = 5;
         m.access(&c); // false, weight 5
         let l = &m.contended().next().unwrap();
         assert_eq!((l.events, l.true_events, l.false_events), (15, 10, 5));
-        assert_eq!(l.threads.len(), 2);
+        assert_eq!(l.threads.len(), 3);
+    }
+
+    #[test]
+    fn neighbour_accesses_of_a_shared_word_are_true_sharing() {
+        // regs_rw_true: T0 publishes word 0 and also writes word 2; T1 reads word 0.
+        // T0:  W[0..8) W[16..24)          W[0..8) W[16..24)          W[0..8) W[16..24)
+        // T1:                    R[0..8)                    R[0..8)                    R[0..8)
+        //                        F         T                T(x)     T                 T(x)
+        // The first event has no history yet (the line was not contended before it): false.
+        // Later, T1's R0 after T0's W16 touches disjoint bytes, but T0 wrote word 0 in its
+        // window: a neighbour access of the exchange (x), which padding word 2 away would not
+        // remove.
+        let (m, ev) = run(&[
+            acc(0, W, 0, 8, 1),
+            acc(0, W, 16, 8, 2),
+            acc(1, R, 0, 8, 3),
+            acc(0, W, 0, 8, 1),
+            acc(0, W, 16, 8, 2),
+            acc(1, R, 0, 8, 3),
+            acc(0, W, 0, 8, 1),
+            acc(0, W, 16, 8, 2),
+            acc(1, R, 0, 8, 3),
+        ]);
+        assert_eq!(ev, vec![N, N, F, T, N, T, T, N, T]);
+        let l = m.contended().next().unwrap();
+        assert_eq!(
+            (l.true_events, l.false_events, l.exchange_events),
+            (4, 1, 2)
+        );
+    }
+
+    #[test]
+    fn private_words_stay_false_sharing_over_time() {
+        // T0 writes words 0 and 2, T1 reads and writes word 1: never the same bytes.
+        let mut steps = Vec::new();
+        for _ in 0..10 {
+            steps.push(acc(0, W, 0, 8, 1));
+            steps.push(acc(1, R, 8, 8, 2));
+            steps.push(acc(0, W, 16, 8, 3));
+            steps.push(acc(1, W, 8, 8, 4));
+        }
+        let (m, _) = run(&steps);
+        let l = m.contended().next().unwrap();
+        assert_eq!((l.true_events, l.exchange_events), (0, 0));
+        assert!(l.false_events >= 30, "{}", l.false_events);
+    }
+
+    #[test]
+    fn a_genuinely_split_line_keeps_both_kinds() {
+        // T0/T1 hand word 0 back and forth; T2 writes its private word 4 between them.
+        // T2's events stay false sharing (padding word 4 removes them), T0/T1's are true.
+        let mut steps = Vec::new();
+        for _ in 0..10 {
+            steps.push(acc(0, W, 0, 8, 1));
+            steps.push(acc(1, W, 0, 8, 2));
+            steps.push(acc(2, W, 32, 8, 3));
+        }
+        let (m, _) = run(&steps);
+        let l = m.contended().next().unwrap();
+        let t2 = l.sources.iter().find(|s| s.pc == 3).unwrap();
+        assert_eq!(t2.true_events, 0);
+        assert!(t2.false_events >= 9);
+        assert!(l.true_events >= 9 && l.false_events >= 9, "{l:?}");
     }
 
     #[test]

@@ -24,6 +24,9 @@ pub struct LastAccess {
     pub off: u8,
     pub len: u8,
     pub op: Op,
+    /// The line has had a contention event (its later accesses feed the line's
+    /// [`crate::recent`] windows). Carried from access to access by [`LineTable::swap`].
+    pub contended: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -42,6 +45,7 @@ const EMPTY: Way = Way {
         off: 0,
         len: 0,
         op: Op::Load,
+        contended: false,
     },
 };
 
@@ -107,6 +111,7 @@ impl LineTable {
         let s = self.set_of(line);
         let set = &mut self.ways[s..s + WAYS];
         if let Some(w) = set.iter_mut().find(|w| w.key == key) {
+            new.contended |= w.last.contended;
             return Some(std::mem::replace(&mut w.last, new));
         }
         // Below the cap, grow rather than forget: when the table is 3/4 full or this set is.
@@ -116,6 +121,15 @@ impl LineTable {
             return self.swap_insert(line, new);
         }
         self.swap_insert(line, new)
+    }
+
+    /// Mark `line` contended (no-op when it is not remembered).
+    pub fn mark_contended(&mut self, line: u64) {
+        let key = line + 1;
+        let s = self.set_of(line);
+        if let Some(w) = self.ways[s..s + WAYS].iter_mut().find(|w| w.key == key) {
+            w.last.contended = true;
+        }
     }
 
     fn swap_insert(&mut self, line: u64, new: LastAccess) -> Option<LastAccess> {
@@ -170,7 +184,22 @@ mod tests {
             off: 0,
             len: 8,
             op: Op::Store,
+            contended: false,
         }
+    }
+
+    #[test]
+    fn the_contended_mark_carries_from_access_to_access() {
+        let mut t = LineTable::new(1 << 10);
+        t.swap(0x1000, acc(1));
+        t.mark_contended(0x1000);
+        assert!(t.swap(0x1000, acc(2)).unwrap().contended);
+        assert!(
+            t.swap(0x1000, acc(3)).unwrap().contended,
+            "carried to the next access"
+        );
+        t.mark_contended(0x2000); // not remembered: nothing happens
+        assert!(!t.swap(0x2000, acc(1)).is_some_and(|a| a.contended));
     }
 
     #[test]
