@@ -6,7 +6,7 @@
 //!
 //! ```text
 //!  target CPU time ─────────────────────────────────────────────────────────────▶
-//!   ├── ARMED (≤ window wall time, ≤ max_hits) ──┼── COOLING ──────────────┼── ARMED …
+//!   ├── ARMED (until max_hits, or ≥ window) ─────┼── COOLING ──────────────┼── ARMED …
 //!   cpu0                               hits·cost ┘   until the target has used
 //!                                                    hits·cost·(1+s)/s of CPU since cpu0
 //! ```
@@ -18,6 +18,12 @@
 //! needs at most `max_slowdown` more CPU than without watchpoints. Every hit counts against
 //! the whole target (conservative with several threads). The last cycle of a run may end
 //! before its cooldown is paid: one window of slack, `max_hits_per_window · hit_cost`.
+//!
+//! What the duty cycle costs laser itself matters too: `laser run` shares the machine with
+//! the target, so every wake-up and every enable/disable of an inherited watchpoint (which
+//! interrupts each CPU the target runs on) slows it. Hence few, long cycles: windows end on
+//! their hit cap (the hits wake the reader) rather than on a timer, and a cooldown is
+//! re-checked when the target can first have paid for it.
 
 use std::time::{Duration, Instant};
 
