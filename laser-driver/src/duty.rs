@@ -1,8 +1,9 @@
 //! The watchpoint duty cycle: a pure state machine (times and CPU totals are passed in), so
 //! it is tested with synthetic clocks.
 //!
-//! Each hit is a debug trap (≈ 4.5 µs on an idle KVM guest, 15–18 µs on the same guest under
-//! load). A hot watched word could trap continuously, so watchpoints are armed in windows:
+//! Each hit is a debug trap plus a sample written to the ring (≈ 4.5 µs for the bare trap on
+//! an idle KVM guest; 25–35 µs with the sample write on the same guest under load, measured
+//! at run time by `watch::measure_hit_cost`). A hot watched word could trap continuously, so watchpoints are armed in windows:
 //!
 //! ```text
 //!  target CPU time ─────────────────────────────────────────────────────────────▶
@@ -32,11 +33,11 @@ use std::time::{Duration, Instant};
 /// product's 5 % worst-case wall-time goal; 5 % for traps alone left no room for the rest.
 pub const DEFAULT_MAX_SLOWDOWN: f64 = 0.02;
 
-/// Default window: 100 ms at 2 % and a 15 µs trap (typical here under load) allow 133
-/// hits per window. Each window of a hot line ends in a disable and a re-enable of every
+/// Default window: 100 ms at 2 % and a 30 µs trap (measured here with the sample's ring
+/// write, see `watch::measure_hit_cost`) allow 66 hits per window. Each window of a hot line ends in a disable and a re-enable of every
 /// armed slot, and on an inherited event each of those interrupts every CPU the target runs
 /// on: 20 ms windows (26 hits) made a hot line cycle ~100 times a second; 100 ms windows cut
-/// that fivefold for the same trap budget. A burst of 133 traps stalls a thread ≈ 2 ms.
+/// that fivefold for the same trap budget. A burst of 66 traps stalls a thread ≈ 2 ms.
 pub const DEFAULT_WINDOW: Duration = Duration::from_millis(100);
 
 /// Shortest cooldown re-check interval: below this, waking the reader costs more than
@@ -53,10 +54,10 @@ pub struct DutyCycle {
     pub max_hits_per_window: u64,
     /// Bound on extra target CPU time from traps, as a fraction of its useful CPU time.
     pub max_slowdown: f64,
-    /// Cost of one hit. A floor: with `calibrate`, the first `arm` measures the real cost
+    /// Cost of one hit. A floor: with `calibrate`, opening the watchpoints measures the real cost
     /// (`watch::measure_hit_cost`) and uses the larger of the two.
     pub hit_cost: Duration,
-    /// Measure the hit cost at the first `arm` (≈ 1000 traps on laser's own thread).
+    /// Measure the hit cost when the watchpoints are opened (100 traps on laser's own thread).
     pub calibrate: bool,
 }
 
