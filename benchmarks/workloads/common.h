@@ -13,6 +13,18 @@
  * Output: one line `checksum: <16 hex digits>` on stdout. Exit 0 on success, 2 on bad
  * arguments.
  *
+ * Opt-in measurement aids for scripts/bench (unset: no effect on behaviour or output):
+ *   LASER_BENCH_PIN=1     pin the k-th thread the program creates to CPU k mod (CPUs), so
+ *                         the workers run side by side instead of wherever the scheduler
+ *                         puts them (contended workloads are bimodal unpinned: two threads
+ *                         time-sharing one CPU never move the line and run several times
+ *                         faster than two threads on two CPUs).
+ *   LASER_BENCH_RUSAGE=1  print one line `laser-bench-rusage: wall_s=… user_s=… sys_s=…
+ *                         vcsw=… ivcsw=…` on stderr with the checksum: the program's own
+ *                         wall time (from its first constructor) and CPU time (all threads,
+ *                         getrusage), so a harness can split `laser run` time into the
+ *                         target's and laser's own.
+ *
  * Markers: a source line carrying a contended access has a comment
  *   LASER-EXPECT: <kind> <data>
  * (kind = false_sharing | true_sharing; data = the variable's name or "heap"). The allocation
@@ -32,6 +44,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 #define CACHE_LINE 64
 #define MAX_THREADS 64
@@ -97,6 +113,56 @@ static inline struct bench_args bench_parse(int argc, char **argv, long default_
     return a;
 }
 
+static inline int bench_env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+static inline double bench_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* When LASER_BENCH_RUSAGE is set: the program's start, for its own wall time. */
+static double bench_start_s;
+
+__attribute__((constructor)) static void bench_note_start(void)
+{
+    if (bench_env_on("LASER_BENCH_RUSAGE"))
+        bench_start_s = bench_now_s();
+}
+
+/* pthread_create, plus (LASER_BENCH_PIN only) an affinity of one CPU for the new thread:
+ * the k-th thread created goes to the k-th online CPU, round robin. The affinity is set
+ * through the thread's attributes so it never runs elsewhere first. Every workload creates its
+ * threads through this (the macro below), with no change to its source. */
+static inline int bench_pthread_create(pthread_t *tid, const pthread_attr_t *attr,
+                                       void *(*fn)(void *), void *arg)
+{
+    static int next_cpu;
+    if (!bench_env_on("LASER_BENCH_PIN"))
+        return pthread_create(tid, attr, fn, arg);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (ncpu < 1)
+        ncpu = 1;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(next_cpu++ % ncpu, &set);
+    if (attr) /* the caller's attributes are theirs: pin right after creation */
+        return pthread_create(tid, attr, fn, arg) ?: pthread_setaffinity_np(*tid, sizeof set, &set);
+    pthread_attr_t own;
+    pthread_attr_init(&own);
+    int rc = pthread_attr_setaffinity_np(&own, sizeof set, &set);
+    if (rc == 0)
+        rc = pthread_create(tid, &own, fn, arg);
+    pthread_attr_destroy(&own);
+    return rc;
+}
+#define pthread_create bench_pthread_create
+
 /* Start fn(arg_base + i * arg_stride) on n threads and join them all. */
 static inline void run_threads(int n, void *(*fn)(void *), void *arg_base, size_t arg_stride)
 {
@@ -135,6 +201,16 @@ static inline void *xaligned(size_t align, size_t n)
 static inline void print_checksum(uint64_t sum)
 {
     printf("checksum: %016llx\n", (unsigned long long)sum);
+    if (bench_env_on("LASER_BENCH_RUSAGE")) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        fprintf(stderr,
+                "laser-bench-rusage: wall_s=%.6f user_s=%.6f sys_s=%.6f vcsw=%ld ivcsw=%ld\n",
+                bench_now_s() - bench_start_s,
+                (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6,
+                (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6, ru.ru_nvcsw,
+                ru.ru_nivcsw);
+    }
 }
 
 #endif

@@ -1,12 +1,13 @@
 //! The watchpoint duty cycle: a pure state machine (times and CPU totals are passed in), so
 //! it is tested with synthetic clocks.
 //!
-//! Each hit is a debug trap (≈ 4.5 µs on an idle KVM guest, 15–18 µs on the same guest under
-//! load). A hot watched word could trap continuously, so watchpoints are armed in windows:
+//! Each hit is a debug trap plus a sample written to the ring (≈ 4.5 µs for the bare trap on
+//! an idle KVM guest; 25–35 µs with the sample write on the same guest under load, measured
+//! at run time by `watch::measure_hit_cost`). A hot watched word could trap continuously, so watchpoints are armed in windows:
 //!
 //! ```text
 //!  target CPU time ─────────────────────────────────────────────────────────────▶
-//!   ├── ARMED (≤ window wall time, ≤ max_hits) ──┼── COOLING ──────────────┼── ARMED …
+//!   ├── ARMED (until max_hits, or ≥ window) ─────┼── COOLING ──────────────┼── ARMED …
 //!   cpu0                               hits·cost ┘   until the target has used
 //!                                                    hits·cost·(1+s)/s of CPU since cpu0
 //! ```
@@ -18,28 +19,55 @@
 //! needs at most `max_slowdown` more CPU than without watchpoints. Every hit counts against
 //! the whole target (conservative with several threads). The last cycle of a run may end
 //! before its cooldown is paid: one window of slack, `max_hits_per_window · hit_cost`.
+//!
+//! What the duty cycle costs laser itself matters too: `laser run` shares the machine with
+//! the target, so every wake-up and every enable/disable of an inherited watchpoint (which
+//! interrupts each CPU the target runs on) slows it. Hence few, long cycles: windows end on
+//! their hit cap (the hits wake the reader) rather than on a timer, and a cooldown is
+//! re-checked when the target can first have paid for it.
 
 use std::time::{Duration, Instant};
+
+/// Default bound on the target's extra CPU time from traps: 2 %. `laser run` adds soft
+/// sampling (≈ 1 % at 500 Hz) and its own reader on top, and the whole must stay within the
+/// product's 5 % worst-case wall-time goal; 5 % for traps alone left no room for the rest.
+pub const DEFAULT_MAX_SLOWDOWN: f64 = 0.02;
+
+/// Default window: 100 ms at 2 % and a 30 µs trap (measured here with the sample's ring
+/// write, see `watch::measure_hit_cost`) allow 66 hits per window. Each window of a hot line ends in a disable and a re-enable of every
+/// armed slot, and on an inherited event each of those interrupts every CPU the target runs
+/// on: 20 ms windows (26 hits) made a hot line cycle ~100 times a second; 100 ms windows cut
+/// that fivefold for the same trap budget. A burst of 66 traps stalls a thread ≈ 2 ms.
+pub const DEFAULT_WINDOW: Duration = Duration::from_millis(100);
+
+/// Shortest cooldown re-check interval: below this, waking the reader costs more than
+/// finding out a little late that the cooldown is over.
+const MIN_RECHECK: Duration = Duration::from_millis(1);
 
 /// The policy.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DutyCycle {
-    /// Longest armed window (wall time).
+    /// Span (wall time) over which `max_hits_per_window` applies: a window ends at its cap,
+    /// or at the first tick after this long (then it rolls over at once if it was cheap).
     pub window: Duration,
     /// Hits after which a window ends early.
     pub max_hits_per_window: u64,
     /// Bound on extra target CPU time from traps, as a fraction of its useful CPU time.
     pub max_slowdown: f64,
-    /// Cost of one hit. A floor: with `calibrate`, the first `arm` measures the real cost
+    /// Cost of one hit. A floor: with `calibrate`, opening the watchpoints measures the real cost
     /// (`watch::measure_hit_cost`) and uses the larger of the two.
     pub hit_cost: Duration,
-    /// Measure the hit cost at the first `arm` (≈ 1000 traps on laser's own thread).
+    /// Measure the hit cost when the watchpoints are opened (100 traps on laser's own thread).
     pub calibrate: bool,
 }
 
 impl Default for DutyCycle {
     fn default() -> Self {
-        DutyCycle::new(Duration::from_millis(20), 0.05, Duration::from_nanos(4500))
+        DutyCycle::new(
+            DEFAULT_WINDOW,
+            DEFAULT_MAX_SLOWDOWN,
+            Duration::from_nanos(4500),
+        )
     }
 }
 
@@ -170,13 +198,34 @@ impl DutyState {
         self.phase == Phase::Idle
     }
 
-    /// When the next tick is due: end of the window, or (cooling) a re-check of the target's
-    /// CPU time half a window from now.
-    pub fn next_deadline(&self, duty: &DutyCycle, now: Instant) -> Option<Instant> {
+    pub fn is_cooling(&self) -> bool {
+        matches!(self.phase, Phase::Cooling { .. })
+    }
+
+    /// When the next tick is due, given the target's CPU time so far (`cpu`) and how many
+    /// CPUs it can run on at once (`cpus`).
+    ///
+    /// - Armed: never on a timer. A window ends when its hits reach the cap, and the hits
+    ///   themselves wake the reader (`wakeup_events`, see `Watcher::add`); a window with
+    ///   fewer hits simply runs on (its traps are cheaper than the cap allows), and whatever
+    ///   poll comes next rolls it over. A timer at every window end would wake laser 50 times
+    ///   a second for nothing, and each wakeup takes a CPU from the target for a moment.
+    /// - Cooling: at the earliest moment the target can have used the CPU time the cooldown
+    ///   needs, running on every CPU: (needed − used) / cpus from now (at least
+    ///   [`MIN_RECHECK`]). A target that runs slower than that is re-checked again then.
+    pub fn next_deadline(
+        &self,
+        duty: &DutyCycle,
+        now: Instant,
+        cpu: Duration,
+        cpus: u32,
+    ) -> Option<Instant> {
         match self.phase {
-            Phase::Idle => None,
-            Phase::Armed { since, .. } => Some(since + duty.window),
-            Phase::Cooling { .. } => Some(now + duty.window / 2),
+            Phase::Idle | Phase::Armed { .. } => None,
+            Phase::Cooling { win_cpu0, hits, .. } => {
+                let remaining = (win_cpu0 + duty.cpu_needed(hits)).saturating_sub(cpu);
+                Some(now + (remaining / cpus.max(1)).max(MIN_RECHECK))
+            }
         }
     }
 
@@ -260,10 +309,38 @@ mod tests {
     #[test]
     fn default_cap_keeps_a_busy_window_under_the_bound() {
         let d = DutyCycle::default();
-        // 20 ms · 5 % / 4.5 µs = 222 hits.
-        assert_eq!(d.max_hits_per_window, 222);
+        assert_eq!(d.max_slowdown, 0.02);
+        // 100 ms · 2 % / 4.5 µs = 444.4 → 444 hits.
+        assert_eq!(d.max_hits_per_window, 444);
         let m = d.with_hit_cost(d.hit_cost * 4);
-        assert_eq!(m.max_hits_per_window, 55);
+        assert_eq!(m.max_hits_per_window, 111);
+        assert!(m.calibrate);
+    }
+
+    /// The cooldown is re-checked when the target could first have paid for it, running on
+    /// all its CPUs, not on a fixed short timer.
+    #[test]
+    fn cooldown_recheck_waits_for_the_cpu_time_still_owed() {
+        let d = DutyCycle::new(20 * MS, 0.02, Duration::from_micros(10)); // cap 40
+        let mut st = DutyState::default();
+        let t0 = Instant::now();
+        st.start(t0, Duration::ZERO);
+        assert_eq!(st.tick(&d, t0 + MS, 40, 2 * MS), Action::Disable);
+        // 40 hits · 10 µs = 0.4 ms of traps → 20.4 ms of target CPU per cycle; 2 ms used.
+        let need = d.cpu_needed(40);
+        assert_eq!(need, Duration::from_micros(20_400));
+        let at = st.next_deadline(&d, t0 + MS, 2 * MS, 2).unwrap();
+        // 18.4 ms still owed, 2 CPUs: 9.2 ms at the earliest.
+        assert_eq!(at - (t0 + MS), Duration::from_micros(9_200));
+        // One CPU: twice as long. Almost paid: the floor, not a busy loop.
+        let one = st.next_deadline(&d, t0 + MS, 2 * MS, 1).unwrap();
+        assert_eq!(one - (t0 + MS), Duration::from_micros(18_400));
+        let late = st.next_deadline(&d, t0 + MS, need, 2).unwrap();
+        assert_eq!(late - (t0 + MS), MIN_RECHECK);
+        // A target slower than that is simply re-checked again.
+        assert_eq!(st.tick(&d, at, 0, 12 * MS), Action::Nothing);
+        assert!(st.next_deadline(&d, at, 12 * MS, 2).unwrap() > at);
+        assert_eq!(st.tick(&d, at + 10 * MS, 0, need), Action::Enable);
     }
 
     #[test]
@@ -310,22 +387,20 @@ mod tests {
 
     #[test]
     fn quiet_window_rolls_over_without_touching_events() {
-        let d = DutyCycle::default();
+        let d = DutyCycle::new(20 * MS, 0.05, Duration::from_nanos(4500));
         let mut st = DutyState::default();
         let t0 = Instant::now();
         st.start(t0, Duration::ZERO);
         assert_eq!(st.tick(&d, t0 + 25 * MS, 3, 40 * MS), Action::Nothing);
         assert!(st.is_armed());
         assert_eq!(st.stats.windows, 2);
-        assert_eq!(
-            st.next_deadline(&d, t0 + 25 * MS),
-            Some(t0 + 25 * MS + d.window)
-        );
+        // No timer while armed: the hits wake the reader when the cap is near.
+        assert_eq!(st.next_deadline(&d, t0 + 25 * MS, 40 * MS, 2), None);
         st.stop(t0 + 30 * MS, 45 * MS);
         assert!(st.is_idle());
         assert_eq!(st.stats.armed_time, 30 * MS);
         assert_eq!(st.stats.target_cpu, 45 * MS);
-        assert_eq!(st.next_deadline(&d, t0), None);
+        assert_eq!(st.next_deadline(&d, t0, 45 * MS, 2), None);
         assert_eq!(st.tick(&d, t0 + 40 * MS, 0, 50 * MS), Action::Nothing);
     }
 }
