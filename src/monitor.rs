@@ -162,6 +162,9 @@ fn progress_bar(pid: i32) -> ProgressBar {
             .unwrap_or_else(|_| ProgressStyle::default_spinner()),
     );
     pb.set_message(format!("pid {pid}"));
-    pb.enable_steady_tick(Duration::from_millis(200));
+    // The steady tick is a thread waking 5 times a second: only worth it when someone sees it.
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        pb.enable_steady_tick(Duration::from_millis(200));
+    }
     pb
 }
