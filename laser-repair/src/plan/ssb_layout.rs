@@ -22,7 +22,7 @@ impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
             thread_slots: 128,
-            log_capacity: 64,
+            log_capacity: 1024,
             backedges_per_flush: 256,
             rtm_retries: 4,
             merge_any_entry_broken: false,
@@ -75,14 +75,20 @@ pub const ST_ENTRIES: i32 = 64;
 pub const ENTRY_SIZE: u64 = 32;
 /// The byte-lane index that follows the log: 64 slots of 32 bytes
 /// `{ lanes: [u8; 8], word, period, contested }`. Slot `w & 63` describes 8-byte word `w`
-/// during flush period `period` (the flush counter): lane `j` holds `i + 1` for the youngest
-/// entry `i` touching byte `j` of the word, 0 for none, 0xff for unknown. `contested` is set
+/// during flush period `period` (the flush counter): lane `j` holds `(i mod LANE_PERIOD) + 1`
+/// for the youngest entry `i` touching byte `j` of the word, 0 for none, 0xff for unknown. `contested` is set
 /// when the slot was taken over from another word in the same period (lanes then start
 /// unknown); while it is clear, a word other than the owner has no entry at all this period.
 /// Only consulted while the summary bit of `w & 63` is set: every append sets the bit and
-/// claims the slot, and a flush clears the summary and starts a new period. Capacity is
-/// therefore at most 254 entries (0xff is "unknown").
+/// claims the slot, and a flush clears the summary and starts a new period. A reader takes
+/// the youngest entry with the lane's residue and checks its address and size (the lanes
+/// alone cannot tell entries a period apart), so the log's capacity is not bounded by a byte.
 pub const INDEX_SLOTS: u64 = 64;
+/// Residues of entry indices kept in a lane (a power of two, below 0xff).
+pub const LANE_PERIOD: u64 = 128;
+/// Largest log the runtime accepts (entries): the log, index and saved registers of one
+/// thread must stay within an i32 displacement, with room to spare.
+pub const MAX_LOG_CAPACITY: u32 = 1 << 16;
 pub const INDEX_SLOT_SIZE: u64 = 32;
 
 /// Offset of the byte-lane index in a state block.

@@ -41,12 +41,12 @@ pub fn generate(
     cfg: &RuntimeConfig,
 ) -> Result<(Vec<u8>, RuntimeInfo), RefusalReason> {
     if !cfg.thread_slots.is_power_of_two()
-        || !(1..=254).contains(&cfg.log_capacity)
+        || !(1..=MAX_LOG_CAPACITY).contains(&cfg.log_capacity)
         || cfg.backedges_per_flush == 0
     {
         return Err(RefusalReason::Encoding(format!(
-            "bad runtime config: {} slots (power of two needed), log {} entries (1..=254), {} back-edges per flush",
-            cfg.thread_slots, cfg.log_capacity, cfg.backedges_per_flush
+            "bad runtime config: {} slots (power of two needed), log {} entries (1..={}), {} back-edges per flush",
+            cfg.thread_slots, cfg.log_capacity, MAX_LOG_CAPACITY, cfg.backedges_per_flush
         )));
     }
     let dlen = data_len(cfg);
@@ -351,6 +351,10 @@ impl Gen {
         a.mov(qword_ptr(rax + 16), r9)?;
         a.inc(rdx)?;
         a.mov(qword_ptr(rcx + ST_COUNT), rdx)?;
+        // dl below is the byte lanes' value for entry rdx - 1: its residue + 1.
+        a.dec(edx)?;
+        a.and(edx, LANE_PERIOD as i32 - 1)?;
+        a.inc(edx)?;
         // Mark the first and last word the entry touches.
         a.mov(r10, qword_ptr(rcx + ST_SUMMARY))?;
         a.mov(rax, r8)?;
