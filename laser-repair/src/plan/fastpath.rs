@@ -11,6 +11,7 @@
 //! liveness allows, else spilled below the red zone; flags are saved with `seto/lahf` only
 //! where they are live.
 
+use super::fixed::{direct_load, slots_offset, Access, FixedRegs, StoreLabels as FixedLabels};
 use super::insn::{br, i2, mem, mi, mr, restore_flags, ri, rm, save_flags};
 use super::lanes::{Lanes, LoadLabels, Regs, StoreLabels};
 use super::liveness::{bit, gpr, FLAGS};
@@ -209,7 +210,40 @@ impl Emitter<'_> {
         let cold_store = self.label();
         let entry = |disp: i32| mem(rs, c, i64::from(ST_ENTRIES + disp));
         let helper_load = self.label();
-        if read {
+        // Fixed-address region (`fixed.rs`): slots and range tests instead of the summary
+        // and byte lanes (which its stores do not maintain).
+        let fixed = self.fixed.as_ref().map(|f| {
+            let acc = f.by_insn.get(&k).copied().unwrap_or(Access {
+                group: None,
+                slot: None,
+                forward: false,
+                helper: false,
+            });
+            (f.groups.clone(), acc)
+        });
+        let fregs = FixedRegs {
+            rs,
+            a,
+            c,
+            m,
+            v,
+            slots: slots_offset(&self.rt.config),
+        };
+        if let (true, Some((groups, acc))) = (read, &fixed) {
+            let direct_label = self.label();
+            if acc.helper {
+                hot.push(br(Code::Jmp_rel32_64, helper_load)?);
+            } else {
+                let skip = acc.group;
+                hot.extend(fregs.range_tests(groups, skip, size, helper_load)?);
+                if let (true, Some(slot)) = (acc.forward, acc.slot) {
+                    hot.extend(fregs.forward(slot, direct_label, back_load)?);
+                }
+            }
+            let mut direct = direct_load(a, v, size)?;
+            direct.set_ip(direct_label);
+            hot.push(direct);
+        } else if read {
             // Youngest entry first when a store in the region uses the same address
             // expression (counter++ patterns), else the summary check first.
             let youngest = |miss: u64| -> Result<Vec<Instruction>, RefusalReason> {
@@ -283,7 +317,24 @@ impl Emitter<'_> {
             restore_in.extend(restore_flags()?);
         }
         let mut tail: Vec<Instruction> = Vec::new();
-        if write {
+        let fixed_store = match &fixed {
+            Some((_, acc)) if write => Some(acc.slot.ok_or_else(|| {
+                RefusalReason::Encoding(format!("store {i} of a fixed region has no slot"))
+            })?),
+            _ => None,
+        };
+        let fixed_labels = FixedLabels {
+            retry: self.label(),
+            merge: self.label(),
+            full: self.label(),
+            back: back_store,
+        };
+        if let Some(slot) = fixed_store {
+            if flags_out {
+                tail.extend(save_flags()?);
+            }
+            tail.extend(fregs.store(slot, size, &fixed_labels)?);
+        } else if write {
             if flags_out {
                 tail.extend(save_flags()?);
             }
@@ -362,7 +413,17 @@ impl Emitter<'_> {
             call_part[0].set_ip(helper_load);
             self.cold.extend(call_part);
         }
-        if write {
+        if fixed_store.is_some() {
+            // Log full: flush (the helper keeps every register and the flags), then retry.
+            let mut cold = vec![
+                self.lea_rsp(-RED_ZONE)?,
+                Instruction::with_branch(Code::Call_rel32_64, self.rt.flush).map_err(enc)?,
+                self.lea_rsp(RED_ZONE)?,
+                br(Code::Jmp_rel32_64, fixed_labels.retry)?,
+            ];
+            cold[0].set_ip(fixed_labels.full);
+            self.cold.extend(cold);
+        } else if write {
             // Append inline while the log has room and the entry stays within one 8-byte
             // word. `c` = count * 32 from the tail check.
             let helper_store = self.label();

@@ -56,6 +56,7 @@
 pub mod cfg;
 pub mod classify;
 pub mod fastpath;
+pub mod fixed;
 pub mod helper_path;
 pub mod insn;
 pub mod lanes;

@@ -25,6 +25,7 @@
 use super::cfg::Cfg;
 use super::classify::Treatment;
 use super::fastpath::{pick_reserved, pick_state_register};
+use super::fixed::{self, Fixed};
 use super::liveness::{Liveness, FLAGS};
 use super::native_copy::emit_native_copy;
 use super::refusal::RefusalReason;
@@ -77,6 +78,8 @@ pub(super) struct Emitter<'a> {
     pub(super) rs: Option<Register>,
     /// Scratch registers reserved for the whole region (saved/restored like `rs`).
     pub(super) reserved: Vec<Register>,
+    /// The fixed-address plan (`fixed.rs`), when the region qualifies (fast path only).
+    pub(super) fixed: Option<Fixed>,
     pub(super) live: Option<&'a Liveness>,
     /// For each original instruction address: index in `out` of its first instruction.
     pub(super) first: Vec<(u64, usize)>,
@@ -250,8 +253,15 @@ pub fn rewrite(
         Some(rs) => pick_reserved(&live.mentioned, &region_insns, rs),
         None => Vec::new(),
     };
+    let fixed = match rs {
+        Some(_) if !rt.config.merge_any_entry_broken => {
+            fixed::analyze(&cfg.insns, tr, &region_insns)
+        }
+        _ => None,
+    };
     let mut e = Emitter {
         reserved,
+        fixed,
         cold: Vec::new(),
         rs,
         live: Some(live),

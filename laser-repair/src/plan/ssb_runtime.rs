@@ -478,9 +478,21 @@ impl Gen {
         a.mov(qword_ptr(rcx + ST_BACKEDGES), 0)?;
         a.mov(qword_ptr(rcx + ST_SUMMARY), 0)?;
         a.inc(qword_ptr(rcx + ST_FLUSHES))?;
+        self.reset_fixed_slots()?;
+        let a = &mut self.a;
         a.pop(r9)?;
         a.pop(r8)?;
         a.ret()
+    }
+
+    /// Empties the fixed-location slots of state rcx (the log they point into is empty).
+    pub(super) fn reset_fixed_slots(&mut self) -> R {
+        let base = fixed_slots_offset(&self.cfg);
+        for s in 0..MAX_FIXED_SLOTS as i32 {
+            self.a
+                .mov(qword_ptr(rcx + (base + 8 * s)), FIXED_SLOT_EMPTY)?;
+        }
+        Ok(())
     }
 
     /// Writes every entry of state rcx, oldest first. Clobbers rax, rdx, r8, r9, flags.

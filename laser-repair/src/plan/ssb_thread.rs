@@ -23,6 +23,9 @@ impl Gen {
         a.mov(rax, qword_ptr(rsp + ADDR_SLOT))?;
         a.mov(qword_ptr(rcx + ST_SAVED_RS), rax)?;
         a.mov(qword_ptr(rsp + ADDR_SLOT), rcx)?;
+        // The log is empty here (every exit flushes); a fresh state's slots read 0.
+        self.reset_fixed_slots()?;
+        let a = &mut self.a;
         a.jmp(done)?;
         a.set_label(&mut bypass)?;
         let no_slot = self.no_slot_addr;
