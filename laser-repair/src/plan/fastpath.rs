@@ -11,7 +11,7 @@
 //! liveness allows, else spilled below the red zone; flags are saved with `seto/lahf` only
 //! where they are live.
 
-use super::fixed::{direct_load, slots_offset, Access, FixedRegs, StoreLabels as FixedLabels};
+use super::fixed::FixedSeq;
 use super::insn::{br, i2, mem, mi, mr, restore_flags, ri, rm, save_flags};
 use super::lanes::{Lanes, LoadLabels, Regs, StoreLabels};
 use super::liveness::{bit, gpr, FLAGS};
@@ -203,6 +203,26 @@ impl Emitter<'_> {
                 Register::None,
             )
         };
+        if self.fixed.is_some() {
+            return self.emit_fixed(FixedSeq {
+                k,
+                i: *i,
+                size,
+                read,
+                write,
+                a,
+                c,
+                m,
+                v,
+                body,
+                ea,
+                flags_in,
+                flags_out,
+                spills,
+                prologue: hot,
+                label,
+            });
+        }
         hot.push(rm(Code::Lea_r64_m, a, ea)?);
         let back_load = self.label();
         let back_store = self.label();
@@ -210,40 +230,7 @@ impl Emitter<'_> {
         let cold_store = self.label();
         let entry = |disp: i32| mem(rs, c, i64::from(ST_ENTRIES + disp));
         let helper_load = self.label();
-        // Fixed-address region (`fixed.rs`): slots and range tests instead of the summary
-        // and byte lanes (which its stores do not maintain).
-        let fixed = self.fixed.as_ref().map(|f| {
-            let acc = f.by_insn.get(&k).copied().unwrap_or(Access {
-                group: None,
-                slot: None,
-                forward: false,
-                helper: false,
-            });
-            (f.groups.clone(), acc)
-        });
-        let fregs = FixedRegs {
-            rs,
-            a,
-            c,
-            m,
-            v,
-            slots: slots_offset(&self.rt.config),
-        };
-        if let (true, Some((groups, acc))) = (read, &fixed) {
-            let direct_label = self.label();
-            if acc.helper {
-                hot.push(br(Code::Jmp_rel32_64, helper_load)?);
-            } else {
-                let skip = acc.group;
-                hot.extend(fregs.range_tests(groups, skip, size, helper_load)?);
-                if let (true, Some(slot)) = (acc.forward, acc.slot) {
-                    hot.extend(fregs.forward(slot, direct_label, back_load)?);
-                }
-            }
-            let mut direct = direct_load(a, v, size)?;
-            direct.set_ip(direct_label);
-            hot.push(direct);
-        } else if read {
+        if read {
             // Youngest entry first when a store in the region uses the same address
             // expression (counter++ patterns), else the summary check first.
             let youngest = |miss: u64| -> Result<Vec<Instruction>, RefusalReason> {
@@ -317,24 +304,7 @@ impl Emitter<'_> {
             restore_in.extend(restore_flags()?);
         }
         let mut tail: Vec<Instruction> = Vec::new();
-        let fixed_store = match &fixed {
-            Some((_, acc)) if write => Some(acc.slot.ok_or_else(|| {
-                RefusalReason::Encoding(format!("store {i} of a fixed region has no slot"))
-            })?),
-            _ => None,
-        };
-        let fixed_labels = FixedLabels {
-            retry: self.label(),
-            merge: self.label(),
-            full: self.label(),
-            back: back_store,
-        };
-        if let Some(slot) = fixed_store {
-            if flags_out {
-                tail.extend(save_flags()?);
-            }
-            tail.extend(fregs.store(slot, size, &fixed_labels)?);
-        } else if write {
+        if write {
             if flags_out {
                 tail.extend(save_flags()?);
             }
@@ -413,17 +383,7 @@ impl Emitter<'_> {
             call_part[0].set_ip(helper_load);
             self.cold.extend(call_part);
         }
-        if fixed_store.is_some() {
-            // Log full: flush (the helper keeps every register and the flags), then retry.
-            let mut cold = vec![
-                self.lea_rsp(-RED_ZONE)?,
-                Instruction::with_branch(Code::Call_rel32_64, self.rt.flush).map_err(enc)?,
-                self.lea_rsp(RED_ZONE)?,
-                br(Code::Jmp_rel32_64, fixed_labels.retry)?,
-            ];
-            cold[0].set_ip(fixed_labels.full);
-            self.cold.extend(cold);
-        } else if write {
+        if write {
             // Append inline while the log has room and the entry stays within one 8-byte
             // word. `c` = count * 32 from the tail check.
             let helper_store = self.label();
@@ -484,6 +444,21 @@ impl Emitter<'_> {
             0,
         )?);
         seq.push(br(Code::Je_rel32_64, go)?);
+        let flush = self.label();
+        // A fixed region's stores do not test for a full log: every iteration must start
+        // with room for the most stores a path through the region makes.
+        if let Some(f) = self.fixed.as_ref() {
+            let cap = self.rt.config.log_capacity;
+            if f.max_path_stores <= cap {
+                let room = (cap - f.max_path_stores) as i32;
+                seq.push(mi(
+                    Code::Cmp_rm64_imm32,
+                    mem(rs, Register::None, ST_COUNT.into()),
+                    room,
+                )?);
+                seq.push(br(Code::Ja_rel32_64, flush)?);
+            }
+        }
         seq.push(
             Instruction::with1(Code::Inc_rm64, mem(rs, Register::None, ST_BACKEDGES.into()))
                 .map_err(enc)?,
@@ -495,7 +470,9 @@ impl Emitter<'_> {
         };
         seq.push(mi(cmp, mem(rs, Register::None, ST_BACKEDGES.into()), n)?);
         seq.push(br(Code::Jb_rel32_64, go)?);
-        seq.push(self.lea_rsp(-RED_ZONE)?);
+        let mut down = self.lea_rsp(-RED_ZONE)?;
+        down.set_ip(flush);
+        seq.push(down);
         seq.push(Instruction::with_branch(Code::Call_rel32_64, self.rt.flush).map_err(enc)?);
         seq.push(self.lea_rsp(RED_ZONE)?);
         let mut tail = Vec::new();

@@ -22,11 +22,15 @@
 //! overlaps it (checked statically; otherwise such loads always take the helper) and no
 //! other group overlaps it (checked at run time by the range tests).
 
+use super::cfg::Cfg;
 use super::classify::Treatment;
-use super::insn::{br, i2, mem, mi, mr, ri, rm};
+use super::insn::{br, i2, mem, mi, mr, restore_flags, ri, rm, save_flags};
 use super::refusal::RefusalReason;
-use super::rewrite::sized;
-use super::ssb_layout::{fixed_slots_offset, MAX_FIXED_SLOTS, ST_COUNT, ST_ENTRIES, ST_LIMIT};
+use super::region::Region;
+use super::rewrite::{enc, sized, Emitter, RED_ZONE};
+use super::ssb_layout::{
+    fixed_slots_offset, size_index, MAX_FIXED_SLOTS, ST_COUNT, ST_ENTRIES, ST_LIMIT,
+};
 use iced_x86::{Code, Instruction, InstructionInfoFactory, MemoryOperand, OpAccess, Register};
 use std::collections::HashMap;
 
@@ -55,12 +59,19 @@ pub struct Access {
     pub forward: bool,
     /// Reads overlap a location of their own group partially: always the helper.
     pub helper: bool,
+    /// Stores: test for a tail merge (the same location may have stored just before).
+    /// Skipping it is always correct (appending is); it only costs log room.
+    pub merge: bool,
 }
 
 #[derive(Debug, Clone, Default)]
 pub struct Fixed {
     pub groups: Vec<Group>,
     pub by_insn: HashMap<usize, Access>,
+    /// Most stores on any path through the region that crosses no back-edge: with at least
+    /// this much room in the log at every entry and back-edge (count 0 after a flush), stores
+    /// need no full-log test.
+    pub max_path_stores: u32,
 }
 
 type Loc = (Register, Register, u32, i64, u32);
@@ -81,7 +92,55 @@ fn loc_of(i: &Instruction, size: u32) -> Option<Loc> {
 
 /// Plans a fixed region, or `None` when some store's address moves within the region (or
 /// there are too many locations or groups).
-pub fn analyze(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]) -> Option<Fixed> {
+pub fn analyze(cfg: &Cfg, tr: &[Treatment], region: &Region) -> Option<Fixed> {
+    let insns = &cfg.insns;
+    let region_insns: Vec<usize> = region
+        .blocks
+        .iter()
+        .flat_map(|&b| cfg.blocks[b].insns.clone())
+        .collect();
+    let mut fixed = analyze_insns(insns, tr, &region_insns)?;
+    // Longest store count over forward edges (a back-edge targets a block starting at or
+    // before its source, as the rewriter's stubs define it); blocks are in address order.
+    let mut best: HashMap<usize, u32> = HashMap::new();
+    for &b in &region.blocks {
+        let blk = &cfg.blocks[b];
+        let own = blk.insns.clone().filter(|&k| tr[k].is_store()).count() as u32;
+        let from = blk
+            .preds
+            .iter()
+            .filter(|&&p| region.contains_block(p) && cfg.blocks[p].start < blk.start)
+            .filter_map(|p| best.get(p))
+            .max()
+            .copied()
+            .unwrap_or(0);
+        best.insert(b, from + own);
+    }
+    fixed.max_path_stores = best.values().max().copied().unwrap_or(0);
+    // Merge tests: only where the previous store of the block is the same location, or the
+    // region has one location (counter loops, where every store merges).
+    let locs = fixed
+        .by_insn
+        .values()
+        .filter_map(|a| a.slot)
+        .max()
+        .map_or(0, |m| m + 1);
+    for &b in &region.blocks {
+        let mut prev: Option<u32> = None;
+        for k in cfg.blocks[b].insns.clone() {
+            if !tr[k].is_store() {
+                continue;
+            }
+            if let Some(acc) = fixed.by_insn.get_mut(&k) {
+                acc.merge = locs == 1 || (prev.is_some() && prev == acc.slot);
+                prev = acc.slot;
+            }
+        }
+    }
+    Some(fixed)
+}
+
+fn analyze_insns(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]) -> Option<Fixed> {
     let mut f = InstructionInfoFactory::new();
     let mut written = 0u64;
     for &k in region_insns {
@@ -162,6 +221,7 @@ pub fn analyze(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]) 
                 slot: None,
                 forward: false,
                 helper: false,
+                merge: false,
             },
             Some(l) => {
                 let group = groups
@@ -174,144 +234,285 @@ pub fn analyze(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]) 
                     slot,
                     forward: slot.is_some() && others == 0,
                     helper: others > 0 || (slot.is_none() && locs.iter().any(|x| overlaps(x, &l))),
+                    merge: true,
                 }
             }
         };
         by_insn.insert(k, acc);
     }
-    Some(Fixed { groups, by_insn })
+    Some(Fixed {
+        groups,
+        by_insn,
+        max_path_stores: u32::MAX,
+    })
 }
 
-/// Registers and labels of one access's fixed-region code.
-pub(super) struct FixedRegs {
-    pub(super) rs: Register,
+/// One access's registers and prepared pieces, from `emit_ssb_fast`'s common setup.
+pub(super) struct FixedSeq {
+    pub(super) k: usize,
+    pub(super) i: Instruction,
+    pub(super) size: u32,
+    pub(super) read: bool,
+    pub(super) write: bool,
+    /// Address, temporaries, value (all free or spilled).
     pub(super) a: Register,
     pub(super) c: Register,
     pub(super) m: Register,
     pub(super) v: Register,
-    pub(super) slots: i64,
+    /// The instruction on `v` in place of its memory operand (None: a plain `mov`).
+    pub(super) body: Option<Instruction>,
+    /// The memory operand, rsp displacement adjusted for the spills.
+    pub(super) ea: MemoryOperand,
+    pub(super) flags_in: bool,
+    pub(super) flags_out: bool,
+    pub(super) spills: Vec<Register>,
+    /// Spills and the flag save, already built.
+    pub(super) prologue: Vec<Instruction>,
+    pub(super) label: u64,
 }
 
-impl FixedRegs {
-    fn slot(&self, s: u32) -> MemoryOperand {
-        mem(self.rs, Register::None, self.slots + 8 * i64::from(s))
-    }
+fn labelled(mut i: Instruction, l: u64) -> Instruction {
+    i.set_ip(l);
+    i
+}
 
-    fn entry(&self, d: i32) -> MemoryOperand {
-        mem(self.rs, self.c, i64::from(ST_ENTRIES + d))
-    }
+fn nop_at(l: u64) -> Instruction {
+    labelled(Instruction::with(Code::Nopd), l)
+}
 
-    /// Range tests of a `size`-byte load at `a` against every group but `skip`: an overlap
-    /// goes to `helper`. `[a, a+size)` meets `[B+lo, B+hi)` iff
-    /// `a + size - 1 - lo - B` (unsigned) `< hi - lo + size - 1`.
-    pub(super) fn range_tests(
-        &self,
-        groups: &[Group],
-        skip: Option<usize>,
-        size: u32,
-        helper: u64,
-    ) -> Result<Vec<Instruction>, RefusalReason> {
-        let mut out = Vec::new();
-        for (n, g) in groups.iter().enumerate() {
-            if Some(n) == skip {
-                continue;
-            }
-            let k = i64::from(size) - 1 - g.lo;
-            let w = (g.hi - g.lo + i64::from(size) - 1) as i32;
-            out.push(rm(Code::Lea_r64_m, self.c, mem(self.a, Register::None, k))?);
-            if g.index == Register::None {
-                out.push(i2(Code::Sub_r64_rm64, self.c, g.base)?);
-            } else {
-                out.push(rm(
-                    Code::Lea_r64_m,
-                    self.m,
-                    MemoryOperand::new(g.base, g.index, g.scale, 0, 0, false, Register::None),
-                )?);
-                out.push(i2(Code::Sub_r64_rm64, self.c, self.m)?);
-            }
-            out.push(ri(Code::Cmp_rm64_imm32, self.c, w)?);
-            out.push(br(Code::Jb_rel32_64, helper)?);
+impl Emitter<'_> {
+    /// The fixed-region sequence of one access (layouts in the module doc). Hot path of a
+    /// load that forwards: `mov c,[slot]; cmp c,32; jb cold; mov v,[entry]`; of a load that
+    /// cannot overlap its own group: the range tests of the other groups and the original
+    /// instruction; of a store: `lea a; mov c,[count]; shl c,5; 3 entry writes; add c,32;
+    /// mov [slot],c; add [count],1`.
+    pub(super) fn emit_fixed(&mut self, s: FixedSeq) -> Result<bool, RefusalReason> {
+        let (Some(rs), Some(fixed)) = (self.rs, self.fixed.as_ref()) else {
+            return Ok(false);
+        };
+        let acc = fixed.by_insn.get(&s.k).copied().unwrap_or(Access {
+            group: None,
+            slot: None,
+            forward: false,
+            helper: false,
+            merge: false,
+        });
+        let groups = fixed.groups.clone();
+        let full_test = fixed.max_path_stores > self.rt.config.log_capacity;
+        let slots = i64::from(fixed_slots_offset(&self.rt.config));
+        let slot_mem = |n: u32| mem(rs, Register::None, slots + 8 * i64::from(n));
+        let count = mem(rs, Register::None, ST_COUNT.into());
+        let (a, c, m, v) = (s.a, s.c, s.m, s.v);
+        let entry = |r: Register, d: i32| mem(rs, r, i64::from(ST_ENTRIES + d));
+        let (back_load, back_store, helper_load) = (self.label(), self.label(), self.label());
+        let mut hot = s.prologue;
+        let mut cold: Vec<Instruction> = Vec::new();
+        let mut restore_in = Vec::new();
+        if s.flags_in {
+            restore_in.extend(restore_flags()?);
         }
-        Ok(out)
-    }
-
-    /// `v` = the slot's youngest entry's value, or jump to `direct` when it has none.
-    pub(super) fn forward(
-        &self,
-        slot: u32,
-        direct: u64,
-        back: u64,
-    ) -> Result<Vec<Instruction>, RefusalReason> {
-        Ok(vec![
-            rm(Code::Mov_r64_rm64, self.c, self.slot(slot))?,
-            ri(Code::Cmp_rm64_imm8, self.c, 32)?,
-            br(Code::Jb_rel32_64, direct)?,
-            rm(Code::Mov_r64_rm64, self.v, self.entry(-16))?,
-            br(Code::Jmp_rel32_64, back)?,
-        ])
-    }
-
-    /// Hot store of `v` (`size` bytes at `a`) to location `slot`: merge into the tail entry
-    /// if it is this location's, else append (`full` when the log is full: flush, then come
-    /// back to `retry`, the first instruction). Returns (hot, merge-and-done label users).
-    pub(super) fn store(
-        &self,
-        slot: u32,
-        size: u32,
-        labels: &StoreLabels,
-    ) -> Result<Vec<Instruction>, RefusalReason> {
-        let count = mem(self.rs, Register::None, ST_COUNT.into());
-        let mut first = rm(Code::Mov_r64_rm64, self.c, count)?;
-        first.set_ip(labels.retry);
-        let mut merge = mr(Code::Mov_rm64_r64, self.entry(-16), self.v)?;
-        merge.set_ip(labels.merge);
-        Ok(vec![
-            first,
-            ri(Code::Shl_rm64_imm8, self.c, 5)?,
-            rm(Code::Cmp_r64_rm64, self.c, self.slot(slot))?,
-            br(Code::Je_rel32_64, labels.merge)?,
-            rm(
-                Code::Cmp_r64_rm64,
-                self.c,
-                mem(self.rs, Register::None, ST_LIMIT.into()),
-            )?,
-            br(Code::Jae_rel32_64, labels.full)?,
-            mr(Code::Mov_rm64_r64, self.entry(0), self.a)?,
-            mi(Code::Mov_rm64_imm32, self.entry(8), size as i32)?,
-            mr(Code::Mov_rm64_r64, self.entry(16), self.v)?,
-            ri(Code::Add_rm64_imm8, self.c, 32)?,
-            mr(Code::Mov_rm64_r64, self.slot(slot), self.c)?,
-            mi(Code::Add_rm64_imm8, count, 1)?,
-            br(Code::Jmp_rel32_64, labels.back)?,
-            merge,
-        ])
-    }
-}
-
-pub(super) struct StoreLabels {
-    pub(super) retry: u64,
-    pub(super) merge: u64,
-    pub(super) full: u64,
-    pub(super) back: u64,
-}
-
-/// `[rs + off]` of slot 0, for the runtime's resets.
-pub fn slots_offset(cfg: &super::ssb_layout::RuntimeConfig) -> i64 {
-    i64::from(fixed_slots_offset(cfg))
-}
-
-/// The direct read of `size` bytes at `a` into `v` (zero-extended, as the lanes path does).
-pub(super) fn direct_load(
-    a: Register,
-    v: Register,
-    size: u32,
-) -> Result<Instruction, RefusalReason> {
-    let am = MemoryOperand::with_base(a);
-    match size {
-        1 => rm(Code::Movzx_r32_rm8, sized(v, 4), am),
-        2 => rm(Code::Movzx_r32_rm16, sized(v, 4), am),
-        4 => rm(Code::Mov_r32_rm32, sized(v, 4), am),
-        _ => rm(Code::Mov_r64_rm64, v, am),
+        // After the value is in v: restore the flags, run the instruction on v.
+        let mut after_load: Vec<Instruction> = restore_in.clone();
+        after_load.extend(s.body);
+        // A read-only instruction can read memory itself when nothing in the log overlaps
+        // (its operand does not involve rsp, which the spills moved).
+        let rsp_free = s.i.memory_base() != Register::RSP && s.i.memory_index() != Register::RSP;
+        let original = (s.read && !s.write && rsp_free).then(|| {
+            let mut o = s.i;
+            o.set_ip(0);
+            o
+        });
+        let ea_k = |extra: i64| -> MemoryOperand {
+            let mut e = s.ea;
+            e.displacement = e.displacement.wrapping_add(extra);
+            e.displ_size = if e.base != Register::None && i8::try_from(e.displacement).is_ok() {
+                1
+            } else {
+                8
+            };
+            if e.base == Register::RIP {
+                e.displ_size = s.ea.displ_size;
+            }
+            e
+        };
+        let mut tests = Vec::new();
+        if s.read && !acc.helper {
+            for (n, g) in groups.iter().enumerate() {
+                if Some(n) == acc.group {
+                    continue;
+                }
+                // [ea, ea+size) meets [B+lo, B+hi) iff ea+size-1-lo-B < hi-lo+size-1 (unsigned).
+                let kk = i64::from(s.size) - 1 - g.lo;
+                let w = (g.hi - g.lo + i64::from(s.size) - 1) as i32;
+                tests.push(rm(Code::Lea_r64_m, c, ea_k(kk))?);
+                if g.index == Register::None {
+                    tests.push(i2(Code::Sub_r64_rm64, c, g.base)?);
+                } else {
+                    let b =
+                        MemoryOperand::new(g.base, g.index, g.scale, 0, 0, false, Register::None);
+                    tests.push(rm(Code::Lea_r64_m, m, b)?);
+                    tests.push(i2(Code::Sub_r64_rm64, c, m)?);
+                }
+                tests.push(ri(Code::Cmp_rm64_imm32, c, w)?);
+                tests.push(br(Code::Jb_rel32_64, helper_load)?);
+            }
+        }
+        let direct_v = || -> Result<Instruction, RefusalReason> {
+            match s.size {
+                1 => rm(Code::Movzx_r32_rm8, sized(v, 4), s.ea),
+                2 => rm(Code::Movzx_r32_rm16, sized(v, 4), s.ea),
+                4 => rm(Code::Mov_r32_rm32, sized(v, 4), s.ea),
+                _ => rm(Code::Mov_r64_rm64, v, s.ea),
+            }
+        };
+        // Where the load part ends: the value in v, continuing at back_load (`after_load`),
+        // or the original instruction done, continuing at back_store.
+        let mut after_in_cold = false;
+        if s.read {
+            if acc.helper {
+                hot.push(br(Code::Jmp_rel32_64, helper_load)?);
+            } else if let (true, Some(slot)) = (acc.forward, acc.slot) {
+                let direct = self.label();
+                hot.extend(tests);
+                hot.extend([
+                    rm(Code::Mov_r64_rm64, c, slot_mem(slot))?,
+                    ri(Code::Cmp_rm64_imm8, c, 32)?,
+                    br(Code::Jb_rel32_64, direct)?,
+                    rm(Code::Mov_r64_rm64, v, entry(c, -16))?,
+                ]);
+                match original {
+                    Some(o) => {
+                        let mut part = restore_in.clone();
+                        part.push(o);
+                        part.push(br(Code::Jmp_rel32_64, back_store)?);
+                        part[0].set_ip(direct);
+                        cold.extend(part);
+                    }
+                    None => {
+                        cold.push(labelled(direct_v()?, direct));
+                        cold.push(br(Code::Jmp_rel32_64, back_load)?);
+                    }
+                }
+            } else {
+                hot.extend(tests);
+                match original {
+                    Some(o) => {
+                        hot.extend(restore_in.clone());
+                        hot.push(o);
+                        after_in_cold = true;
+                    }
+                    None => hot.push(direct_v()?),
+                }
+            }
+        }
+        // Store part: v holds the value.
+        let mut tail = Vec::new();
+        if s.write {
+            let slot = acc.slot.ok_or_else(|| {
+                RefusalReason::Encoding(format!("store {} of a fixed region has no slot", s.i))
+            })?;
+            if s.flags_out {
+                tail.extend(save_flags()?);
+            }
+            let retry = self.label();
+            let merge = self.label();
+            tail.push(rm(Code::Lea_r64_m, a, s.ea)?);
+            tail.push(labelled(rm(Code::Mov_r64_rm64, c, count)?, retry));
+            tail.push(ri(Code::Shl_rm64_imm8, c, 5)?);
+            if acc.merge {
+                tail.push(rm(Code::Cmp_r64_rm64, c, slot_mem(slot))?);
+                tail.push(br(Code::Je_rel32_64, merge)?);
+            }
+            if full_test {
+                let full = self.label();
+                tail.push(rm(
+                    Code::Cmp_r64_rm64,
+                    c,
+                    mem(rs, Register::None, ST_LIMIT.into()),
+                )?);
+                tail.push(br(Code::Jae_rel32_64, full)?);
+                // Log full: flush (the helper keeps every register and the flags), retry.
+                cold.extend([
+                    labelled(self.lea_rsp(-RED_ZONE)?, full),
+                    Instruction::with_branch(Code::Call_rel32_64, self.rt.flush).map_err(enc)?,
+                    self.lea_rsp(RED_ZONE)?,
+                    br(Code::Jmp_rel32_64, retry)?,
+                ]);
+            }
+            tail.extend([
+                mr(Code::Mov_rm64_r64, entry(c, 0), a)?,
+                mi(Code::Mov_rm64_imm32, entry(c, 8), s.size as i32)?,
+                mr(Code::Mov_rm64_r64, entry(c, 16), v)?,
+                ri(Code::Add_rm64_imm8, c, 32)?,
+                mr(Code::Mov_rm64_r64, slot_mem(slot), c)?,
+                mi(Code::Add_rm64_imm8, count, 1)?,
+            ]);
+            if acc.merge {
+                tail.push(br(Code::Jmp_rel32_64, back_store)?);
+                tail.push(labelled(mr(Code::Mov_rm64_r64, entry(c, -16), v)?, merge));
+            }
+        }
+        let mut epilogue = Vec::new();
+        if s.flags_out {
+            epilogue.extend(restore_flags()?);
+        }
+        for &r in s.spills.iter().rev() {
+            epilogue.push(Instruction::with1(Code::Pop_r64, r).map_err(enc)?);
+        }
+        if !s.spills.is_empty() {
+            epilogue.push(self.lea_rsp(RED_ZONE)?);
+        }
+        // The helper (log scan; flushes on a partial overlap): value into v, then back_load.
+        if s.read {
+            cold.extend([
+                labelled(rm(Code::Lea_r64_m, a, s.ea)?, helper_load),
+                self.lea_rsp(-RED_ZONE)?,
+                Instruction::with1(Code::Push_r64, a).map_err(enc)?,
+                Instruction::with1(Code::Push_r64, a).map_err(enc)?,
+                Instruction::with_branch(Code::Call_rel32_64, self.rt.load[size_index(s.size)])
+                    .map_err(enc)?,
+                Instruction::with1(Code::Pop_r64, v).map_err(enc)?,
+                self.lea_rsp(RED_ZONE + 8)?,
+                br(Code::Jmp_rel32_64, back_load)?,
+            ]);
+        }
+        // Assemble: hot, [back_load:] after_load, tail, [back_store:] epilogue. With the
+        // original instruction in the hot path, the after_load part goes cold.
+        let mut seq = hot;
+        let mut load_part = after_load;
+        if load_part.is_empty() {
+            load_part.push(Instruction::with(Code::Nopd));
+        }
+        load_part[0].set_ip(back_load);
+        if after_in_cold {
+            cold.extend(load_part);
+            cold.push(br(Code::Jmp_rel32_64, back_store)?);
+        } else if s.read {
+            seq.extend(load_part);
+        } else {
+            // A pure store: the body computes v (`mov v, imm`, …).
+            seq.extend(s.body);
+        }
+        seq.extend(tail);
+        match epilogue.first_mut() {
+            Some(f) => f.set_ip(back_store),
+            None => epilogue.push(nop_at(back_store)),
+        }
+        seq.extend(epilogue);
+        let mut first = true;
+        for ins in seq {
+            if first && ins.ip() == 0 {
+                self.push_at(ins, s.label);
+            } else if first {
+                self.push_at(Instruction::with(Code::Nopd), s.label);
+                self.push(ins);
+            } else {
+                self.push(ins);
+            }
+            first = false;
+        }
+        self.cold.extend(cold);
+        Ok(true)
     }
 }
 
@@ -355,7 +556,7 @@ mod tests {
             })
             .collect();
         let all: Vec<usize> = (0..insns.len()).collect();
-        analyze(insns, &tr, &all)
+        analyze_insns(insns, &tr, &all)
     }
 
     #[test]

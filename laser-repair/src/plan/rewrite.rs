@@ -254,9 +254,7 @@ pub fn rewrite(
         None => Vec::new(),
     };
     let fixed = match rs {
-        Some(_) if !rt.config.merge_any_entry_broken => {
-            fixed::analyze(&cfg.insns, tr, &region_insns)
-        }
+        Some(_) if !rt.config.merge_any_entry_broken => fixed::analyze(cfg, tr, region),
         _ => None,
     };
     let mut e = Emitter {
