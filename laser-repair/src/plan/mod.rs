@@ -170,6 +170,9 @@ pub struct RepairPlan {
     /// Register that holds the thread's SSB state inside the region (inline fast path), or
     /// `None` when every access calls a helper.
     pub state_register: Option<iced_x86::Register>,
+    /// Store locations of a fixed-address region (`fixed.rs`: loop-invariant store
+    /// addresses, served by per-location slots), or 0 when the region is not one.
+    pub fixed_locations: usize,
 }
 
 impl RepairPlan {
@@ -300,5 +303,6 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<RepairPlan, Refusal> {
         runtime: rt,
         state_register: rw.state_register,
         undo_map: rw.undo_map,
+        fixed_locations: rw.fixed_locations,
     })
 }

@@ -68,6 +68,8 @@ pub struct Rewritten {
     pub state_register: Option<Register>,
     /// Safe points for undo: `(pc in the cache, where to continue)`.
     pub undo_map: Vec<(u64, u64)>,
+    /// Store locations of a fixed-address region, 0 if the region is not one.
+    pub fixed_locations: usize,
 }
 
 pub(super) struct Emitter<'a> {
@@ -479,7 +481,15 @@ pub fn rewrite(
             undo_map.push((at(native_idx[n]), ip));
         }
     }
+    let fixed_locations = e.fixed.as_ref().map_or(0, |f| {
+        f.by_insn
+            .values()
+            .filter_map(|a| a.slot)
+            .max()
+            .map_or(0, |m| m as usize + 1)
+    });
     Ok(Rewritten {
+        fixed_locations,
         code: res.code_buffer,
         pc_map,
         state_register: rs,
