@@ -519,6 +519,7 @@ fn log_of_spinning_thread(merge_any_entry_broken: bool) -> (Vec<[u64; 3]>, [u64;
     // SAFETY: reads of plain u64s another thread may be writing; volatile so each poll
     // really reads memory. The values are only compared, never trusted as references.
     let rd = |addr: u64| unsafe { std::ptr::read_volatile(addr as *const u64) };
+    let entries = |st: u64| (0..64u64).take_while(|n| rd(st + 64 + 32 * n) != 0).count() as u64;
     let (log, before) = std::thread::scope(|s| {
         let f = t.repaired;
         s.spawn(move || fn3(f)(xa, ya, za));
@@ -531,15 +532,17 @@ fn log_of_spinning_thread(merge_any_entry_broken: bool) -> (Vec<[u64; 3]>, [u64;
                 .map(|k| rt.state_addr(k));
             if let Some(st) = state {
                 // Three log entries (inline appends), or three stores counted by the helper
-                // (the mutation routes every store there).
-                if rd(st) >= 3 || rd(st + 24) >= 3 {
+                // (the mutation routes every store there). Entries are counted by their
+                // address fields (a fresh state is zero-filled): a fixed region keeps the
+                // count in a register while it runs.
+                if entries(st) >= 3 || rd(st + 24) >= 3 {
                     break;
                 }
             }
             std::thread::yield_now();
         }
         let st = state.expect("thread never claimed a slot");
-        let count = rd(st);
+        let count = entries(st);
         let log: Vec<[u64; 3]> = (0..count.min(64))
             .map(|n| st + 64 + 32 * n)
             .map(|e| [rd(e), rd(e + 8), rd(e + 16)])

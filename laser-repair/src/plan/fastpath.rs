@@ -78,7 +78,7 @@ impl Emitter<'_> {
         if need_rax && mentioned & rax != 0 {
             return Ok(false);
         }
-        let rs_bit = bit(rs).unwrap_or(0);
+        let rs_bit = bit(rs).unwrap_or(0) | self.count_reg.and_then(bit).unwrap_or(0);
         let mut taken = mentioned | rs_bit | if need_rax { rax } else { 0 };
         let mut pool: Vec<Register> = POOL.to_vec();
         if !need_rax {
@@ -438,24 +438,23 @@ impl Emitter<'_> {
         if flags_live {
             seq.extend(save_flags()?);
         }
-        seq.push(mi(
-            Code::Cmp_rm64_imm8,
-            mem(rs, Register::None, ST_COUNT.into()),
-            0,
-        )?);
+        match self.count_reg {
+            Some(rc) => seq.push(ri(Code::Cmp_rm64_imm8, rc, 0)?),
+            None => seq.push(mi(
+                Code::Cmp_rm64_imm8,
+                mem(rs, Register::None, ST_COUNT.into()),
+                0,
+            )?),
+        }
         seq.push(br(Code::Je_rel32_64, go)?);
         let flush = self.label();
         // A fixed region's stores do not test for a full log: every iteration must start
         // with room for the most stores a path through the region makes.
-        if let Some(f) = self.fixed.as_ref() {
+        if let (Some(f), Some(rc)) = (self.fixed.as_ref(), self.count_reg) {
             let cap = self.rt.config.log_capacity;
             if f.max_path_stores <= cap {
                 let room = (cap - f.max_path_stores) as i32;
-                seq.push(mi(
-                    Code::Cmp_rm64_imm32,
-                    mem(rs, Register::None, ST_COUNT.into()),
-                    room,
-                )?);
+                seq.push(ri(Code::Cmp_rm64_imm32, rc, room)?);
                 seq.push(br(Code::Ja_rel32_64, flush)?);
             }
         }
@@ -470,11 +469,18 @@ impl Emitter<'_> {
         };
         seq.push(mi(cmp, mem(rs, Register::None, ST_BACKEDGES.into()), n)?);
         seq.push(br(Code::Jb_rel32_64, go)?);
-        let mut down = self.lea_rsp(-RED_ZONE)?;
-        down.set_ip(flush);
-        seq.push(down);
+        let (sync_out, sync_in) = self.count_sync()?;
+        let mut first_flush = true;
+        for mut ins in sync_out.into_iter().chain([self.lea_rsp(-RED_ZONE)?]) {
+            if first_flush {
+                ins.set_ip(flush);
+                first_flush = false;
+            }
+            seq.push(ins);
+        }
         seq.push(Instruction::with_branch(Code::Call_rel32_64, self.rt.flush).map_err(enc)?);
         seq.push(self.lea_rsp(RED_ZONE)?);
+        seq.extend(sync_in);
         let mut tail = Vec::new();
         if flags_live {
             tail.extend(restore_flags()?);

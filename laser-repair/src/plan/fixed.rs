@@ -11,13 +11,15 @@
 //! ```text
 //!   linear_regression: group rdx, range [rdx+0x10, rdx+0x38)
 //!     SX  [rdx+0x10] slot 0   SXX [rdx+0x20] slot 1   SY [rdx+0x18] slot 2 ...
-//!     load  [rdx+0x10]: c = slot0; c < 32 ? read memory : value of entry c/32 - 1
+//!     load  [rdx+0x10]: c = slot0; c < 8 ? read memory : value of entry c/8 - 1
 //!     load  [rdi]     : [rdi, rdi+1) against [rdx+0x10, rdx+0x38): one lea/sub/cmp
 //!     store [rdx+0x10]: tail is slot0's entry ? merge : append, slot0 = new entry
 //! ```
 //!
-//! A slot holds `(i + 1) * 32` for entry `i` of the current flush period, or 1 ("none": odd,
-//! so it never equals a tail offset). `ssb_enter` and every flush reset the slots to 1.
+//! The log's entry count lives in a register `rc` (the first reserved register; written to
+//! the state before and read back after every helper call). A slot holds `(i + 1) * 8` for
+//! entry `i` of the current flush period (entry address `rs + slot*4 + ENTRIES - 32`), or 1
+//! ("none": never a multiple of 8). `ssb_enter` and every flush reset the slots to 1.
 //! Forwarding from the slot's entry is right because no other location of the group
 //! overlaps it (checked statically; otherwise such loads always take the helper) and no
 //! other group overlaps it (checked at run time by the range tests).
@@ -28,9 +30,7 @@ use super::insn::{br, i2, mem, mi, mr, restore_flags, ri, rm, save_flags};
 use super::refusal::RefusalReason;
 use super::region::Region;
 use super::rewrite::{enc, sized, Emitter, RED_ZONE};
-use super::ssb_layout::{
-    fixed_slots_offset, size_index, MAX_FIXED_SLOTS, ST_COUNT, ST_ENTRIES, ST_LIMIT,
-};
+use super::ssb_layout::{fixed_slots_offset, size_index, MAX_FIXED_SLOTS, ST_ENTRIES};
 use iced_x86::{Code, Instruction, InstructionInfoFactory, MemoryOperand, OpAccess, Register};
 use std::collections::HashMap;
 
@@ -287,7 +287,8 @@ impl Emitter<'_> {
     /// instruction; of a store: `lea a; mov c,[count]; shl c,5; 3 entry writes; add c,32;
     /// mov [slot],c; add [count],1`.
     pub(super) fn emit_fixed(&mut self, s: FixedSeq) -> Result<bool, RefusalReason> {
-        let (Some(rs), Some(fixed)) = (self.rs, self.fixed.as_ref()) else {
+        let (Some(rs), Some(fixed), Some(rc)) = (self.rs, self.fixed.as_ref(), self.count_reg)
+        else {
             return Ok(false);
         };
         let acc = fixed.by_insn.get(&s.k).copied().unwrap_or(Access {
@@ -301,9 +302,19 @@ impl Emitter<'_> {
         let full_test = fixed.max_path_stores > self.rt.config.log_capacity;
         let slots = i64::from(fixed_slots_offset(&self.rt.config));
         let slot_mem = |n: u32| mem(rs, Register::None, slots + 8 * i64::from(n));
-        let count = mem(rs, Register::None, ST_COUNT.into());
         let (a, c, m, v) = (s.a, s.c, s.m, s.v);
-        let entry = |r: Register, d: i32| mem(rs, r, i64::from(ST_ENTRIES + d));
+        // Slots and `c` below hold (i + 1) * 8 for entry i: `[rs + c*4 + ENTRIES - 32]`.
+        let entry = |r: Register, d: i32| {
+            MemoryOperand::new(
+                rs,
+                r,
+                4,
+                i64::from(ST_ENTRIES + d),
+                8,
+                false,
+                Register::None,
+            )
+        };
         let (back_load, back_store, helper_load) = (self.label(), self.label(), self.label());
         let mut hot = s.prologue;
         let mut cold: Vec<Instruction> = Vec::new();
@@ -376,7 +387,7 @@ impl Emitter<'_> {
                 hot.extend(tests);
                 hot.extend([
                     rm(Code::Mov_r64_rm64, c, slot_mem(slot))?,
-                    ri(Code::Cmp_rm64_imm8, c, 32)?,
+                    ri(Code::Cmp_rm64_imm8, c, 8)?,
                     br(Code::Jb_rel32_64, direct)?,
                     rm(Code::Mov_r64_rm64, v, entry(c, -16))?,
                 ]);
@@ -416,37 +427,49 @@ impl Emitter<'_> {
             }
             let retry = self.label();
             let merge = self.label();
+            let count8 = MemoryOperand::new(Register::None, rc, 8, 0, 0, false, Register::None);
             tail.push(rm(Code::Lea_r64_m, a, s.ea)?);
-            tail.push(labelled(rm(Code::Mov_r64_rm64, c, count)?, retry));
-            tail.push(ri(Code::Shl_rm64_imm8, c, 5)?);
+            let mut tests = Vec::new();
             if acc.merge {
-                tail.push(rm(Code::Cmp_r64_rm64, c, slot_mem(slot))?);
-                tail.push(br(Code::Je_rel32_64, merge)?);
+                // The tail entry (rc - 1) is this location's youngest: merge into it.
+                tests.push(rm(Code::Lea_r64_m, c, count8)?);
+                tests.push(rm(Code::Cmp_r64_rm64, c, slot_mem(slot))?);
+                tests.push(br(Code::Je_rel32_64, merge)?);
             }
             if full_test {
                 let full = self.label();
-                tail.push(rm(
-                    Code::Cmp_r64_rm64,
-                    c,
-                    mem(rs, Register::None, ST_LIMIT.into()),
-                )?);
-                tail.push(br(Code::Jae_rel32_64, full)?);
+                let cap = self.rt.config.log_capacity as i32;
+                tests.push(ri(Code::Cmp_rm64_imm32, rc, cap)?);
+                tests.push(br(Code::Jae_rel32_64, full)?);
                 // Log full: flush (the helper keeps every register and the flags), retry.
-                cold.extend([
-                    labelled(self.lea_rsp(-RED_ZONE)?, full),
+                let (out, back) = self.count_sync()?;
+                let mut part = out;
+                part.push(self.lea_rsp(-RED_ZONE)?);
+                part.push(
                     Instruction::with_branch(Code::Call_rel32_64, self.rt.flush).map_err(enc)?,
-                    self.lea_rsp(RED_ZONE)?,
-                    br(Code::Jmp_rel32_64, retry)?,
-                ]);
+                );
+                part.push(self.lea_rsp(RED_ZONE)?);
+                part.extend(back);
+                part.push(br(Code::Jmp_rel32_64, retry)?);
+                part[0].set_ip(full);
+                cold.extend(part);
             }
-            tail.extend([
-                mr(Code::Mov_rm64_r64, entry(c, 0), a)?,
-                mi(Code::Mov_rm64_imm32, entry(c, 8), s.size as i32)?,
-                mr(Code::Mov_rm64_r64, entry(c, 16), v)?,
-                ri(Code::Add_rm64_imm8, c, 32)?,
+            let mut append = vec![
+                rm(
+                    Code::Lea_r64_m,
+                    c,
+                    MemoryOperand::new(Register::None, rc, 8, 8, 1, false, Register::None),
+                )?,
+                mr(Code::Mov_rm64_r64, entry(c, -32), a)?,
+                mi(Code::Mov_rm64_imm32, entry(c, -24), s.size as i32)?,
+                mr(Code::Mov_rm64_r64, entry(c, -16), v)?,
                 mr(Code::Mov_rm64_r64, slot_mem(slot), c)?,
-                mi(Code::Add_rm64_imm8, count, 1)?,
-            ]);
+                rm(Code::Lea_r64_m, rc, mem(rc, Register::None, 1))?,
+            ];
+            let mut body: Vec<Instruction> = tests;
+            body.append(&mut append);
+            body[0].set_ip(retry);
+            tail.extend(body);
             if acc.merge {
                 tail.push(br(Code::Jmp_rel32_64, back_store)?);
                 tail.push(labelled(mr(Code::Mov_rm64_r64, entry(c, -16), v)?, merge));
@@ -464,8 +487,10 @@ impl Emitter<'_> {
         }
         // The helper (log scan; flushes on a partial overlap): value into v, then back_load.
         if s.read {
+            let (out, back) = self.count_sync()?;
+            cold.push(labelled(rm(Code::Lea_r64_m, a, s.ea)?, helper_load));
+            cold.extend(out);
             cold.extend([
-                labelled(rm(Code::Lea_r64_m, a, s.ea)?, helper_load),
                 self.lea_rsp(-RED_ZONE)?,
                 Instruction::with1(Code::Push_r64, a).map_err(enc)?,
                 Instruction::with1(Code::Push_r64, a).map_err(enc)?,
@@ -473,8 +498,9 @@ impl Emitter<'_> {
                     .map_err(enc)?,
                 Instruction::with1(Code::Pop_r64, v).map_err(enc)?,
                 self.lea_rsp(RED_ZONE + 8)?,
-                br(Code::Jmp_rel32_64, back_load)?,
             ]);
+            cold.extend(back);
+            cold.push(br(Code::Jmp_rel32_64, back_load)?);
         }
         // Assemble: hot, [back_load:] after_load, tail, [back_store:] epilogue. With the
         // original instruction in the hot path, the after_load part goes cold.

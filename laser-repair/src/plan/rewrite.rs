@@ -30,7 +30,7 @@ use super::liveness::{Liveness, FLAGS};
 use super::native_copy::emit_native_copy;
 use super::refusal::RefusalReason;
 use super::region::Region;
-use super::ssb_runtime::{saved_regs_offset, RuntimeInfo, ST_SAVED_RS};
+use super::ssb_runtime::{saved_regs_offset, RuntimeInfo, ST_COUNT, ST_SAVED_RS};
 use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, FlowControl, Instruction, InstructionBlock,
     InstructionInfoFactory, MemoryOperand, Register,
@@ -82,6 +82,9 @@ pub(super) struct Emitter<'a> {
     pub(super) reserved: Vec<Register>,
     /// The fixed-address plan (`fixed.rs`), when the region qualifies (fast path only).
     pub(super) fixed: Option<Fixed>,
+    /// Fixed regions: the register holding the log's entry count (a reserved register;
+    /// `ST_COUNT` in memory is written before and read after every helper call).
+    pub(super) count_reg: Option<Register>,
     pub(super) live: Option<&'a Liveness>,
     /// For each original instruction address: index in `out` of its first instruction.
     pub(super) first: Vec<(u64, usize)>,
@@ -198,15 +201,38 @@ impl<'a> Emitter<'a> {
         label: Option<u64>,
     ) -> Result<(), RefusalReason> {
         let down = self.lea_rsp(-RED_ZONE)?;
-        match label {
-            Some(l) => self.push_at(down, l),
-            None => self.push(down),
+        let sync = self.count_sync()?;
+        let mut first = true;
+        for i in sync.0.into_iter().chain([down]) {
+            match (first, label) {
+                (true, Some(l)) => self.push_at(i, l),
+                _ => self.push(i),
+            }
+            first = false;
         }
         let c = self.call(helper);
         self.push(c);
         let up = self.lea_rsp(RED_ZONE)?;
         self.push(up);
+        for i in sync.1 {
+            self.push(i);
+        }
         Ok(())
+    }
+
+    /// Fixed regions: `mov [rs+count],rc` before a helper call and `mov rc,[rs+count]`
+    /// after it (helpers read, and flushes reset, the count in memory). No flags touched.
+    pub(super) fn count_sync(&self) -> Result<(Vec<Instruction>, Vec<Instruction>), RefusalReason> {
+        match (self.rs, self.count_reg) {
+            (Some(rs), Some(rc)) => {
+                let m = MemoryOperand::with_base_displ(rs, i64::from(ST_COUNT));
+                Ok((
+                    vec![Instruction::with2(Code::Mov_rm64_r64, m, rc).map_err(enc)?],
+                    vec![Instruction::with2(Code::Mov_r64_rm64, rc, m).map_err(enc)?],
+                ))
+            }
+            _ => Ok((Vec::new(), Vec::new())),
+        }
     }
 
     pub(super) fn jmp(&mut self, target: u64) -> Result<Instruction, RefusalReason> {
@@ -235,6 +261,26 @@ pub fn rewrite(
     addr: u64,
     fast: bool,
 ) -> Result<Rewritten, RefusalReason> {
+    // A fixed region needs every store on the fast path (a helper store would append an
+    // entry no slot knows about): if one cannot be, rewrite the region the general way.
+    match rewrite_with(cfg, tr, region, live, rt, addr, fast, true)? {
+        Some(rw) => Ok(rw),
+        None => rewrite_with(cfg, tr, region, live, rt, addr, fast, false)?
+            .ok_or_else(|| RefusalReason::Encoding("region rewrite fell back twice".into())),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rewrite_with(
+    cfg: &Cfg,
+    tr: &[Treatment],
+    region: &Region,
+    live: &Liveness,
+    rt: &RuntimeInfo,
+    addr: u64,
+    fast: bool,
+    fixed_allowed: bool,
+) -> Result<Option<Rewritten>, RefusalReason> {
     if cfg.start < LABEL_LIMIT {
         return Err(RefusalReason::Encoding(format!(
             "code at {:#x} collides with label space",
@@ -255,13 +301,18 @@ pub fn rewrite(
         Some(rs) => pick_reserved(&live.mentioned, &region_insns, rs),
         None => Vec::new(),
     };
-    let fixed = match rs {
-        Some(_) if !rt.config.merge_any_entry_broken => fixed::analyze(cfg, tr, region),
+    // A fixed region keeps the log's entry count in the first reserved register.
+    let fixed = match (rs, reserved.first()) {
+        (Some(_), Some(_)) if fixed_allowed && !rt.config.merge_any_entry_broken => {
+            fixed::analyze(cfg, tr, region)
+        }
         _ => None,
     };
+    let count_reg = fixed.as_ref().and(reserved.first().copied());
     let mut e = Emitter {
         reserved,
         fixed,
+        count_reg,
         cold: Vec::new(),
         rs,
         live: Some(live),
@@ -305,6 +356,9 @@ pub fn rewrite(
                 } => {
                     let forward_first = read && store_operands.contains(&operand_key(&i));
                     if !e.emit_ssb_fast(k, &i, op, size, read, write, label, forward_first)? {
+                        if e.fixed.is_some() {
+                            return Ok(None);
+                        }
                         e.emit_ssb(&i, op, size, read, write, label)?
                     }
                 }
@@ -426,6 +480,11 @@ pub fn rewrite(
                 e.push(Instruction::with1(Code::Pop_r64, rs).map_err(enc)?);
                 if !native {
                     e.save_reserved(rs)?;
+                    // The log is empty on entry: the count register starts from memory (0).
+                    let load = e.count_sync()?.1;
+                    for i in load {
+                        e.push(i);
+                    }
                 }
                 let up = e.lea_rsp(RED_ZONE)?;
                 e.push(up);
@@ -488,11 +547,11 @@ pub fn rewrite(
             .max()
             .map_or(0, |m| m as usize + 1)
     });
-    Ok(Rewritten {
+    Ok(Some(Rewritten {
         fixed_locations,
         code: res.code_buffer,
         pc_map,
         state_register: rs,
         undo_map,
-    })
+    }))
 }

@@ -104,10 +104,10 @@ pub fn state_size(cfg: &RuntimeConfig) -> u64 {
 /// Locations of a fixed-address region (`fixed.rs`) with a slot each.
 pub const MAX_FIXED_SLOTS: u32 = 16;
 
-/// The value of an empty fixed slot: odd, so it never equals an entry offset.
+/// The value of an empty fixed slot: odd, so it never equals a slot value `(i + 1) * 8`.
 pub const FIXED_SLOT_EMPTY: i32 = 1;
 
-/// Offset of the fixed-location slots in a state block: slot `s` holds `(i + 1) * 32` for
+/// Offset of the fixed-location slots in a state block: slot `s` holds `(i + 1) * 8` for
 /// the youngest entry `i` of location `s` this flush period, or [`FIXED_SLOT_EMPTY`].
 pub fn fixed_slots_offset(cfg: &RuntimeConfig) -> i32 {
     saved_regs_offset(cfg) + 8 * MAX_RESERVED as i32
