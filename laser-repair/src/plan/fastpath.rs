@@ -427,7 +427,6 @@ impl Emitter<'_> {
         rax_live: bool,
     ) -> Result<bool, RefusalReason> {
         let Some(rs) = self.rs else { return Ok(false) };
-        let n = self.rt.config.backedges_per_flush as i32;
         let go = self.label();
         let mut seq = Vec::new();
         let spill = flags_live && rax_live;
@@ -458,17 +457,13 @@ impl Emitter<'_> {
                 seq.push(br(Code::Ja_rel32_64, flush)?);
             }
         }
-        seq.push(
-            Instruction::with1(Code::Inc_rm64, mem(rs, Register::None, ST_BACKEDGES.into()))
-                .map_err(enc)?,
-        );
-        let cmp = if n <= 127 {
-            Code::Cmp_rm64_imm8
-        } else {
-            Code::Cmp_rm64_imm32
-        };
-        seq.push(mi(cmp, mem(rs, Register::None, ST_BACKEDGES.into()), n)?);
-        seq.push(br(Code::Jb_rel32_64, go)?);
+        // Back-edges left before a forced flush: one read-modify-write, no reload.
+        seq.push(mi(
+            Code::Sub_rm64_imm8,
+            mem(rs, Register::None, ST_BACKEDGES.into()),
+            1,
+        )?);
+        seq.push(br(Code::Jae_rel32_64, go)?);
         let (sync_out, sync_in) = self.count_sync()?;
         let mut first_flush = true;
         for mut ins in sync_out.into_iter().chain([self.lea_rsp(-RED_ZONE)?]) {

@@ -19,7 +19,9 @@
 //! The log's entry count lives in a register `rc` (the first reserved register; written to
 //! the state before and read back after every helper call). A slot holds `(i + 1) * 8` for
 //! entry `i` of the current flush period (entry address `rs + slot*4 + ENTRIES - 32`), or 1
-//! ("none": never a multiple of 8). `ssb_enter` and every flush reset the slots to 1.
+//! ("none": never a multiple of 8). `ssb_enter` and every flush reset the slots to 1. Each
+//! slot has a shadow: the value of its youngest entry, written with it, so a forwarding
+//! load is `cmp [slot],8; jb memory; mov v,[shadow]` and does not wait for the slot.
 //! Forwarding from the slot's entry is right because no other location of the group
 //! overlaps it (checked statically; otherwise such loads always take the helper) and no
 //! other group overlaps it (checked at run time by the range tests).
@@ -302,6 +304,15 @@ impl Emitter<'_> {
         let full_test = fixed.max_path_stores > self.rt.config.log_capacity;
         let slots = i64::from(fixed_slots_offset(&self.rt.config));
         let slot_mem = |n: u32| mem(rs, Register::None, slots + 8 * i64::from(n));
+        // The youngest value of each location, next to the slots: a forwarding load reads it
+        // without waiting for the slot (the branch on the slot is predicted).
+        let shadow = |n: u32| {
+            mem(
+                rs,
+                Register::None,
+                slots + 8 * i64::from(MAX_FIXED_SLOTS + n),
+            )
+        };
         let (a, c, m, v) = (s.a, s.c, s.m, s.v);
         // Slots and `c` below hold (i + 1) * 8 for entry i: `[rs + c*4 + ENTRIES - 32]`.
         let entry = |r: Register, d: i32| {
@@ -386,10 +397,9 @@ impl Emitter<'_> {
                 let direct = self.label();
                 hot.extend(tests);
                 hot.extend([
-                    rm(Code::Mov_r64_rm64, c, slot_mem(slot))?,
-                    ri(Code::Cmp_rm64_imm8, c, 8)?,
+                    mi(Code::Cmp_rm64_imm8, slot_mem(slot), 8)?,
                     br(Code::Jb_rel32_64, direct)?,
-                    rm(Code::Mov_r64_rm64, v, entry(c, -16))?,
+                    rm(Code::Mov_r64_rm64, v, shadow(slot))?,
                 ]);
                 match original {
                     Some(o) => {
@@ -464,6 +474,7 @@ impl Emitter<'_> {
                 mi(Code::Mov_rm64_imm32, entry(c, -24), s.size as i32)?,
                 mr(Code::Mov_rm64_r64, entry(c, -16), v)?,
                 mr(Code::Mov_rm64_r64, slot_mem(slot), c)?,
+                mr(Code::Mov_rm64_r64, shadow(slot), v)?,
                 rm(Code::Lea_r64_m, rc, mem(rc, Register::None, 1))?,
             ];
             let mut body: Vec<Instruction> = tests;
@@ -473,6 +484,7 @@ impl Emitter<'_> {
             if acc.merge {
                 tail.push(br(Code::Jmp_rel32_64, back_store)?);
                 tail.push(labelled(mr(Code::Mov_rm64_r64, entry(c, -16), v)?, merge));
+                tail.push(mr(Code::Mov_rm64_r64, shadow(slot), v)?);
             }
         }
         let mut epilogue = Vec::new();

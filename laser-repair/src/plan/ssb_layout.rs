@@ -53,6 +53,8 @@ pub const MODE_OFF: u64 = 0;
 pub const NO_SLOT_OFF: u64 = 8;
 pub const KEYS_OFF: u64 = 64;
 pub const ST_COUNT: i32 = 0;
+/// Back-edges left before a forced flush (`sub 1` per back-edge, flush on borrow; a flush
+/// sets `backedges_per_flush - 1`).
 pub const ST_BACKEDGES: i32 = 8;
 pub const ST_FLUSHES: i32 = 16;
 pub const ST_STORES: i32 = 24;
@@ -98,7 +100,8 @@ pub fn index_offset(cfg: &RuntimeConfig) -> i32 {
 
 /// Bytes of one thread's state block.
 pub fn state_size(cfg: &RuntimeConfig) -> u64 {
-    fixed_slots_offset(cfg) as u64 + 8 * u64::from(MAX_FIXED_SLOTS)
+    // Slots, then their shadow values.
+    fixed_slots_offset(cfg) as u64 + 16 * u64::from(MAX_FIXED_SLOTS)
 }
 
 /// Locations of a fixed-address region (`fixed.rs`) with a slot each.

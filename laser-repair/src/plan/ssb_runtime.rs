@@ -424,14 +424,12 @@ impl Gen {
     fn backedge_helper(&mut self, get_state: CodeLabel, flush_state: CodeLabel) -> R {
         let mut done = self.a.create_label();
         self.prologue()?;
-        let n = self.cfg.backedges_per_flush as i32;
         let a = &mut self.a;
         a.call(get_state)?;
         a.test(rcx, rcx)?;
         a.jz(done)?;
-        a.inc(qword_ptr(rcx + ST_BACKEDGES))?;
-        a.cmp(qword_ptr(rcx + ST_BACKEDGES), n)?;
-        a.jb(done)?;
+        a.sub(qword_ptr(rcx + ST_BACKEDGES), 1)?;
+        a.jae(done)?;
         a.call(flush_state)?;
         a.set_label(&mut done)?;
         self.epilogue()
@@ -456,6 +454,7 @@ impl Gen {
         let mut done = self.a.create_label();
         let mode = self.mode_addr;
         let retries = self.cfg.rtm_retries.max(1) as i32;
+        let backedges = self.cfg.backedges_per_flush as i32;
         self.a.push(r8)?;
         self.a.push(r9)?;
         self.lea_abs(Register::RAX, mode)?;
@@ -475,7 +474,9 @@ impl Gen {
         a.call(replay)?;
         a.set_label(&mut done)?;
         a.mov(qword_ptr(rcx + ST_COUNT), 0)?;
-        a.mov(qword_ptr(rcx + ST_BACKEDGES), 0)?;
+        // Back-edges left: the n-th back-edge from now finds 0 and flushes (a fresh state's
+        // 0 flushes at its first back-edge).
+        a.mov(qword_ptr(rcx + ST_BACKEDGES), backedges - 1)?;
         a.mov(qword_ptr(rcx + ST_SUMMARY), 0)?;
         a.inc(qword_ptr(rcx + ST_FLUSHES))?;
         self.reset_fixed_slots()?;

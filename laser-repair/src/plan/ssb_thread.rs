@@ -1,7 +1,7 @@
 //! Per-thread state lookup in the generated runtime: hashing the thread pointer, the
 //! lock-free claim of a slot, the entry-trampoline helper, and the one-time CPUID probe.
 
-use super::ssb_layout::{ENTRY_SIZE, ST_LIMIT, ST_SAVED_RS};
+use super::ssb_layout::{ENTRY_SIZE, ST_BACKEDGES, ST_LIMIT, ST_SAVED_RS};
 use super::ssb_runtime::{Gen, ADDR_SLOT, R, VALUE_SLOT};
 use iced_x86::code_asm::*;
 use iced_x86::Register;
@@ -25,7 +25,9 @@ impl Gen {
         a.mov(qword_ptr(rsp + ADDR_SLOT), rcx)?;
         // The log is empty here (every exit flushes); a fresh state's slots read 0.
         self.reset_fixed_slots()?;
+        let backedges = self.cfg.backedges_per_flush as i32;
         let a = &mut self.a;
+        a.mov(qword_ptr(rcx + ST_BACKEDGES), backedges - 1)?;
         a.jmp(done)?;
         a.set_label(&mut bypass)?;
         let no_slot = self.no_slot_addr;
