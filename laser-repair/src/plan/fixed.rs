@@ -64,6 +64,10 @@ pub struct Access {
     /// Stores: test for a tail merge (the same location may have stored just before).
     /// Skipping it is always correct (appending is); it only costs log room.
     pub merge: bool,
+    /// Forwarding loads of a single-block loop: the location has an entry this flush period
+    /// iff the count register is at least this (the last `d` appends are always the same
+    /// stores, the location's among them).
+    pub distance: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -74,6 +78,8 @@ pub struct Fixed {
     /// this much room in the log at every entry and back-edge (count 0 after a flush), stores
     /// need no full-log test.
     pub max_path_stores: u32,
+    /// Every forwarding load has a `distance`: stores need not write their slots.
+    pub slotless: bool,
 }
 
 type Loc = (Register, Register, u32, i64, u32);
@@ -139,7 +145,70 @@ pub fn analyze(cfg: &Cfg, tr: &[Treatment], region: &Region) -> Option<Fixed> {
             }
         }
     }
+    single_block_distances(cfg, tr, region, &mut fixed);
     Some(fixed)
+}
+
+/// A region of one block that branches back to itself, with no flush point and no merge
+/// test: every iteration appends the same stores in the same order, and the count register
+/// counts appends since the last flush (entries mid-block start at 0). So a location stored
+/// `d` appends before a load (this iteration or the previous one) has an entry iff
+/// `rc >= d`: the load tests a register instead of the slot, and stores skip the slot.
+fn single_block_distances(cfg: &Cfg, tr: &[Treatment], region: &Region, fixed: &mut Fixed) {
+    let [b] = region.blocks[..] else { return };
+    let blk = &cfg.blocks[b];
+    let ks: Vec<usize> = blk.insns.clone().collect();
+    let Some(&last) = ks.last() else { return };
+    let straight = ks.iter().all(|&k| {
+        matches!(
+            tr[k],
+            Treatment::Verbatim | Treatment::Ssb { .. } | Treatment::DirectBranch
+        )
+    });
+    let loops =
+        tr[last] == Treatment::DirectBranch && cfg.insns[last].near_branch_target() == blk.start;
+    let merges = ks
+        .iter()
+        .filter(|&&k| tr[k].is_store())
+        .filter_map(|k| fixed.by_insn.get(k))
+        .any(|a| a.merge);
+    if !straight || !loops || merges {
+        return;
+    }
+    // (position in the block, slot) of every store, in order.
+    let stores: Vec<(usize, u32)> = ks
+        .iter()
+        .enumerate()
+        .filter(|&(_, &k)| tr[k].is_store())
+        .filter_map(|(p, k)| fixed.by_insn.get(k).and_then(|a| a.slot).map(|s| (p, s)))
+        .collect();
+    let mut all = true;
+    for (p, &k) in ks.iter().enumerate() {
+        let Treatment::Ssb { read: true, .. } = tr[k] else {
+            continue;
+        };
+        let Some(acc) = fixed.by_insn.get_mut(&k) else {
+            continue;
+        };
+        let (true, Some(x)) = (acc.forward, acc.slot) else {
+            continue;
+        };
+        let before = |q: usize| stores.iter().filter(|&&(sp, _)| sp >= q && sp < p).count();
+        // This iteration (a store strictly before the load), else the previous one (an RMW
+        // at p stores after it reads, so its own store counts as the previous iteration's).
+        let d = match stores.iter().rev().find(|&&(sp, s)| sp < p && s == x) {
+            Some(&(q, _)) => before(q),
+            None => match stores.iter().rev().find(|&&(_, s)| s == x) {
+                Some(&(q, _)) => stores.iter().filter(|&&(sp, _)| sp >= q).count() + before(0),
+                None => {
+                    all = false;
+                    continue;
+                }
+            },
+        };
+        acc.distance = Some(d as u32);
+    }
+    fixed.slotless = all;
 }
 
 fn analyze_insns(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]) -> Option<Fixed> {
@@ -224,6 +293,7 @@ fn analyze_insns(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]
                 forward: false,
                 helper: false,
                 merge: false,
+                distance: None,
             },
             Some(l) => {
                 let group = groups
@@ -237,6 +307,7 @@ fn analyze_insns(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]
                     forward: slot.is_some() && others == 0,
                     helper: others > 0 || (slot.is_none() && locs.iter().any(|x| overlaps(x, &l))),
                     merge: true,
+                    distance: None,
                 }
             }
         };
@@ -246,6 +317,7 @@ fn analyze_insns(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]
         groups,
         by_insn,
         max_path_stores: u32::MAX,
+        slotless: false,
     })
 }
 
@@ -299,8 +371,10 @@ impl Emitter<'_> {
             forward: false,
             helper: false,
             merge: false,
+            distance: None,
         });
         let groups = fixed.groups.clone();
+        let slotless = fixed.slotless;
         let full_test = fixed.max_path_stores > self.rt.config.log_capacity;
         let slots = i64::from(fixed_slots_offset(&self.rt.config));
         let slot_mem = |n: u32| mem(rs, Register::None, slots + 8 * i64::from(n));
@@ -396,8 +470,11 @@ impl Emitter<'_> {
             } else if let (true, Some(slot)) = (acc.forward, acc.slot) {
                 let direct = self.label();
                 hot.extend(tests);
+                match acc.distance {
+                    Some(d) => hot.push(ri(Code::Cmp_rm64_imm32, rc, d as i32)?),
+                    None => hot.push(mi(Code::Cmp_rm64_imm8, slot_mem(slot), 8)?),
+                }
                 hot.extend([
-                    mi(Code::Cmp_rm64_imm8, slot_mem(slot), 8)?,
                     br(Code::Jb_rel32_64, direct)?,
                     rm(Code::Mov_r64_rm64, v, shadow(slot))?,
                 ]);
@@ -473,10 +550,12 @@ impl Emitter<'_> {
                 mr(Code::Mov_rm64_r64, entry(c, -32), a)?,
                 mi(Code::Mov_rm64_imm32, entry(c, -24), s.size as i32)?,
                 mr(Code::Mov_rm64_r64, entry(c, -16), v)?,
-                mr(Code::Mov_rm64_r64, slot_mem(slot), c)?,
                 mr(Code::Mov_rm64_r64, shadow(slot), v)?,
                 rm(Code::Lea_r64_m, rc, mem(rc, Register::None, 1))?,
             ];
+            if !slotless {
+                append.insert(4, mr(Code::Mov_rm64_r64, slot_mem(slot), c)?);
+            }
             let mut body: Vec<Instruction> = tests;
             body.append(&mut append);
             body[0].set_ip(retry);
