@@ -445,7 +445,13 @@ impl Emitter<'_> {
                 0,
             )?),
         }
-        seq.push(br(Code::Je_rel32_64, go)?);
+        // With nothing to restore, the common case branches straight to the loop head.
+        let fast = if flags_live || spill {
+            go
+        } else {
+            target_label
+        };
+        seq.push(br(Code::Je_rel32_64, fast)?);
         let flush = self.label();
         // A fixed region's stores do not test for a full log: every iteration must start
         // with room for the most stores a path through the region makes.
@@ -463,7 +469,7 @@ impl Emitter<'_> {
             mem(rs, Register::None, ST_BACKEDGES.into()),
             1,
         )?);
-        seq.push(br(Code::Jae_rel32_64, go)?);
+        seq.push(br(Code::Jae_rel32_64, fast)?);
         let (sync_out, sync_in) = self.count_sync()?;
         let mut first_flush = true;
         for mut ins in sync_out.into_iter().chain([self.lea_rsp(-RED_ZONE)?]) {
