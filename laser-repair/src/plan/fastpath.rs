@@ -11,7 +11,7 @@
 //! liveness allows, else spilled below the red zone; flags are saved with `seto/lahf` only
 //! where they are live.
 
-use super::fixed::FixedSeq;
+use super::fixed_emit::FixedSeq;
 use super::insn::{br, i2, mem, mi, mr, restore_flags, ri, rm, save_flags};
 use super::lanes::{Lanes, LoadLabels, Regs, StoreLabels};
 use super::liveness::{bit, gpr, FLAGS};

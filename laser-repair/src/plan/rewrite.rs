@@ -26,6 +26,7 @@ use super::cfg::Cfg;
 use super::classify::Treatment;
 use super::fastpath::{pick_reserved, pick_state_register};
 use super::fixed::{self, Fixed};
+use super::label_nops::drop_label_nops;
 use super::liveness::{Liveness, FLAGS};
 use super::native_copy::emit_native_copy;
 use super::refusal::RefusalReason;
@@ -561,65 +562,4 @@ fn rewrite_with(
         state_register: rs,
         undo_map,
     }))
-}
-
-/// Removes the `nop`s that only carry a label (the sequences put one where a label has no
-/// instruction of its own): the label moves to the next instruction, or branches to it are
-/// retargeted to the next instruction's label. Jumping to a nop and jumping to the
-/// instruction after it are the same. Returns the new index of every old index (a removed
-/// nop maps to the instruction that replaced it).
-fn drop_label_nops(out: &mut Vec<Instruction>) -> Vec<usize> {
-    let n = out.len();
-    let mut alias: HashMap<u64, u64> = HashMap::new();
-    let mut keep = vec![true; n];
-    let mut next_kept: Option<usize> = None;
-    for j in (0..n).rev() {
-        let ip = out[j].ip();
-        if out[j].code() == Code::Nopd && ip != 0 {
-            if let Some(t) = next_kept {
-                if out[t].ip() == 0 {
-                    out[t].set_ip(ip);
-                } else {
-                    alias.insert(ip, out[t].ip());
-                }
-                keep[j] = false;
-                continue;
-            }
-        }
-        next_kept = Some(j);
-    }
-    for ins in out.iter_mut() {
-        if ins.op0_kind() == iced_x86::OpKind::NearBranch64 {
-            if let Some(&t) = alias.get(&ins.near_branch_target()) {
-                ins.set_near_branch64(t);
-            }
-        }
-        if ins.is_ip_rel_memory_operand() {
-            if let Some(&t) = alias.get(&ins.memory_displacement64()) {
-                ins.set_memory_displacement64(t);
-            }
-        }
-    }
-    let mut remap = vec![0; n];
-    let mut kept = 0;
-    // Backwards, so a removed nop maps to the next kept instruction's new index.
-    let total = keep.iter().filter(|&&k| k).count();
-    let mut next_new = total;
-    for j in (0..n).rev() {
-        if keep[j] {
-            next_new -= 1;
-            remap[j] = next_new;
-        } else {
-            remap[j] = next_new;
-        }
-    }
-    let mut j = 0;
-    out.retain(|_| {
-        let k = keep[j];
-        j += 1;
-        kept += usize::from(k);
-        k
-    });
-    debug_assert_eq!(kept, total);
-    remap
 }
