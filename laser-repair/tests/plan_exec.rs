@@ -795,3 +795,54 @@ fn untouched_registers_survive_a_repaired_call() {
         assert_eq!(c, 9);
     }
 }
+
+/// `fn(p, n)`: n times `g += 1` on a global next to the code (rip-relative) and `*p += g`;
+/// returns g. Two store groups, one of them rip-relative; with `p = &g` they are the same
+/// bytes, so each group's loads must see the other's buffered stores.
+fn global_and_pointer(a: &mut CodeAssembler) {
+    let mut top = a.create_label();
+    let mut g = a.create_label();
+    // The global first (jumped over), so no data bytes follow the loop's exit.
+    a.jmp(top).unwrap();
+    a.set_label(&mut g).unwrap();
+    a.dq(&[0]).unwrap();
+    a.set_label(&mut top).unwrap();
+    a.mov(rax, qword_ptr(g)).unwrap();
+    a.add(rax, 1).unwrap();
+    a.mov(qword_ptr(g), rax).unwrap();
+    a.mov(rcx, qword_ptr(rdi)).unwrap();
+    a.add(rcx, rax).unwrap();
+    a.mov(qword_ptr(rdi), rcx).unwrap();
+    a.dec(rsi).unwrap();
+    a.jnz(top).unwrap();
+    a.mov(rax, qword_ptr(g)).unwrap();
+    a.ret().unwrap();
+}
+
+#[test]
+fn rip_relative_global_group_matches_native_even_aliased() {
+    // The loop's two `mov` stores (the global's zero bytes decode as `add [rax],al`).
+    let pcs = |base: u64, code: &[u8]| -> Vec<u64> {
+        iced_x86::Decoder::with_ip(64, code, base, 0)
+            .into_iter()
+            .filter(|i| i.mnemonic() == iced_x86::Mnemonic::Mov)
+            .filter(|i| i.op0_kind() == iced_x86::OpKind::Memory)
+            .map(|i| i.ip())
+            .collect()
+    };
+    let t = twin(&global_and_pointer, &pcs, permissive()).unwrap();
+    assert_eq!(t.plan.fixed_locations, 2, "a global and a pointer location");
+    // The global: right after the first instruction (the jmp over it).
+    let first = iced_x86::Decoder::with_ip(64, t.area.bytes(t.native, 16), t.native, 0).decode();
+    let g_off = first.len() as u64;
+    let (gn, gr) = (t.native + g_off, t.repaired + g_off);
+    let mut c = [0u64; 2];
+    let rn = fn2(t.native)(&mut c[0] as *mut u64 as u64, 1000);
+    let rr = fn2(t.repaired)(&mut c[1] as *mut u64 as u64, 1000);
+    assert_eq!((rn, c[0]), (rr, c[1]), "separate bytes");
+    // Aliased: p points at the global itself.
+    let rn = fn2(t.native)(gn, 700);
+    let rr = fn2(t.repaired)(gr, 700);
+    assert_eq!(rn, rr, "aliased global and pointer");
+    assert_eq!(t.area.bytes(gn, 8), t.area.bytes(gr, 8));
+}

@@ -1,5 +1,6 @@
 //! Fixed-address regions: when every store of the region writes `[base + index*scale + disp]`
-//! with base and index registers no region instruction writes, each store always writes the
+//! with base and index registers no region instruction writes (or `[rip + disp]`, a global),
+//! each store always writes the
 //! same bytes during one pass through the region (every exit flushes). Such a store's
 //! *location* gets a slot in the thread's state holding where its youngest log entry is, so
 //!
@@ -86,7 +87,14 @@ type Loc = (Register, Register, u32, i64, u32);
 fn loc_of(i: &Instruction, size: u32) -> Option<Loc> {
     let (b, x) = (i.memory_base(), i.memory_index());
     let ok = |r: Register| r == Register::None || (r.is_gpr64() && r != Register::RSP);
-    if !b.is_gpr64() || b == Register::RSP || !ok(x) || i.segment_prefix() != Register::None {
+    if i.segment_prefix() != Register::None || !ok(x) {
+        return None;
+    }
+    // rip-relative: an absolute address (iced's displacement is the target).
+    if b == Register::RIP && x == Register::None {
+        return Some((b, x, 1, i.memory_displacement64() as i64, size));
+    }
+    if !b.is_gpr64() || b == Register::RSP {
         return None;
     }
     let s = if x == Register::None {
@@ -229,9 +237,8 @@ fn analyze_insns(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]
             }
         }
     }
-    let moves = |r: Register| {
-        r != Register::None && written & (1 << (r.number() - Register::RAX.number())) != 0
-    };
+    let moves =
+        |r: Register| r.is_gpr64() && written & (1 << (r.number() - Register::RAX.number())) != 0;
     let mut locs: Vec<Loc> = Vec::new();
     for &k in region_insns {
         if let Treatment::Ssb {

@@ -125,8 +125,18 @@ impl Emitter<'_> {
                     continue;
                 }
                 // [ea, ea+size) meets [B+lo, B+hi) iff ea+size-1-lo-B < hi-lo+size-1 (unsigned).
-                let kk = i64::from(s.size) - 1 - g.lo;
                 let w = (g.hi - g.lo + i64::from(s.size) - 1) as i32;
+                if g.base == Register::RIP {
+                    // A global group: B + lo is an absolute address, materialised rip-relative.
+                    tests.push(rm(Code::Lea_r64_m, c, ea_k(i64::from(s.size) - 1))?);
+                    let lo = MemoryOperand::with_base_displ(Register::RIP, g.lo);
+                    tests.push(rm(Code::Lea_r64_m, m, lo)?);
+                    tests.push(i2(Code::Sub_r64_rm64, c, m)?);
+                    tests.push(ri(Code::Cmp_rm64_imm32, c, w)?);
+                    tests.push(br(Code::Jb_rel32_64, helper_load)?);
+                    continue;
+                }
+                let kk = i64::from(s.size) - 1 - g.lo;
                 tests.push(rm(Code::Lea_r64_m, c, ea_k(kk))?);
                 if g.index == Register::None {
                     tests.push(i2(Code::Sub_r64_rm64, c, g.base)?);
