@@ -846,3 +846,22 @@ fn rip_relative_global_group_matches_native_even_aliased() {
     assert_eq!(rn, rr, "aliased global and pointer");
     assert_eq!(t.area.bytes(gn, 8), t.area.bytes(gr, 8));
 }
+
+/// The flush lock (off by default) keeps results exact: two threads, the false-sharing
+/// counter loop, every flush taking the lock.
+#[test]
+fn flush_lock_keeps_counts_exact() {
+    use laser_repair::plan::{PlanOptions, RuntimeConfig};
+    let opts = PlanOptions {
+        runtime: RuntimeConfig {
+            flush_lock: true,
+            backedges_per_flush: 7,
+            ..RuntimeConfig::default()
+        },
+        ..PlanOptions::default()
+    };
+    let t = twin(&counter_loop, &store_pcs, opts).unwrap();
+    const N: u64 = 300_000;
+    let (_, c) = two_counters(t.repaired, N, 8);
+    assert_eq!(c, [N, N]);
+}

@@ -253,6 +253,12 @@ fn bench_lreg_repair() {
     for (c, t) in caps.iter().zip(&twins) {
         variants.push((format!("repaired log {c}"), t.repaired, 56));
     }
+    // The same repair with the flush lock (the two threads' replays never interleave).
+    let mut lock = PlanOptions::default();
+    lock.runtime.log_capacity = caps[caps.len() - 1];
+    lock.runtime.flush_lock = true;
+    let t_lock = twin(&lreg_map, &store_pcs, lock).unwrap();
+    variants.push(("repaired flush lock".into(), t_lock.repaired, 56));
     // The control: the repair applied where there is no contention (padded structs).
     variants.push((
         "repaired padded".into(),
@@ -290,7 +296,7 @@ fn bench_lreg_repair() {
     for (j, (name, _, _)) in variants.iter().enumerate() {
         let r = med[j];
         println!(
-            "  {name:18} {r:.3}s {:6.1} ns/it  speedup vs native {:.2}x  recovered {:4.0}%  \
+            "  {name:19} {r:.3}s {:6.1} ns/it  speedup vs native {:.2}x  recovered {:4.0}%  \
              (wall {:.3}s, {:.2}x)",
             per(r),
             n / r,

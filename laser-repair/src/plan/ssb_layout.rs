@@ -12,6 +12,10 @@ pub struct RuntimeConfig {
     pub backedges_per_flush: u32,
     /// Transaction attempts before an RTM flush falls back to the in-order FIFO replay.
     pub rtm_retries: u32,
+    /// Serialise FIFO replays across threads with a best-effort lock (`flush_lock_offset`).
+    /// Off by default: on this loaded VM it showed no gain (plan_lreg's "flush lock" row and
+    /// a live A/B were within noise); meant to be re-measured where threads truly overlap.
+    pub flush_lock: bool,
     /// Test-only mutation: merge a store into *any* matching entry, not just the tail. This
     /// breaks TSO (MP-like reorderings); it exists so the litmus tests can show they detect it.
     #[doc(hidden)]
@@ -25,6 +29,7 @@ impl Default for RuntimeConfig {
             log_capacity: 1024,
             backedges_per_flush: 256,
             rtm_retries: 4,
+            flush_lock: false,
             merge_any_entry_broken: false,
         }
     }
@@ -171,7 +176,20 @@ pub(crate) fn round_up(x: u64, a: u64) -> u64 {
 
 /// Data bytes the runtime needs at the start of the cache mapping.
 pub fn data_len(cfg: &RuntimeConfig) -> u64 {
-    let states = round_up(KEYS_OFF + 8 * u64::from(cfg.thread_slots), 64);
+    let states = states_offset(cfg);
     let state_size = state_size(cfg);
     round_up(states + state_size * u64::from(cfg.thread_slots), 4096)
+}
+
+/// Offset of the flush lock: a word on its own cache line after the keys. A thread takes it
+/// (best effort, bounded spin) around its FIFO replay, so two threads replaying into the
+/// same contended line do not bounce it on every store; correctness never depends on it
+/// (delaying a flush is allowed, and a thread that waits too long replays without it).
+pub fn flush_lock_offset(cfg: &RuntimeConfig) -> u64 {
+    round_up(KEYS_OFF + 8 * u64::from(cfg.thread_slots), 64)
+}
+
+/// Offset of the first state block.
+pub fn states_offset(cfg: &RuntimeConfig) -> u64 {
+    flush_lock_offset(cfg) + 64
 }

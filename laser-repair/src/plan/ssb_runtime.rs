@@ -50,13 +50,14 @@ pub fn generate(
         )));
     }
     let dlen = data_len(cfg);
-    let states_addr = cache_addr + round_up(KEYS_OFF + 8 * u64::from(cfg.thread_slots), 64);
+    let states_addr = cache_addr + states_offset(cfg);
     let mut g = Gen {
         a: CodeAssembler::new(64).map_err(enc)?,
         cfg: *cfg,
         mode_addr: cache_addr + MODE_OFF,
         no_slot_addr: cache_addr + NO_SLOT_OFF,
         keys_addr: cache_addr + KEYS_OFF,
+        flush_lock_addr: cache_addr + flush_lock_offset(cfg),
         states_addr,
         state_size: state_size(cfg),
     };
@@ -118,10 +119,14 @@ pub(super) struct Gen {
     pub(super) no_slot_addr: u64,
     pub(super) keys_addr: u64,
     pub(super) states_addr: u64,
+    pub(super) flush_lock_addr: u64,
     pub(super) state_size: u64,
 }
 
 pub(super) type R = Result<(), iced_x86::IcedError>;
+
+/// Pauses a flushing thread waits for another thread's replay before replaying anyway.
+const FLUSH_LOCK_SPINS: i32 = 2048;
 
 /// Offsets of the caller's slots once a helper has pushed its 6 registers and the flags.
 pub(super) const VALUE_SLOT: i32 = 64;
@@ -471,6 +476,41 @@ impl Gen {
         a.dec(r10d)?;
         a.jnz(retry)?;
         a.set_label(&mut fifo)?;
+        if !self.cfg.flush_lock {
+            a.call(replay)?;
+            a.jmp(done)?;
+        }
+        let lock = self.flush_lock_addr;
+        self.lea_abs(Register::RAX, lock)?;
+        let mut acquire = self.a.create_label();
+        let mut wait = self.a.create_label();
+        let mut got = self.a.create_label();
+        let mut unlocked = self.a.create_label();
+        let a = &mut self.a;
+        a.mov(r10d, FLUSH_LOCK_SPINS)?;
+        a.set_label(&mut acquire)?;
+        a.mov(edx, 1)?;
+        // ATOMICS: xchg (implicitly locked) takes the flush lock; it orders nothing the
+        // replay relies on (the log is private; its stores stay in program order anyway).
+        a.xchg(qword_ptr(rax), rdx)?;
+        a.test(rdx, rdx)?;
+        a.jz(got)?;
+        a.set_label(&mut wait)?;
+        a.pause()?;
+        a.dec(r10d)?;
+        a.jz(unlocked)?;
+        a.cmp(qword_ptr(rax), 0)?;
+        a.jne(wait)?;
+        a.jmp(acquire)?;
+        a.set_label(&mut got)?;
+        a.push(rax)?;
+        a.call(replay)?;
+        a.pop(rax)?;
+        // ATOMICS: a plain store releases the lock (x86-TSO: after the replay's stores).
+        a.mov(qword_ptr(rax), 0)?;
+        a.jmp(done)?;
+        // Waited long enough (the holder may be descheduled): replay without the lock.
+        a.set_label(&mut unlocked)?;
         a.call(replay)?;
         a.set_label(&mut done)?;
         a.mov(qword_ptr(rcx + ST_COUNT), 0)?;
