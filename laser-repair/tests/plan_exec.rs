@@ -847,8 +847,8 @@ fn rip_relative_global_group_matches_native_even_aliased() {
     assert_eq!(t.area.bytes(gn, 8), t.area.bytes(gr, 8));
 }
 
-/// The flush lock (off by default) keeps results exact: two threads, the false-sharing
-/// counter loop, every flush taking the lock.
+/// The flush lock keeps results exact: two threads, the false-sharing counter loop, a
+/// flush every 7 back-edges taking the lock.
 #[test]
 fn flush_lock_keeps_counts_exact() {
     use laser_repair::plan::{PlanOptions, RuntimeConfig};

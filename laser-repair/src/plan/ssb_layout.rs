@@ -13,8 +13,10 @@ pub struct RuntimeConfig {
     /// Transaction attempts before an RTM flush falls back to the in-order FIFO replay.
     pub rtm_retries: u32,
     /// Serialise FIFO replays across threads with a best-effort lock (`flush_lock_offset`).
-    /// Off by default: on this loaded VM it showed no gain (plan_lreg's "flush lock" row and
-    /// a live A/B were within noise); meant to be re-measured where threads truly overlap.
+    /// On by default: live on linear_regression (scripts/bench (c), 5-6 interleaved runs
+    /// each) the repaired run took a median ~1.0 s with it and ~1.5 s without (replays of
+    /// both threads interleaving on the contended line bounce it on every store). The
+    /// in-process plan_lreg fixture, whose contention is far milder, shows no difference.
     pub flush_lock: bool,
     /// Test-only mutation: merge a store into *any* matching entry, not just the tail. This
     /// breaks TSO (MP-like reorderings); it exists so the litmus tests can show they detect it.
@@ -29,7 +31,7 @@ impl Default for RuntimeConfig {
             log_capacity: 1024,
             backedges_per_flush: 256,
             rtm_retries: 4,
-            flush_lock: false,
+            flush_lock: true,
             merge_any_entry_broken: false,
         }
     }
