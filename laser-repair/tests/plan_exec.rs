@@ -519,6 +519,7 @@ fn log_of_spinning_thread(merge_any_entry_broken: bool) -> (Vec<[u64; 3]>, [u64;
     // SAFETY: reads of plain u64s another thread may be writing; volatile so each poll
     // really reads memory. The values are only compared, never trusted as references.
     let rd = |addr: u64| unsafe { std::ptr::read_volatile(addr as *const u64) };
+    let entries = |st: u64| (0..64u64).take_while(|n| rd(st + 64 + 32 * n) != 0).count() as u64;
     let (log, before) = std::thread::scope(|s| {
         let f = t.repaired;
         s.spawn(move || fn3(f)(xa, ya, za));
@@ -531,15 +532,17 @@ fn log_of_spinning_thread(merge_any_entry_broken: bool) -> (Vec<[u64; 3]>, [u64;
                 .map(|k| rt.state_addr(k));
             if let Some(st) = state {
                 // Three log entries (inline appends), or three stores counted by the helper
-                // (the mutation routes every store there).
-                if rd(st) >= 3 || rd(st + 24) >= 3 {
+                // (the mutation routes every store there). Entries are counted by their
+                // address fields (a fresh state is zero-filled): a fixed region keeps the
+                // count in a register while it runs.
+                if entries(st) >= 3 || rd(st + 24) >= 3 {
                     break;
                 }
             }
             std::thread::yield_now();
         }
         let st = state.expect("thread never claimed a slot");
-        let count = rd(st);
+        let count = entries(st);
         let log: Vec<[u64; 3]> = (0..count.min(64))
             .map(|n| st + 64 + 32 * n)
             .map(|e| [rd(e), rd(e + 8), rd(e + 16)])
@@ -791,4 +794,74 @@ fn untouched_registers_survive_a_repaired_call() {
         assert_eq!(out.to_vec(), want, "registers clobbered by {f:#x}");
         assert_eq!(c, 9);
     }
+}
+
+/// `fn(p, n)`: n times `g += 1` on a global next to the code (rip-relative) and `*p += g`;
+/// returns g. Two store groups, one of them rip-relative; with `p = &g` they are the same
+/// bytes, so each group's loads must see the other's buffered stores.
+fn global_and_pointer(a: &mut CodeAssembler) {
+    let mut top = a.create_label();
+    let mut g = a.create_label();
+    // The global first (jumped over), so no data bytes follow the loop's exit.
+    a.jmp(top).unwrap();
+    a.set_label(&mut g).unwrap();
+    a.dq(&[0]).unwrap();
+    a.set_label(&mut top).unwrap();
+    a.mov(rax, qword_ptr(g)).unwrap();
+    a.add(rax, 1).unwrap();
+    a.mov(qword_ptr(g), rax).unwrap();
+    a.mov(rcx, qword_ptr(rdi)).unwrap();
+    a.add(rcx, rax).unwrap();
+    a.mov(qword_ptr(rdi), rcx).unwrap();
+    a.dec(rsi).unwrap();
+    a.jnz(top).unwrap();
+    a.mov(rax, qword_ptr(g)).unwrap();
+    a.ret().unwrap();
+}
+
+#[test]
+fn rip_relative_global_group_matches_native_even_aliased() {
+    // The loop's two `mov` stores (the global's zero bytes decode as `add [rax],al`).
+    let pcs = |base: u64, code: &[u8]| -> Vec<u64> {
+        iced_x86::Decoder::with_ip(64, code, base, 0)
+            .into_iter()
+            .filter(|i| i.mnemonic() == iced_x86::Mnemonic::Mov)
+            .filter(|i| i.op0_kind() == iced_x86::OpKind::Memory)
+            .map(|i| i.ip())
+            .collect()
+    };
+    let t = twin(&global_and_pointer, &pcs, permissive()).unwrap();
+    assert_eq!(t.plan.fixed_locations, 2, "a global and a pointer location");
+    // The global: right after the first instruction (the jmp over it).
+    let first = iced_x86::Decoder::with_ip(64, t.area.bytes(t.native, 16), t.native, 0).decode();
+    let g_off = first.len() as u64;
+    let (gn, gr) = (t.native + g_off, t.repaired + g_off);
+    let mut c = [0u64; 2];
+    let rn = fn2(t.native)(&mut c[0] as *mut u64 as u64, 1000);
+    let rr = fn2(t.repaired)(&mut c[1] as *mut u64 as u64, 1000);
+    assert_eq!((rn, c[0]), (rr, c[1]), "separate bytes");
+    // Aliased: p points at the global itself.
+    let rn = fn2(t.native)(gn, 700);
+    let rr = fn2(t.repaired)(gr, 700);
+    assert_eq!(rn, rr, "aliased global and pointer");
+    assert_eq!(t.area.bytes(gn, 8), t.area.bytes(gr, 8));
+}
+
+/// The flush lock keeps results exact: two threads, the false-sharing counter loop, a
+/// flush every 7 back-edges taking the lock.
+#[test]
+fn flush_lock_keeps_counts_exact() {
+    use laser_repair::plan::{PlanOptions, RuntimeConfig};
+    let opts = PlanOptions {
+        runtime: RuntimeConfig {
+            flush_lock: true,
+            backedges_per_flush: 7,
+            ..RuntimeConfig::default()
+        },
+        ..PlanOptions::default()
+    };
+    let t = twin(&counter_loop, &store_pcs, opts).unwrap();
+    const N: u64 = 300_000;
+    let (_, c) = two_counters(t.repaired, N, 8);
+    assert_eq!(c, [N, N]);
 }

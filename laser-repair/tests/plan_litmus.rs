@@ -173,7 +173,8 @@ struct Out {
 }
 
 /// Runs `iters` iterations; returns (forbidden, relaxed) counts.
-fn run(t: &Litmus, iters: usize, opts: PlanOptions) -> (u64, u64) {
+/// Returns (forbidden, relaxed, whether either body became a fixed-address region).
+fn run(t: &Litmus, iters: usize, opts: PlanOptions) -> (u64, u64, bool) {
     let b0 = twin(&|a| (t.p0)(a), &all_pcs, opts)
         .unwrap_or_else(|r| panic!("{}: P0 refused: {r}", t.name));
     let b1 = twin(&|a| (t.p1)(a), &all_pcs, opts)
@@ -184,6 +185,7 @@ fn run(t: &Litmus, iters: usize, opts: PlanOptions) -> (u64, u64) {
         "{}",
         t.name
     );
+    let fixed = b0.plan.fixed_locations + b1.plan.fixed_locations > 0;
     let (f0, f1) = (fn3(b0.repaired), fn3(b1.repaired));
     const CHUNK: usize = 100_000;
     let (mut forbidden, mut relaxed) = (0u64, 0u64);
@@ -228,7 +230,7 @@ fn run(t: &Litmus, iters: usize, opts: PlanOptions) -> (u64, u64) {
         }
         done += n;
     }
-    (forbidden, relaxed)
+    (forbidden, relaxed, fixed)
 }
 
 fn run_all(iters: usize, opts: PlanOptions) {
@@ -238,17 +240,28 @@ fn run_all(iters: usize, opts: PlanOptions) {
     } else {
         "helper"
     };
+    let mut fixed_tests = 0;
     for t in tests() {
-        let (forbidden, relaxed) = run(&t, iters, opts);
+        let (forbidden, relaxed, fixed) = run(&t, iters, opts);
         println!(
-            "{:<48} {path} {iters} iterations: forbidden {forbidden}, relaxed {relaxed}",
-            t.name
+            "{:<48} {path}{} {iters} iterations: forbidden {forbidden}, relaxed {relaxed}",
+            t.name,
+            if fixed { " (fixed region)" } else { "" }
         );
+        fixed_tests += usize::from(fixed);
         if forbidden > 0 {
             bad.push((t.name, forbidden));
         }
     }
     assert!(bad.is_empty(), "forbidden outcomes under the SSB: {bad:?}");
+    // The bodies store through argument registers they never change: on the inline path
+    // they are fixed-address regions, whose slots and range tests are then what is tested.
+    if opts.inline_fast_path {
+        assert!(
+            fixed_tests > 0,
+            "no litmus body became a fixed-address region"
+        );
+    }
 }
 
 /// Both code paths in one test: two litmus tests running at once would put four spinning
@@ -295,7 +308,7 @@ fn litmus_detects_merge_into_older_entry() {
         .into_iter()
         .filter(|t| t.name.starts_with("SB-merge"))
     {
-        let (forbidden, _) = run(&t, 200_000, broken);
+        let (forbidden, _, _) = run(&t, 200_000, broken);
         println!("{:<48} broken merge: forbidden {forbidden}", t.name);
     }
 }

@@ -11,6 +11,7 @@
 //! liveness allows, else spilled below the red zone; flags are saved with `seto/lahf` only
 //! where they are live.
 
+use super::fixed_emit::FixedSeq;
 use super::insn::{br, i2, mem, mi, mr, restore_flags, ri, rm, save_flags};
 use super::lanes::{Lanes, LoadLabels, Regs, StoreLabels};
 use super::liveness::{bit, gpr, FLAGS};
@@ -77,7 +78,7 @@ impl Emitter<'_> {
         if need_rax && mentioned & rax != 0 {
             return Ok(false);
         }
-        let rs_bit = bit(rs).unwrap_or(0);
+        let rs_bit = bit(rs).unwrap_or(0) | self.count_reg.and_then(bit).unwrap_or(0);
         let mut taken = mentioned | rs_bit | if need_rax { rax } else { 0 };
         let mut pool: Vec<Register> = POOL.to_vec();
         if !need_rax {
@@ -202,6 +203,26 @@ impl Emitter<'_> {
                 Register::None,
             )
         };
+        if self.fixed.is_some() {
+            return self.emit_fixed(FixedSeq {
+                k,
+                i: *i,
+                size,
+                read,
+                write,
+                a,
+                c,
+                m,
+                v,
+                body,
+                ea,
+                flags_in,
+                flags_out,
+                spills,
+                prologue: hot,
+                label,
+            });
+        }
         hot.push(rm(Code::Lea_r64_m, a, ea)?);
         let back_load = self.label();
         let back_store = self.label();
@@ -406,7 +427,6 @@ impl Emitter<'_> {
         rax_live: bool,
     ) -> Result<bool, RefusalReason> {
         let Some(rs) = self.rs else { return Ok(false) };
-        let n = self.rt.config.backedges_per_flush as i32;
         let go = self.label();
         let mut seq = Vec::new();
         let spill = flags_live && rax_live;
@@ -417,26 +437,51 @@ impl Emitter<'_> {
         if flags_live {
             seq.extend(save_flags()?);
         }
-        seq.push(mi(
-            Code::Cmp_rm64_imm8,
-            mem(rs, Register::None, ST_COUNT.into()),
-            0,
-        )?);
-        seq.push(br(Code::Je_rel32_64, go)?);
-        seq.push(
-            Instruction::with1(Code::Inc_rm64, mem(rs, Register::None, ST_BACKEDGES.into()))
-                .map_err(enc)?,
-        );
-        let cmp = if n <= 127 {
-            Code::Cmp_rm64_imm8
+        match self.count_reg {
+            Some(rc) => seq.push(ri(Code::Cmp_rm64_imm8, rc, 0)?),
+            None => seq.push(mi(
+                Code::Cmp_rm64_imm8,
+                mem(rs, Register::None, ST_COUNT.into()),
+                0,
+            )?),
+        }
+        // With nothing to restore, the common case branches straight to the loop head.
+        let fast = if flags_live || spill {
+            go
         } else {
-            Code::Cmp_rm64_imm32
+            target_label
         };
-        seq.push(mi(cmp, mem(rs, Register::None, ST_BACKEDGES.into()), n)?);
-        seq.push(br(Code::Jb_rel32_64, go)?);
-        seq.push(self.lea_rsp(-RED_ZONE)?);
+        seq.push(br(Code::Je_rel32_64, fast)?);
+        let flush = self.label();
+        // A fixed region's stores do not test for a full log: every iteration must start
+        // with room for the most stores a path through the region makes.
+        if let (Some(f), Some(rc)) = (self.fixed.as_ref(), self.count_reg) {
+            let cap = self.rt.config.log_capacity;
+            if f.max_path_stores <= cap {
+                let room = (cap - f.max_path_stores) as i32;
+                seq.push(ri(Code::Cmp_rm64_imm32, rc, room)?);
+                seq.push(br(Code::Ja_rel32_64, flush)?);
+            }
+        }
+        // Back-edges left before a forced flush: one read-modify-write, no reload.
+        seq.push(mi(
+            Code::Sub_rm64_imm8,
+            mem(rs, Register::None, ST_BACKEDGES.into()),
+            1,
+        )?);
+        seq.push(br(Code::Jae_rel32_64, fast)?);
+        let (sync_out, sync_in) = self.count_sync()?;
+        let mut first_flush = true;
+        for mut ins in sync_out.into_iter().chain([self.lea_rsp(-RED_ZONE)?]) {
+            if first_flush {
+                ins.set_ip(flush);
+                first_flush = false;
+            }
+            seq.push(ins);
+        }
         seq.push(Instruction::with_branch(Code::Call_rel32_64, self.rt.flush).map_err(enc)?);
         seq.push(self.lea_rsp(RED_ZONE)?);
+        seq.extend(sync_in);
         let mut tail = Vec::new();
         if flags_live {
             tail.extend(restore_flags()?);

@@ -5,7 +5,7 @@
 use super::insn::{br, i2, mem, mi, mr, ri, rm};
 use super::refusal::RefusalReason;
 use super::rewrite::{enc, sized};
-use super::ssb_layout::{ST_COUNT, ST_ENTRIES, ST_FLUSHES, ST_LIMIT, ST_SUMMARY};
+use super::ssb_layout::{LANE_PERIOD, ST_COUNT, ST_ENTRIES, ST_FLUSHES, ST_LIMIT, ST_SUMMARY};
 use iced_x86::{Code, Instruction, MemoryOperand, Register};
 
 /// The state register and where its byte-lane index starts.
@@ -59,7 +59,6 @@ impl Lanes {
         l: &LoadLabels,
     ) -> Result<Vec<Instruction>, RefusalReason> {
         let (a, c, m, v) = (r.a, r.c, r.m, r.v);
-        let entry = |d: i32| self.entry(c, d);
         // Cold: the byte-lane index names, for each byte of the load, the youngest log
         // entry touching it. No entry -> read memory; one entry with the same address and
         // size covering every byte -> forward it; anything else -> the helper.
@@ -112,13 +111,25 @@ impl Lanes {
                 cold.push(br(Code::Jne_rel32_64, l.helper)?);
             }
         }
+        // Lanes hold `(i mod LANE_PERIOD) + 1`: the candidate is the youngest entry with that
+        // residue, `count - ((count - lane) mod LANE_PERIOD) - 1`. If it has the load's exact
+        // address and size it is the youngest entry touching these bytes (the real youngest
+        // has the same residue and is not younger than the candidate, which touches them);
+        // else (the youngest is a period or more older) the helper scans.
+        let count = mem(self.rs, Register::None, ST_COUNT.into());
+        let ent = |d: i32| self.entry(m, d);
         cold.extend([
-            ri(Code::Shl_rm64_imm8, c, 5)?,
-            mi(Code::Cmp_rm64_imm8, entry(-24), size as i32)?,
+            rm(Code::Mov_r64_rm64, m, count)?,
+            i2(Code::Sub_r64_rm64, m, c)?,
+            ri(Code::And_rm64_imm8, m, LANE_PERIOD as i32 - 1)?,
+            Instruction::with1(Code::Neg_rm64, m).map_err(enc)?,
+            rm(Code::Add_r64_rm64, m, count)?,
+            ri(Code::Shl_rm64_imm8, m, 5)?,
+            mi(Code::Cmp_rm64_imm8, ent(-24), size as i32)?,
             br(Code::Jne_rel32_64, l.helper)?,
-            mr(Code::Cmp_rm64_r64, entry(-32), a)?,
+            mr(Code::Cmp_rm64_r64, ent(-32), a)?,
             br(Code::Jne_rel32_64, l.helper)?,
-            rm(Code::Mov_r64_rm64, v, entry(-16))?,
+            rm(Code::Mov_r64_rm64, v, ent(-16))?,
             br(Code::Jmp_rel32_64, l.back)?,
         ]);
         // The slot belongs to another word this period. Uncontested (no word ever lost
@@ -234,6 +245,10 @@ impl Lanes {
                 m,
                 mem(rs, Register::None, ST_COUNT.into()),
             )?,
+            // Lane value of entry i = count - 1: (i mod LANE_PERIOD) + 1.
+            Instruction::with1(Code::Dec_rm32, sized(m, 4)).map_err(enc)?,
+            ri(Code::And_rm32_imm8, sized(m, 4), LANE_PERIOD as i32 - 1)?,
+            Instruction::with1(Code::Inc_rm32, sized(m, 4)).map_err(enc)?,
         ]);
         match size {
             1 => append.push(mr(Code::Mov_rm8_r8, self.slot(c, 0), sized(m, 1))?),

@@ -25,11 +25,13 @@
 use super::cfg::Cfg;
 use super::classify::Treatment;
 use super::fastpath::{pick_reserved, pick_state_register};
+use super::fixed::{self, Fixed};
+use super::label_nops::drop_label_nops;
 use super::liveness::{Liveness, FLAGS};
 use super::native_copy::emit_native_copy;
 use super::refusal::RefusalReason;
 use super::region::Region;
-use super::ssb_runtime::{saved_regs_offset, RuntimeInfo, ST_SAVED_RS};
+use super::ssb_runtime::{saved_regs_offset, RuntimeInfo, ST_COUNT, ST_SAVED_RS};
 use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, FlowControl, Instruction, InstructionBlock,
     InstructionInfoFactory, MemoryOperand, Register,
@@ -67,6 +69,8 @@ pub struct Rewritten {
     pub state_register: Option<Register>,
     /// Safe points for undo: `(pc in the cache, where to continue)`.
     pub undo_map: Vec<(u64, u64)>,
+    /// Store locations of a fixed-address region, 0 if the region is not one.
+    pub fixed_locations: usize,
 }
 
 pub(super) struct Emitter<'a> {
@@ -77,6 +81,11 @@ pub(super) struct Emitter<'a> {
     pub(super) rs: Option<Register>,
     /// Scratch registers reserved for the whole region (saved/restored like `rs`).
     pub(super) reserved: Vec<Register>,
+    /// The fixed-address plan (`fixed.rs`), when the region qualifies (fast path only).
+    pub(super) fixed: Option<Fixed>,
+    /// Fixed regions: the register holding the log's entry count (a reserved register;
+    /// `ST_COUNT` in memory is written before and read after every helper call).
+    pub(super) count_reg: Option<Register>,
     pub(super) live: Option<&'a Liveness>,
     /// For each original instruction address: index in `out` of its first instruction.
     pub(super) first: Vec<(u64, usize)>,
@@ -193,15 +202,38 @@ impl<'a> Emitter<'a> {
         label: Option<u64>,
     ) -> Result<(), RefusalReason> {
         let down = self.lea_rsp(-RED_ZONE)?;
-        match label {
-            Some(l) => self.push_at(down, l),
-            None => self.push(down),
+        let sync = self.count_sync()?;
+        let mut first = true;
+        for i in sync.0.into_iter().chain([down]) {
+            match (first, label) {
+                (true, Some(l)) => self.push_at(i, l),
+                _ => self.push(i),
+            }
+            first = false;
         }
         let c = self.call(helper);
         self.push(c);
         let up = self.lea_rsp(RED_ZONE)?;
         self.push(up);
+        for i in sync.1 {
+            self.push(i);
+        }
         Ok(())
+    }
+
+    /// Fixed regions: `mov [rs+count],rc` before a helper call and `mov rc,[rs+count]`
+    /// after it (helpers read, and flushes reset, the count in memory). No flags touched.
+    pub(super) fn count_sync(&self) -> Result<(Vec<Instruction>, Vec<Instruction>), RefusalReason> {
+        match (self.rs, self.count_reg) {
+            (Some(rs), Some(rc)) => {
+                let m = MemoryOperand::with_base_displ(rs, i64::from(ST_COUNT));
+                Ok((
+                    vec![Instruction::with2(Code::Mov_rm64_r64, m, rc).map_err(enc)?],
+                    vec![Instruction::with2(Code::Mov_r64_rm64, rc, m).map_err(enc)?],
+                ))
+            }
+            _ => Ok((Vec::new(), Vec::new())),
+        }
     }
 
     pub(super) fn jmp(&mut self, target: u64) -> Result<Instruction, RefusalReason> {
@@ -230,6 +262,26 @@ pub fn rewrite(
     addr: u64,
     fast: bool,
 ) -> Result<Rewritten, RefusalReason> {
+    // A fixed region needs every store on the fast path (a helper store would append an
+    // entry no slot knows about): if one cannot be, rewrite the region the general way.
+    match rewrite_with(cfg, tr, region, live, rt, addr, fast, true)? {
+        Some(rw) => Ok(rw),
+        None => rewrite_with(cfg, tr, region, live, rt, addr, fast, false)?
+            .ok_or_else(|| RefusalReason::Encoding("region rewrite fell back twice".into())),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rewrite_with(
+    cfg: &Cfg,
+    tr: &[Treatment],
+    region: &Region,
+    live: &Liveness,
+    rt: &RuntimeInfo,
+    addr: u64,
+    fast: bool,
+    fixed_allowed: bool,
+) -> Result<Option<Rewritten>, RefusalReason> {
     if cfg.start < LABEL_LIMIT {
         return Err(RefusalReason::Encoding(format!(
             "code at {:#x} collides with label space",
@@ -250,8 +302,18 @@ pub fn rewrite(
         Some(rs) => pick_reserved(&live.mentioned, &region_insns, rs),
         None => Vec::new(),
     };
+    // A fixed region keeps the log's entry count in the first reserved register.
+    let fixed = match (rs, reserved.first()) {
+        (Some(_), Some(_)) if fixed_allowed && !rt.config.merge_any_entry_broken => {
+            fixed::analyze(cfg, tr, region)
+        }
+        _ => None,
+    };
+    let count_reg = fixed.as_ref().and(reserved.first().copied());
     let mut e = Emitter {
         reserved,
+        fixed,
+        count_reg,
         cold: Vec::new(),
         rs,
         live: Some(live),
@@ -295,6 +357,9 @@ pub fn rewrite(
                 } => {
                     let forward_first = read && store_operands.contains(&operand_key(&i));
                     if !e.emit_ssb_fast(k, &i, op, size, read, write, label, forward_first)? {
+                        if e.fixed.is_some() {
+                            return Ok(None);
+                        }
                         e.emit_ssb(&i, op, size, read, write, label)?
                     }
                 }
@@ -416,6 +481,11 @@ pub fn rewrite(
                 e.push(Instruction::with1(Code::Pop_r64, rs).map_err(enc)?);
                 if !native {
                     e.save_reserved(rs)?;
+                    // The log is empty on entry: the count register starts from memory (0).
+                    let load = e.count_sync()?.1;
+                    for i in load {
+                        e.push(i);
+                    }
                 }
                 let up = e.lea_rsp(RED_ZONE)?;
                 e.push(up);
@@ -448,6 +518,13 @@ pub fn rewrite(
             e.next_label
         )));
     }
+    let remap = drop_label_nops(&mut e.out);
+    let entry_idx: Vec<usize> = entry_idx.iter().map(|&i| remap[i]).collect();
+    let native_idx: Vec<usize> = native_idx.iter().map(|&i| remap[i]).collect();
+    let undo_idx: Vec<usize> = undo_idx.iter().map(|&i| remap[i]).collect();
+    for f in &mut e.first {
+        f.1 = remap[f.1];
+    }
     let res = BlockEncoder::encode(
         64,
         InstructionBlock::new(&e.out, addr),
@@ -471,10 +548,18 @@ pub fn rewrite(
             undo_map.push((at(native_idx[n]), ip));
         }
     }
-    Ok(Rewritten {
+    let fixed_locations = e.fixed.as_ref().map_or(0, |f| {
+        f.by_insn
+            .values()
+            .filter_map(|a| a.slot)
+            .max()
+            .map_or(0, |m| m as usize + 1)
+    });
+    Ok(Some(Rewritten {
+        fixed_locations,
         code: res.code_buffer,
         pc_map,
         state_register: rs,
         undo_map,
-    })
+    }))
 }

@@ -12,6 +12,12 @@ pub struct RuntimeConfig {
     pub backedges_per_flush: u32,
     /// Transaction attempts before an RTM flush falls back to the in-order FIFO replay.
     pub rtm_retries: u32,
+    /// Serialise FIFO replays across threads with a best-effort lock (`flush_lock_offset`).
+    /// On by default: live on linear_regression (scripts/bench (c), 5-6 interleaved runs
+    /// each) the repaired run took a median ~1.0 s with it and ~1.5 s without (replays of
+    /// both threads interleaving on the contended line bounce it on every store). The
+    /// in-process plan_lreg fixture, whose contention is far milder, shows no difference.
+    pub flush_lock: bool,
     /// Test-only mutation: merge a store into *any* matching entry, not just the tail. This
     /// breaks TSO (MP-like reorderings); it exists so the litmus tests can show they detect it.
     #[doc(hidden)]
@@ -22,9 +28,10 @@ impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
             thread_slots: 128,
-            log_capacity: 64,
+            log_capacity: 1024,
             backedges_per_flush: 256,
             rtm_retries: 4,
+            flush_lock: true,
             merge_any_entry_broken: false,
         }
     }
@@ -53,6 +60,8 @@ pub const MODE_OFF: u64 = 0;
 pub const NO_SLOT_OFF: u64 = 8;
 pub const KEYS_OFF: u64 = 64;
 pub const ST_COUNT: i32 = 0;
+/// Back-edges left before a forced flush (`sub 1` per back-edge, flush on borrow; a flush
+/// sets `backedges_per_flush - 1`).
 pub const ST_BACKEDGES: i32 = 8;
 pub const ST_FLUSHES: i32 = 16;
 pub const ST_STORES: i32 = 24;
@@ -75,14 +84,20 @@ pub const ST_ENTRIES: i32 = 64;
 pub const ENTRY_SIZE: u64 = 32;
 /// The byte-lane index that follows the log: 64 slots of 32 bytes
 /// `{ lanes: [u8; 8], word, period, contested }`. Slot `w & 63` describes 8-byte word `w`
-/// during flush period `period` (the flush counter): lane `j` holds `i + 1` for the youngest
-/// entry `i` touching byte `j` of the word, 0 for none, 0xff for unknown. `contested` is set
+/// during flush period `period` (the flush counter): lane `j` holds `(i mod LANE_PERIOD) + 1`
+/// for the youngest entry `i` touching byte `j` of the word, 0 for none, 0xff for unknown. `contested` is set
 /// when the slot was taken over from another word in the same period (lanes then start
 /// unknown); while it is clear, a word other than the owner has no entry at all this period.
 /// Only consulted while the summary bit of `w & 63` is set: every append sets the bit and
-/// claims the slot, and a flush clears the summary and starts a new period. Capacity is
-/// therefore at most 254 entries (0xff is "unknown").
+/// claims the slot, and a flush clears the summary and starts a new period. A reader takes
+/// the youngest entry with the lane's residue and checks its address and size (the lanes
+/// alone cannot tell entries a period apart), so the log's capacity is not bounded by a byte.
 pub const INDEX_SLOTS: u64 = 64;
+/// Residues of entry indices kept in a lane (a power of two, below 0xff).
+pub const LANE_PERIOD: u64 = 128;
+/// Largest log the runtime accepts (entries): the log, index and saved registers of one
+/// thread must stay within an i32 displacement, with room to spare.
+pub const MAX_LOG_CAPACITY: u32 = 1 << 16;
 pub const INDEX_SLOT_SIZE: u64 = 32;
 
 /// Offset of the byte-lane index in a state block.
@@ -92,7 +107,20 @@ pub fn index_offset(cfg: &RuntimeConfig) -> i32 {
 
 /// Bytes of one thread's state block.
 pub fn state_size(cfg: &RuntimeConfig) -> u64 {
-    saved_regs_offset(cfg) as u64 + 8 * MAX_RESERVED as u64
+    // Slots, then their shadow values.
+    fixed_slots_offset(cfg) as u64 + 16 * u64::from(MAX_FIXED_SLOTS)
+}
+
+/// Locations of a fixed-address region (`fixed.rs`) with a slot each.
+pub const MAX_FIXED_SLOTS: u32 = 16;
+
+/// The value of an empty fixed slot: odd, so it never equals a slot value `(i + 1) * 8`.
+pub const FIXED_SLOT_EMPTY: i32 = 1;
+
+/// Offset of the fixed-location slots in a state block: slot `s` holds `(i + 1) * 8` for
+/// the youngest entry `i` of location `s` this flush period, or [`FIXED_SLOT_EMPTY`].
+pub fn fixed_slots_offset(cfg: &RuntimeConfig) -> i32 {
+    saved_regs_offset(cfg) + 8 * MAX_RESERVED as i32
 }
 
 /// Scratch registers a fast-path region may reserve besides the state register: registers
@@ -150,7 +178,20 @@ pub(crate) fn round_up(x: u64, a: u64) -> u64 {
 
 /// Data bytes the runtime needs at the start of the cache mapping.
 pub fn data_len(cfg: &RuntimeConfig) -> u64 {
-    let states = round_up(KEYS_OFF + 8 * u64::from(cfg.thread_slots), 64);
+    let states = states_offset(cfg);
     let state_size = state_size(cfg);
     round_up(states + state_size * u64::from(cfg.thread_slots), 4096)
+}
+
+/// Offset of the flush lock: a word on its own cache line after the keys. A thread takes it
+/// (best effort, bounded spin) around its FIFO replay, so two threads replaying into the
+/// same contended line do not bounce it on every store; correctness never depends on it
+/// (delaying a flush is allowed, and a thread that waits too long replays without it).
+pub fn flush_lock_offset(cfg: &RuntimeConfig) -> u64 {
+    round_up(KEYS_OFF + 8 * u64::from(cfg.thread_slots), 64)
+}
+
+/// Offset of the first state block.
+pub fn states_offset(cfg: &RuntimeConfig) -> u64 {
+    flush_lock_offset(cfg) + 64
 }

@@ -41,22 +41,23 @@ pub fn generate(
     cfg: &RuntimeConfig,
 ) -> Result<(Vec<u8>, RuntimeInfo), RefusalReason> {
     if !cfg.thread_slots.is_power_of_two()
-        || !(1..=254).contains(&cfg.log_capacity)
+        || !(1..=MAX_LOG_CAPACITY).contains(&cfg.log_capacity)
         || cfg.backedges_per_flush == 0
     {
         return Err(RefusalReason::Encoding(format!(
-            "bad runtime config: {} slots (power of two needed), log {} entries (1..=254), {} back-edges per flush",
-            cfg.thread_slots, cfg.log_capacity, cfg.backedges_per_flush
+            "bad runtime config: {} slots (power of two needed), log {} entries (1..={}), {} back-edges per flush",
+            cfg.thread_slots, cfg.log_capacity, MAX_LOG_CAPACITY, cfg.backedges_per_flush
         )));
     }
     let dlen = data_len(cfg);
-    let states_addr = cache_addr + round_up(KEYS_OFF + 8 * u64::from(cfg.thread_slots), 64);
+    let states_addr = cache_addr + states_offset(cfg);
     let mut g = Gen {
         a: CodeAssembler::new(64).map_err(enc)?,
         cfg: *cfg,
         mode_addr: cache_addr + MODE_OFF,
         no_slot_addr: cache_addr + NO_SLOT_OFF,
         keys_addr: cache_addr + KEYS_OFF,
+        flush_lock_addr: cache_addr + flush_lock_offset(cfg),
         states_addr,
         state_size: state_size(cfg),
     };
@@ -118,10 +119,14 @@ pub(super) struct Gen {
     pub(super) no_slot_addr: u64,
     pub(super) keys_addr: u64,
     pub(super) states_addr: u64,
+    pub(super) flush_lock_addr: u64,
     pub(super) state_size: u64,
 }
 
 pub(super) type R = Result<(), iced_x86::IcedError>;
+
+/// Pauses a flushing thread waits for another thread's replay before replaying anyway.
+const FLUSH_LOCK_SPINS: i32 = 2048;
 
 /// Offsets of the caller's slots once a helper has pushed its 6 registers and the flags.
 pub(super) const VALUE_SLOT: i32 = 64;
@@ -351,6 +356,10 @@ impl Gen {
         a.mov(qword_ptr(rax + 16), r9)?;
         a.inc(rdx)?;
         a.mov(qword_ptr(rcx + ST_COUNT), rdx)?;
+        // dl below is the byte lanes' value for entry rdx - 1: its residue + 1.
+        a.dec(edx)?;
+        a.and(edx, LANE_PERIOD as i32 - 1)?;
+        a.inc(edx)?;
         // Mark the first and last word the entry touches.
         a.mov(r10, qword_ptr(rcx + ST_SUMMARY))?;
         a.mov(rax, r8)?;
@@ -420,14 +429,12 @@ impl Gen {
     fn backedge_helper(&mut self, get_state: CodeLabel, flush_state: CodeLabel) -> R {
         let mut done = self.a.create_label();
         self.prologue()?;
-        let n = self.cfg.backedges_per_flush as i32;
         let a = &mut self.a;
         a.call(get_state)?;
         a.test(rcx, rcx)?;
         a.jz(done)?;
-        a.inc(qword_ptr(rcx + ST_BACKEDGES))?;
-        a.cmp(qword_ptr(rcx + ST_BACKEDGES), n)?;
-        a.jb(done)?;
+        a.sub(qword_ptr(rcx + ST_BACKEDGES), 1)?;
+        a.jae(done)?;
         a.call(flush_state)?;
         a.set_label(&mut done)?;
         self.epilogue()
@@ -452,6 +459,7 @@ impl Gen {
         let mut done = self.a.create_label();
         let mode = self.mode_addr;
         let retries = self.cfg.rtm_retries.max(1) as i32;
+        let backedges = self.cfg.backedges_per_flush as i32;
         self.a.push(r8)?;
         self.a.push(r9)?;
         self.lea_abs(Register::RAX, mode)?;
@@ -468,37 +476,96 @@ impl Gen {
         a.dec(r10d)?;
         a.jnz(retry)?;
         a.set_label(&mut fifo)?;
+        if !self.cfg.flush_lock {
+            a.call(replay)?;
+            a.jmp(done)?;
+        }
+        let lock = self.flush_lock_addr;
+        self.lea_abs(Register::RAX, lock)?;
+        let mut acquire = self.a.create_label();
+        let mut wait = self.a.create_label();
+        let mut got = self.a.create_label();
+        let mut unlocked = self.a.create_label();
+        let a = &mut self.a;
+        a.mov(r10d, FLUSH_LOCK_SPINS)?;
+        a.set_label(&mut acquire)?;
+        a.mov(edx, 1)?;
+        // ATOMICS: xchg (implicitly locked) takes the flush lock; it orders nothing the
+        // replay relies on (the log is private; its stores stay in program order anyway).
+        a.xchg(qword_ptr(rax), rdx)?;
+        a.test(rdx, rdx)?;
+        a.jz(got)?;
+        a.set_label(&mut wait)?;
+        a.pause()?;
+        a.dec(r10d)?;
+        a.jz(unlocked)?;
+        a.cmp(qword_ptr(rax), 0)?;
+        a.jne(wait)?;
+        a.jmp(acquire)?;
+        a.set_label(&mut got)?;
+        a.push(rax)?;
+        a.call(replay)?;
+        a.pop(rax)?;
+        // ATOMICS: a plain store releases the lock (x86-TSO: after the replay's stores).
+        a.mov(qword_ptr(rax), 0)?;
+        a.jmp(done)?;
+        // Waited long enough (the holder may be descheduled): replay without the lock.
+        a.set_label(&mut unlocked)?;
         a.call(replay)?;
         a.set_label(&mut done)?;
         a.mov(qword_ptr(rcx + ST_COUNT), 0)?;
-        a.mov(qword_ptr(rcx + ST_BACKEDGES), 0)?;
+        // Back-edges left: the n-th back-edge from now finds 0 and flushes (a fresh state's
+        // 0 flushes at its first back-edge).
+        a.mov(qword_ptr(rcx + ST_BACKEDGES), backedges - 1)?;
         a.mov(qword_ptr(rcx + ST_SUMMARY), 0)?;
         a.inc(qword_ptr(rcx + ST_FLUSHES))?;
+        self.reset_fixed_slots()?;
+        let a = &mut self.a;
         a.pop(r9)?;
         a.pop(r8)?;
         a.ret()
     }
 
+    /// Empties the fixed-location slots of state rcx (the log they point into is empty).
+    pub(super) fn reset_fixed_slots(&mut self) -> R {
+        let base = fixed_slots_offset(&self.cfg);
+        for s in 0..MAX_FIXED_SLOTS as i32 {
+            self.a
+                .mov(qword_ptr(rcx + (base + 8 * s)), FIXED_SLOT_EMPTY)?;
+        }
+        Ok(())
+    }
+
     /// Writes every entry of state rcx, oldest first. Clobbers rax, rdx, r8, r9, flags.
+    /// The 8-byte case falls through (the common size of contended counters and sums).
     fn replay(&mut self) -> R {
         let a = &mut self.a;
         let mut lp = a.create_label();
         let mut end = a.create_label();
-        let mut w8 = a.create_label();
+        let mut small = a.create_label();
         let mut w4 = a.create_label();
         let mut w2 = a.create_label();
         let mut next = a.create_label();
         a.mov(rdx, qword_ptr(rcx + ST_COUNT))?;
         a.lea(rax, qword_ptr(rcx + ST_ENTRIES))?;
-        a.set_label(&mut lp)?;
-        a.test(rdx, rdx)?;
+        a.shl(rdx, 5)?;
         a.jz(end)?;
+        // rdx = end of the log.
+        a.add(rdx, rax)?;
+        a.set_label(&mut lp)?;
         a.mov(r8, qword_ptr(rax))?;
         a.mov(r9, qword_ptr(rax + 16))?;
-        a.cmp(qword_ptr(rax + 8), 4)?;
-        a.ja(w8)?;
-        a.je(w4)?;
+        a.cmp(qword_ptr(rax + 8), 8)?;
+        a.jne(small)?;
+        a.mov(qword_ptr(r8), r9)?;
+        a.set_label(&mut next)?;
+        a.add(rax, ENTRY_SIZE as i32)?;
+        a.cmp(rax, rdx)?;
+        a.jb(lp)?;
+        a.jmp(end)?;
+        a.set_label(&mut small)?;
         a.cmp(qword_ptr(rax + 8), 2)?;
+        a.ja(w4)?;
         a.je(w2)?;
         a.mov(byte_ptr(r8), r9b)?;
         a.jmp(next)?;
@@ -508,12 +575,6 @@ impl Gen {
         a.set_label(&mut w4)?;
         a.mov(dword_ptr(r8), r9d)?;
         a.jmp(next)?;
-        a.set_label(&mut w8)?;
-        a.mov(qword_ptr(r8), r9)?;
-        a.set_label(&mut next)?;
-        a.add(rax, ENTRY_SIZE as i32)?;
-        a.dec(rdx)?;
-        a.jmp(lp)?;
         a.set_label(&mut end)?;
         a.ret()
     }

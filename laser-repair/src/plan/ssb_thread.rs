@@ -1,7 +1,7 @@
 //! Per-thread state lookup in the generated runtime: hashing the thread pointer, the
 //! lock-free claim of a slot, the entry-trampoline helper, and the one-time CPUID probe.
 
-use super::ssb_layout::{ENTRY_SIZE, ST_LIMIT, ST_SAVED_RS};
+use super::ssb_layout::{ENTRY_SIZE, ST_BACKEDGES, ST_LIMIT, ST_SAVED_RS};
 use super::ssb_runtime::{Gen, ADDR_SLOT, R, VALUE_SLOT};
 use iced_x86::code_asm::*;
 use iced_x86::Register;
@@ -84,10 +84,22 @@ impl Gen {
         // Lost the race: the slot now holds another thread's key; the probe moves on.
         a.jne(probe)?;
         a.call(detect)?;
+        // A state claimed for the first time: its fixed slots must read "none" (a zero slot
+        // would look like the tail of an empty log) and its back-edge budget be full. Every
+        // flush keeps both so afterwards.
+        a.imul_3(rcx, rcx, ssize as i32)?;
+        self.lea_abs(Register::RDX, states)?;
+        self.a.add(rcx, rdx)?;
+        self.reset_fixed_slots()?;
+        let backedges = self.cfg.backedges_per_flush as i32;
+        let limit = (ENTRY_SIZE * u64::from(self.cfg.log_capacity)) as i32;
+        let a = &mut self.a;
+        a.mov(qword_ptr(rcx + ST_BACKEDGES), backedges - 1)?;
+        a.mov(qword_ptr(rcx + ST_LIMIT), limit)?;
+        a.ret()?;
         a.set_label(&mut found)?;
         a.imul_3(rcx, rcx, ssize as i32)?;
         self.lea_abs(Register::RDX, states)?;
-        let limit = (ENTRY_SIZE * u64::from(self.cfg.log_capacity)) as i32;
         let a = &mut self.a;
         a.add(rcx, rdx)?;
         a.mov(qword_ptr(rcx + ST_LIMIT), limit)?;

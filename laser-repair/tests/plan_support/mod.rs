@@ -81,7 +81,8 @@ pub fn twin(
     pcs: &dyn Fn(u64, &[u8]) -> Vec<u64>,
     opts: PlanOptions,
 ) -> Result<Twin, Refusal> {
-    let area = ExecArea::new(4 << 20);
+    // The cache's data grows with the log capacity and thread slots.
+    let area = ExecArea::new((CACHE_OFF + opts.cache_reservation()).max(4 << 20) as usize);
     let native = area.base;
     let repaired = area.base + COPY_GAP;
     let len = place(&area, native, build);
