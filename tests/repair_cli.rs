@@ -106,6 +106,31 @@ fn avx_store_is_refused_with_a_reason_and_the_process_is_untouched() {
     t.finish();
 }
 
+/// Store addresses that change inside the loop need the general store-buffer path, which was
+/// measured slower than the contended original: refused by default, planned when forced.
+#[test]
+fn a_loop_with_varying_store_addresses_is_refused_unless_forced() {
+    let _g = serial();
+    let b = bin();
+    let t = Target::spawn(b);
+    let maps = t.anon_exec();
+    let pc = format!("{:#x}", t.bias + b.vary_store);
+    let o = laser(&repair_args(&t, &["--pc", &pc]));
+    assert_eq!(o.status.code(), Some(4), "REPAIR_REFUSED: {}", stdout(&o));
+    let out = stdout(&o);
+    assert!(out.contains("store addresses change"), "{out}");
+    assert!(out.contains("general path"), "{out}");
+    let o = laser(&repair_args(
+        &t,
+        &["--pc", &pc, "--min-stores-per-flush", "0", "--dry-run"],
+    ));
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(!stdout(&o).contains("refused"), "{}", stdout(&o));
+    assert_eq!(t.anon_exec(), maps, "nothing mapped");
+    assert!(t.free_running());
+    t.finish();
+}
+
 #[test]
 fn a_second_repair_of_the_same_function_is_refused() {
     let _g = serial();

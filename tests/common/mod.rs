@@ -35,6 +35,10 @@ __attribute__((noinline)) void bump(volatile long *p, long n) {
 __asm__(".text\n.globl avx_loop\n.type avx_loop,@function\navx_loop:\n"
         "  xor %eax,%eax\n1:\n.globl avx_store\navx_store:\n  vmovdqu %ymm0,(%rdi,%rax)\n"
         "  add $32,%rax\n  cmp %rsi,%rax\n  jb 1b\n  vzeroupper\n  ret\n.size avx_loop,.-avx_loop\n");
+/* Never called: a histogram-style loop whose store address changes every iteration. */
+__asm__(".text\n.globl vary_loop\n.type vary_loop,@function\nvary_loop:\n"
+        "  xor %eax,%eax\n1:\n.globl vary_store\nvary_store:\n  addq $1,(%rdi,%rax,8)\n"
+        "  add $1,%rax\n  and $7,%rax\n  sub $1,%rsi\n  jnz 1b\n  ret\n.size vary_loop,.-vary_loop\n");
 static void *worker(void *arg) {
     long k = (long)arg;
     volatile long *p = k ? &counters.b : &counters.a;
@@ -69,6 +73,7 @@ pub struct Bin {
     pub bump: (u64, u64),
     pub store: u64,
     pub avx_store: u64,
+    pub vary_store: u64,
 }
 
 pub fn build(name: &str, extra: &[&str]) -> Bin {
@@ -123,6 +128,7 @@ pub fn build(name: &str, extra: &[&str]) -> Bin {
         bump,
         store,
         avx_store: sym("avx_store").0,
+        vary_store: sym("vary_store").0,
     }
 }
 
