@@ -50,8 +50,9 @@ pub struct Group {
     pub hi: i64,
 }
 
-/// How one region instruction's memory operand is served in a fixed region.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How one region instruction's memory operand is served in a fixed region. The default is
+/// an access with no fixed location: range-tested against the store groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Access {
     /// Own group, if the address is fixed.
     pub group: Option<usize>,
@@ -293,14 +294,7 @@ fn analyze_insns(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]
         let i = &insns[k];
         let l = loc_of(i, size).filter(|l| !moves(l.0) && !moves(l.1));
         let acc = match l {
-            None => Access {
-                group: None,
-                slot: None,
-                forward: false,
-                helper: false,
-                merge: false,
-                distance: None,
-            },
+            None => Access::default(),
             Some(l) => {
                 let group = groups
                     .iter()

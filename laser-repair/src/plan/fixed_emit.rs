@@ -1,7 +1,6 @@
 //! Code generation for fixed-address regions (`fixed.rs` has the analysis and the picture):
 //! one access's sequence from the registers `emit_ssb_fast` chose.
 
-use super::fixed::Access;
 use super::insn::{br, i2, mem, mi, mr, restore_flags, ri, rm, save_flags};
 use super::refusal::RefusalReason;
 use super::rewrite::{enc, sized, Emitter, RED_ZONE};
@@ -52,14 +51,7 @@ impl Emitter<'_> {
         else {
             return Ok(false);
         };
-        let acc = fixed.by_insn.get(&s.k).copied().unwrap_or(Access {
-            group: None,
-            slot: None,
-            forward: false,
-            helper: false,
-            merge: false,
-            distance: None,
-        });
+        let acc = fixed.by_insn.get(&s.k).copied().unwrap_or_default();
         let groups = fixed.groups.clone();
         let slotless = fixed.slotless;
         let full_test = fixed.max_path_stores > self.rt.config.log_capacity;
