@@ -15,7 +15,9 @@
 use std::time::{Duration, Instant};
 
 use laser_detect::CodeSource as _;
-use laser_repair::plan::{self, CodeBytes, PlanOptions, PlanRequest, RepairPlan, SsbMode};
+use laser_repair::plan::{
+    self, CodeBytes, PlanOptions, PlanRequest, RefusalReason, RepairPlan, SsbMode,
+};
 use laser_repair::tracee::{
     self, maps as tmaps, ApplyOptions, CacheAddrs, CacheSizes, FnSource, PatchSet, TraceeError,
 };
@@ -62,6 +64,8 @@ pub fn repair_group(
     let (dry_run, min_stores_per_flush) = (settings.dry_run, settings.min_stores_per_flush);
     let opts = PlanOptions {
         min_stores_per_flush,
+        // The profitability floor covers the path too: 0 repairs whatever can be rewritten.
+        refuse_general_path: min_stores_per_flush > 0.0,
         ..PlanOptions::default()
     };
     let label = match (&g.name, g.function) {
@@ -132,20 +136,16 @@ pub fn repair_group(
         cache_addr,
         options: opts,
     };
-    let p = plan::plan(&req(dummy)).map_err(|r| Outcome::Refused(r.reason.to_string()))?;
+    let p = plan::plan(&req(dummy)).map_err(|r| {
+        Outcome::Refused(match r.reason {
+            RefusalReason::GeneralPath => {
+                format!("{}; --min-stores-per-flush 0 repairs it anyway", r.reason)
+            }
+            reason => reason.to_string(),
+        })
+    })?;
     let plan_time = t0.elapsed();
     print_plan(&p, plan_time, say);
-    if p.fixed_locations == 0 && min_stores_per_flush > 0.0 {
-        // Measured (benchmarks/RESULTS.md, section (c)): when store addresses change inside
-        // the loop every access pays a log lookup, and histogram's repaired loop ran 3x
-        // slower than the contended original. Only fixed-address regions have paid so far.
-        return Err(Outcome::Refused(
-            "store addresses change inside the loop, so every access would need a log lookup \
-             (the general store-buffer path, measured slower than the contended original); \
-             --min-stores-per-flush 0 repairs it anyway"
-                .to_string(),
-        ));
-    }
     let record_room = record_len(&p);
     if dry_run {
         say(&format!("  dry run: process {pid} not touched"));

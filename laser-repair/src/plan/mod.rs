@@ -108,6 +108,12 @@ pub struct PlanOptions {
     /// Use the inline fast path when a register is free for the state pointer (else every
     /// access calls a helper). Off only to test the helper path on its own.
     pub inline_fast_path: bool,
+    /// Refuse regions that are not fixed-address ones (`fixed.rs`): where store addresses
+    /// change inside the loop every access pays a log lookup, and histogram's repaired loop
+    /// measured 3x slower than the contended original (benchmarks/RESULTS.md, section (c)).
+    /// Off by default so the general path stays reachable for tests and forced repairs;
+    /// `laser repair` turns it on with its profitability floor.
+    pub refuse_general_path: bool,
 }
 
 /// Code bytes reserved after the runtime's data in a cache mapping (helpers take ~10 KiB; the
@@ -129,6 +135,7 @@ impl Default for PlanOptions {
             min_stores_per_flush: 4.0,
             scan_limit: 16 * 1024,
             inline_fast_path: true,
+            refuse_general_path: false,
         }
     }
 }
@@ -243,6 +250,9 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<RepairPlan, Refusal> {
         region_addr,
         req.options.inline_fast_path,
     )?;
+    if req.options.refuse_general_path && rw.fixed_locations == 0 {
+        return Err(RefusalReason::GeneralPath.into());
+    }
     let mut code = rt_code;
     code.resize((region_addr - rt.code_addr) as usize, 0xcc);
     code.extend_from_slice(&rw.code);

@@ -41,6 +41,11 @@ pub enum RefusalReason {
         "estimated {estimated:.1} stores per flush, below the {minimum:.1} that pays for the SSB"
     )]
     TooFewStoresPerFlush { estimated: f64, minimum: f64 },
+    #[error(
+        "store addresses change inside the loop, so every access would need a log lookup \
+         (the general path of the store buffer, measured slower than the contended original)"
+    )]
+    GeneralPath,
     #[error("code cache needs {need} bytes, {have} reserved")]
     CacheTooSmall { need: u64, have: u64 },
     #[error("code generation failed: {0}")]
