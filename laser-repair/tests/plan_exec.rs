@@ -38,7 +38,7 @@ fn counter_loop_single_thread_counts_exactly() {
 /// Runs `f(counter_k, n)` on two threads started together, counters `stride` bytes apart;
 /// returns the wall time and both counters.
 fn two_counters(f: u64, n: u64, stride: u64) -> (std::time::Duration, [u64; 2]) {
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::AtomicU32;
     #[repr(align(64))]
     struct Lines([u64; 32]);
     let mut lines = Lines([0; 32]);
@@ -49,11 +49,7 @@ fn two_counters(f: u64, n: u64, stride: u64) -> (std::time::Duration, [u64; 2]) 
         for k in 0..2u64 {
             let ready = &ready;
             s.spawn(move || {
-                // ATOMICS: a start line so both threads run the loop at the same time.
-                ready.fetch_add(1, Ordering::AcqRel);
-                while ready.load(Ordering::Acquire) < 2 {
-                    std::hint::spin_loop();
-                }
+                start_line(ready, 2);
                 fn2(f)(base + stride * k, n)
             });
         }

@@ -121,7 +121,7 @@ fn run_timed(
     n: usize,
     passes: u64,
 ) -> (f64, f64, Vec<[u64; SUMS]>, Vec<Vec<u8>>) {
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::AtomicU32;
     #[repr(C, align(128))]
     struct Block([u64; 64]);
     let mut block = Block([0; 64]);
@@ -142,11 +142,7 @@ fn run_timed(
         for k in 0..2u64 {
             let ready = &ready;
             s.spawn(move || {
-                // ATOMICS: a start line so both threads run the loop at the same time.
-                ready.fetch_add(1, Ordering::AcqRel);
-                while ready.load(Ordering::Acquire) < 2 {
-                    std::hint::spin_loop();
-                }
+                start_line(ready, 2);
                 let c0 = thread_cpu();
                 fn2(f)(base + stride as u64 * k, passes);
                 cpu.lock().map(|mut c| *c += thread_cpu() - c0).ok();

@@ -159,3 +159,14 @@ pub fn permissive() -> PlanOptions {
         ..PlanOptions::default()
     }
 }
+
+/// A start line: each of `n` threads calls this once, and all return together, so the
+/// threads run the code under test at the same time.
+pub fn start_line(ready: &std::sync::atomic::AtomicU32, n: u32) {
+    use std::sync::atomic::Ordering;
+    // ATOMICS: AcqRel/Acquire so each thread sees every arrival before it leaves.
+    ready.fetch_add(1, Ordering::AcqRel);
+    while ready.load(Ordering::Acquire) < n {
+        std::hint::spin_loop();
+    }
+}
