@@ -17,12 +17,15 @@ pub enum Treatment {
     /// No memory access and no control transfer the rewriter must handle: copied as is
     /// (rip-relative `lea` and friends are relocated by the block encoder).
     Verbatim,
-    /// One explicit GPR-sized memory operand (operand index `op`), routed through the SSB.
+    /// One explicit memory operand (operand index `op`), routed through the SSB.
     Ssb {
         op: u32,
         size: u32,
         read: bool,
         write: bool,
+        /// An SSE/AVX operand (no general-register form, or 16/32 bytes): served through the
+        /// thread's scratch area in 8-byte (or smaller) pieces (`wide.rs`), not through a GPR.
+        vector: bool,
     },
     /// Flush the log, then execute the instruction unchanged in the code cache.
     FlushBefore,
@@ -157,11 +160,6 @@ pub fn classify(i: &Instruction, info: &mut InstructionInfoFactory) -> Treatment
         );
     }
     let size = i.memory_size().size() as u32;
-    if !matches!(size, 1 | 2 | 4 | 8) {
-        return Treatment::Unsupported(
-            "memory operand size other than 1, 2, 4 or 8 bytes (SSE/AVX/x87)",
-        );
-    }
     let kind = i.op_code().op_kind(op);
     let gpr_ok = matches!(
         (kind, size),
@@ -170,8 +168,11 @@ pub fn classify(i: &Instruction, info: &mut InstructionInfoFactory) -> Treatment
             | (OpCodeOperandKind::r32_or_mem, 4)
             | (OpCodeOperandKind::r64_or_mem, 8)
     );
-    if !gpr_ok {
-        return Treatment::Unsupported("memory operand has no general-register form");
+    let vector = !gpr_ok;
+    if vector {
+        if let Some(why) = vector_refusal(i, size) {
+            return Treatment::Unsupported(why);
+        }
     }
     if i.code() == Code::INVALID
         || i.memory_base() == Register::RIP && i.memory_index() != Register::None
@@ -191,7 +192,49 @@ pub fn classify(i: &Instruction, info: &mut InstructionInfoFactory) -> Treatment
         size,
         read,
         write,
+        vector,
     }
+}
+
+/// Why a memory operand with no general-register form cannot go through the scratch area,
+/// or `None` when it can. Accepted: legacy-SSE and VEX instructions with an XMM/YMM
+/// register operand and a plain (non-VSIB) operand of 1-32 bytes, whose access is
+/// unconditional: running the instruction on a copy of its operand bytes is then exactly
+/// the original. Anything else is refused, never guessed: x87 and MMX (no XMM operand),
+/// EVEX (opmasks make writes conditional, broadcasts change the size), gathers, masked
+/// moves (a masked-off lane may sit on an unmapped page the pieces would read).
+fn vector_refusal(i: &Instruction, size: u32) -> Option<&'static str> {
+    use iced_x86::EncodingKind;
+    if !matches!(i.encoding(), EncodingKind::Legacy | EncodingKind::VEX) {
+        return Some("EVEX/XOP/3DNow! memory operand");
+    }
+    if i.is_vsib() {
+        return Some("gather (vector-indexed memory operand)");
+    }
+    if matches!(
+        i.mnemonic(),
+        Mnemonic::Vmaskmovps | Mnemonic::Vmaskmovpd | Mnemonic::Vpmaskmovd | Mnemonic::Vpmaskmovq
+    ) {
+        return Some("masked vector move (lanes the mask excludes may be unmapped)");
+    }
+    let regs: Vec<Register> = (0..i.op_count())
+        .filter(|&k| i.op_kind(k) == OpKind::Register)
+        .map(|k| i.op_register(k))
+        .collect();
+    if !regs.iter().any(|r| r.is_xmm() || r.is_ymm())
+        || regs
+            .iter()
+            .any(|r| !(r.is_xmm() || r.is_ymm() || r.is_gpr()))
+    {
+        return Some(
+            "memory operand has no general-register form and is not an SSE/AVX operand \
+             (x87, MMX, system state)",
+        );
+    }
+    if !matches!(size, 1 | 2 | 4 | 8 | 16 | 32) {
+        return Some("SSE/AVX memory operand size other than 1, 2, 4, 8, 16 or 32 bytes");
+    }
+    None
 }
 
 fn uses_rsp_outside_address(i: &Instruction) -> bool {
@@ -219,7 +262,8 @@ mod tests {
                 op: 1,
                 size: 8,
                 read: true,
-                write: false
+                write: false,
+                vector: false
             }
         );
         // mov [rdi],eax
@@ -229,7 +273,8 @@ mod tests {
                 op: 0,
                 size: 4,
                 read: false,
-                write: true
+                write: true,
+                vector: false
             }
         );
         // add byte [rdi],1
@@ -239,7 +284,8 @@ mod tests {
                 op: 0,
                 size: 1,
                 read: true,
-                write: true
+                write: true,
+                vector: false
             }
         );
         // lock add [rdi],eax
@@ -250,11 +296,6 @@ mod tests {
         assert_eq!(cls(&[0x50]), Treatment::FlushBefore);
         // lea rax,[rdi+8]
         assert_eq!(cls(&[0x48, 0x8d, 0x47, 0x08]), Treatment::Verbatim);
-        // movaps [rdi],xmm0
-        assert!(matches!(
-            cls(&[0x0f, 0x29, 0x07]),
-            Treatment::Unsupported(_)
-        ));
         // jmp rax
         assert_eq!(cls(&[0xff, 0xe0]), Treatment::IndirectJump);
         // call rel32
@@ -269,6 +310,65 @@ mod tests {
         // bt [rdi], rax
         assert!(matches!(
             cls(&[0x48, 0x0f, 0xa3, 0x07]),
+            Treatment::Unsupported(_)
+        ));
+    }
+
+    fn vec(size: u32, read: bool, write: bool) -> Treatment {
+        let op = u32::from(!write);
+        Treatment::Ssb {
+            op,
+            size,
+            read,
+            write,
+            vector: true,
+        }
+    }
+
+    #[test]
+    fn classifies_sse_and_avx_operands() {
+        // movaps [rdi],xmm0
+        assert_eq!(cls(&[0x0f, 0x29, 0x07]), vec(16, false, true));
+        // movdqu xmm1,[rdi+8]
+        assert_eq!(cls(&[0xf3, 0x0f, 0x6f, 0x4f, 0x08]), vec(16, true, false));
+        // paddd xmm0,[rdi]
+        assert_eq!(cls(&[0x66, 0x0f, 0xfe, 0x07]), vec(16, true, false));
+        // vmovdqu [rdi],ymm0
+        assert_eq!(cls(&[0xc5, 0xfe, 0x7f, 0x07]), vec(32, false, true));
+        // vmovdqu ymm1,[rdi]
+        assert_eq!(cls(&[0xc5, 0xfe, 0x6f, 0x0f]), vec(32, true, false));
+        // movsd xmm0,[rdi] (8 bytes) and movss [rdi],xmm0 (4 bytes)
+        assert_eq!(cls(&[0xf2, 0x0f, 0x10, 0x07]), vec(8, true, false));
+        assert_eq!(cls(&[0xf3, 0x0f, 0x11, 0x07]), vec(4, false, true));
+        // movd xmm0,[rdi] keeps the general-register form (movd xmm0,eax)
+        assert!(matches!(
+            cls(&[0x66, 0x0f, 0x6e, 0x07]),
+            Treatment::Ssb {
+                size: 4,
+                vector: false,
+                ..
+            }
+        ));
+        // fld dword [rdi] (x87), paddd mm0,[rdi] (MMX): refused
+        for bytes in [&[0xd9u8, 0x07][..], &[0x0f, 0xfe, 0x07]] {
+            assert!(
+                matches!(cls(bytes), Treatment::Unsupported(_)),
+                "{bytes:x?}"
+            );
+        }
+        // vpgatherdd xmm0,[rdi+xmm1*4],xmm2: refused (vector-indexed)
+        assert!(matches!(
+            cls(&[0xc4, 0xe2, 0x69, 0x90, 0x04, 0x8f]),
+            Treatment::Unsupported(_)
+        ));
+        // vmovdqu32 zmm0,[rdi] (EVEX): refused
+        assert!(matches!(
+            cls(&[0x62, 0xf1, 0x7e, 0x48, 0x6f, 0x07]),
+            Treatment::Unsupported(_)
+        ));
+        // vmaskmovps [rdi],ymm1,ymm0 (conditional write): refused
+        assert!(matches!(
+            cls(&[0xc4, 0xe2, 0x75, 0x2e, 0x07]),
             Treatment::Unsupported(_)
         ));
     }

@@ -243,9 +243,16 @@ fn analyze_insns(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]
     let mut locs: Vec<Loc> = Vec::new();
     for &k in region_insns {
         if let Treatment::Ssb {
-            size, write: true, ..
+            size,
+            write: true,
+            vector,
+            ..
         } = tr[k]
         {
+            // Vector stores append through the helpers (`wide.rs`), unseen by the slots.
+            if vector {
+                return None;
+            }
             let l = loc_of(&insns[k], size)?;
             if moves(l.0) || moves(l.1) {
                 return None;
@@ -343,6 +350,7 @@ mod tests {
             size,
             read: !write || i.mnemonic() != iced_x86::Mnemonic::Mov,
             write,
+            vector: false,
         }
     }
 

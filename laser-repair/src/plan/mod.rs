@@ -12,14 +12,23 @@
 //!   general-register form (mov, movzx/movsx/movsxd, ALU ops and RMW, cmp/test, imul, shifts,
 //!   setcc, cmov, inc/dec/neg/not, cvtsi2sd-style GPR sources, …), any addressing mode
 //!   including rip-relative and rsp-based;
+//! - SSE/AVX memory operands of 1 to 32 bytes (legacy SSE and VEX: `movdqu/movaps/movups`,
+//!   `vmovdqu ymm`, `movsd/movss/movq/movhps`, ALU ops with a memory source such as
+//!   `paddd`/`addps`/`ptest`, `pextrb`/`pinsrw`, …; [`wide`](mod@wide)): the instruction
+//!   runs on a 32-byte scratch area in the thread state, its bytes moved between there and
+//!   the SSB in 8-byte pieces (loads forward per piece; stores append their pieces in
+//!   address order). Inline path only (the state register addresses the scratch area). Two
+//!   semantic differences: `movaps`/`movdqa` on an address that is not 16-aligned no longer
+//!   fault, and an aligned 16-byte access (single-copy atomic on AVX CPUs) can be seen
+//!   split into its 8-byte pieces by another thread during a flush;
 //! - flush-then-execute for locked and implicitly locked instructions (xchg, and xadd/cmpxchg
 //!   with memory), fences, `pause`, syscalls, cpuid/rdtsc, clflush, non-temporal stores,
 //!   push/pop/leave and string instructions (implicit accesses), `%fs`/`%gs` accesses, `ret`;
 //! - calls leave the region (flush, continue at the original call), so return addresses on
 //!   stacks always point into original code.
 //!
-//! Refused ([`RefusalReason`]): SSE/AVX/x87 memory operands (sizes 16/32 are not rewritten),
-//! bit-string `bt*` with a register offset, conditional memory writes, instructions using rsp
+//! Refused ([`RefusalReason`]): x87, MMX, EVEX (AVX-512) memory operands, gathers and masked
+//! vector moves, SSE/AVX operands when no register is free for the state, bit-string `bt*` with a register offset, conditional memory writes, instructions using rsp
 //! as data, 32-bit address size, indirect jumps and transactional instructions in the
 //! region, entry blocks shorter than the 5-byte jmp, calls under the entry jmp, a code cache
 //! out of rel32 reach, and regions estimated to store too little per flush.
@@ -35,8 +44,8 @@
 //! zone (`lea rsp,[rsp-128]` first: the stack is thread-private and the red zone untouched);
 //! flags are saved with `seto/lahf … add/sahf` only where liveness says they are live.
 //!
-//! Fixed-address regions ([`fixed`]): when every store of the region goes through base and
-//! index registers the region never writes, each store location gets a slot naming its
+//! Fixed-address regions ([`fixed`]): when every store of the region is a general-register
+//! one (no SSE/AVX store) through base and index registers the region never writes, each store location gets a slot naming its
 //! youngest entry and a shadow of its value, the entry count lives in a reserved register,
 //! and the summary/byte lanes are not used: a load of a store location is
 //! `cmp [slot],8; jb memory; mov v,[shadow]`, any other load range-tests the store groups
@@ -77,6 +86,7 @@ pub mod source;
 pub mod ssb_layout;
 pub mod ssb_runtime;
 pub mod ssb_thread;
+pub mod wide;
 
 pub use refusal::{Refusal, RefusalReason};
 pub use region::Region;

@@ -350,10 +350,25 @@ fn rewrite_with(
             match tr[k] {
                 Treatment::Verbatim => e.push_at(i, label),
                 Treatment::Ssb {
+                    size,
+                    read,
+                    write,
+                    vector: true,
+                    ..
+                } => {
+                    // A vector store would append entries no fixed slot knows about
+                    // (`fixed.rs` declines such regions; this keeps the rule local too).
+                    if write && e.fixed.is_some() {
+                        return Ok(None);
+                    }
+                    e.emit_wide(&i, size, read, write, label)?
+                }
+                Treatment::Ssb {
                     op,
                     size,
                     read,
                     write,
+                    vector: false,
                 } => {
                     let forward_first = read && store_operands.contains(&operand_key(&i));
                     if !e.emit_ssb_fast(k, &i, op, size, read, write, label, forward_first)? {

@@ -105,11 +105,24 @@ pub fn index_offset(cfg: &RuntimeConfig) -> i32 {
     ST_ENTRIES + (ENTRY_SIZE * u64::from(cfg.log_capacity)) as i32
 }
 
-/// Bytes of one thread's state block.
+/// Bytes of one thread's state block (a multiple of [`SCRATCH_ALIGN`], so every block, and
+/// its scratch area, stays aligned).
 pub fn state_size(cfg: &RuntimeConfig) -> u64 {
-    // Slots, then their shadow values.
-    fixed_slots_offset(cfg) as u64 + 16 * u64::from(MAX_FIXED_SLOTS)
+    scratch_offset(cfg) as u64 + SCRATCH_SIZE
 }
+
+/// The scratch area of a state block: an SSE/AVX instruction whose memory operand goes
+/// through the SSB (`wide.rs`) runs on this copy of its operand bytes. 32-aligned, so
+/// `movaps`/`vmovdqa` and legacy-SSE ALU operands (which must be 16-aligned) never fault on it.
+pub fn scratch_offset(cfg: &RuntimeConfig) -> i32 {
+    // After the fixed slots and their shadow values.
+    let end = fixed_slots_offset(cfg) as u64 + 16 * u64::from(MAX_FIXED_SLOTS);
+    round_up(end, SCRATCH_ALIGN) as i32
+}
+
+/// Bytes of the scratch area: the widest operand (a `ymm`).
+pub const SCRATCH_SIZE: u64 = 32;
+pub const SCRATCH_ALIGN: u64 = 32;
 
 /// Locations of a fixed-address region (`fixed.rs`) with a slot each.
 pub const MAX_FIXED_SLOTS: u32 = 16;
@@ -194,4 +207,27 @@ pub fn flush_lock_offset(cfg: &RuntimeConfig) -> u64 {
 /// Offset of the first state block.
 pub fn states_offset(cfg: &RuntimeConfig) -> u64 {
     flush_lock_offset(cfg) + 64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scratch_area_is_32_aligned_and_inside_its_block() {
+        for log_capacity in [1, 3, 64, 1024, MAX_LOG_CAPACITY] {
+            let cfg = RuntimeConfig {
+                log_capacity,
+                ..RuntimeConfig::default()
+            };
+            let size = state_size(&cfg);
+            let scratch = scratch_offset(&cfg) as u64;
+            assert!(scratch + SCRATCH_SIZE <= size, "cap {log_capacity}");
+            for k in 0..4u64 {
+                // The cache mapping is page-aligned.
+                let at = 0x7000_0000_0000 + states_offset(&cfg) + k * size + scratch;
+                assert_eq!(at % SCRATCH_ALIGN, 0, "cap {log_capacity}, slot {k}");
+            }
+        }
+    }
 }

@@ -1,0 +1,261 @@
+//! SSE/AVX memory operands through the SSB (`plan/wide.rs`): rewritten loops run in-process
+//! next to their native copies and must leave the same memory, outputs and return value.
+//! A wide access that bypassed the log would read memory the buffered stores have not
+//! reached yet (the log flushes only at region exits and every 256 back-edges), so the
+//! comparison with the native copy catches a missing forward.
+//!
+//! Every kernel is `fn(buf: *mut u8, n: u64, out: *mut u8) -> u64` and loops `n` times.
+
+mod plan_support;
+
+use iced_x86::code_asm::*;
+use laser_repair::plan::{PlanOptions, RefusalReason};
+use plan_support::*;
+
+fn has_avx2() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+}
+
+fn seeded(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed;
+    (0..len)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 56) as u8
+        })
+        .collect()
+}
+
+/// Runs `f` on a seeded 256-byte buffer; returns (buffer, 32 output bytes, return value).
+fn run(f: u64, seed: u64, n: u64) -> (Vec<u8>, [u8; 32], u64) {
+    let mut buf = seeded(256, seed);
+    let mut out = [0u8; 32];
+    let r = fn3(f)(buf.as_mut_ptr() as u64, n, out.as_mut_ptr() as u64);
+    (buf, out, r)
+}
+
+fn assert_same(t: &Twin, what: &str) {
+    for (seed, n) in [(1u64, 1u64), (2, 2), (3, 17), (4, 300), (5, 1000)] {
+        let native = run(t.native, seed, n);
+        let repaired = run(t.repaired, seed, n);
+        assert_eq!(native, repaired, "{what}: seed {seed}, n {n}");
+    }
+}
+
+/// The first store inside the loop (the loop starts at the function's first instruction).
+fn first_store(base: u64, code: &[u8]) -> Vec<u64> {
+    store_pcs(base, code).into_iter().take(1).collect()
+}
+
+/// 16-byte loads forwarding from two buffered 8-byte stores (`movdqu`, then `paddd` with a
+/// memory source), and 8-/4-byte XMM loads and stores (`movsd`, `movss`).
+fn load_from_two_stores(a: &mut CodeAssembler) {
+    let mut top = a.create_label();
+    a.pxor(xmm1, xmm1).unwrap();
+    a.pxor(xmm3, xmm3).unwrap();
+    a.set_label(&mut top).unwrap();
+    a.mov(rax, qword_ptr(rdi)).unwrap();
+    a.add(rax, rsi).unwrap();
+    a.mov(qword_ptr(rdi + 32), rax).unwrap();
+    a.lea(rcx, qword_ptr(rax + rax * 2 + 1)).unwrap();
+    a.mov(qword_ptr(rdi + 40), rcx).unwrap();
+    a.movdqu(xmm0, xmmword_ptr(rdi + 32)).unwrap();
+    a.paddq(xmm1, xmm0).unwrap();
+    a.paddd(xmm1, xmmword_ptr(rdi + 32)).unwrap();
+    a.movsd_2(xmm2, qword_ptr(rdi + 40)).unwrap();
+    a.movss(dword_ptr(rdi + 52), xmm2).unwrap();
+    a.mov(r8d, dword_ptr(rdi + 52)).unwrap();
+    a.add(qword_ptr(rdi), r8).unwrap();
+    a.dec(rsi).unwrap();
+    a.jnz(top).unwrap();
+    a.movdqu(xmmword_ptr(rdx), xmm1).unwrap();
+    a.movq(rax, xmm2).unwrap();
+    a.ret().unwrap();
+}
+
+#[test]
+fn sixteen_byte_load_forwards_from_two_eight_byte_stores() {
+    let t = twin(&load_from_two_stores, &first_store, permissive()).unwrap();
+    assert!(t.plan.region.is_loop);
+    assert!(t.plan.state_register.is_some());
+    // The vector loads are helper loads inside a fixed region; the movss store is a vector
+    // store, which fixed regions decline: general path.
+    assert_eq!(t.plan.fixed_locations, 0);
+    assert_same(&t, "16-byte load from two 8-byte stores");
+}
+
+/// Only vector loads besides GPR stores through an invariant base: a fixed-address region
+/// whose vector loads call the helper (the count register is synced around each call).
+fn fixed_with_vector_loads(a: &mut CodeAssembler) {
+    let mut top = a.create_label();
+    a.pxor(xmm1, xmm1).unwrap();
+    a.set_label(&mut top).unwrap();
+    a.mov(rax, qword_ptr(rdi)).unwrap();
+    a.add(rax, rsi).unwrap();
+    a.mov(qword_ptr(rdi), rax).unwrap();
+    a.mov(qword_ptr(rdi + 8), rsi).unwrap();
+    a.movdqu(xmm0, xmmword_ptr(rdi)).unwrap();
+    a.paddq(xmm1, xmm0).unwrap();
+    a.paddq(xmm1, xmmword_ptr(rdi + 16)).unwrap();
+    a.dec(rsi).unwrap();
+    a.jnz(top).unwrap();
+    a.movdqu(xmmword_ptr(rdx), xmm1).unwrap();
+    a.xor(eax, eax).unwrap();
+    a.ret().unwrap();
+}
+
+#[test]
+fn fixed_region_with_vector_loads() {
+    let t = twin(&fixed_with_vector_loads, &first_store, permissive()).unwrap();
+    assert!(
+        t.plan.fixed_locations > 0,
+        "GPR stores through an invariant base with only vector loads stay fixed"
+    );
+    assert_same(&t, "fixed region with vector loads");
+}
+
+/// A 16-byte store (to the buffer and to an rsp-based local), then 8-byte and 1-byte loads
+/// inside it (the 1-byte one overlaps an 8-byte piece partially: flush, then memory), and a
+/// 16-byte load of the local.
+fn store_then_narrow_loads(a: &mut CodeAssembler) {
+    let mut top = a.create_label();
+    a.sub(rsp, 40).unwrap();
+    a.xor(r8d, r8d).unwrap();
+    a.movdqu(xmm3, xmmword_ptr(rdi + 64)).unwrap();
+    a.movdqu(xmmword_ptr(rsp + 8), xmm3).unwrap();
+    a.set_label(&mut top).unwrap();
+    a.movq(xmm0, rsi).unwrap();
+    a.punpcklqdq(xmm0, xmm0).unwrap();
+    a.paddq(xmm0, xmmword_ptr(rdi)).unwrap();
+    a.movdqu(xmmword_ptr(rdi + 16), xmm0).unwrap();
+    a.mov(rax, qword_ptr(rdi + 24)).unwrap();
+    a.add(r8, rax).unwrap();
+    a.movzx(ecx, byte_ptr(rdi + 17)).unwrap();
+    a.add(r8, rcx).unwrap();
+    a.mov(qword_ptr(rdi), r8).unwrap();
+    a.movdqu(xmm1, xmmword_ptr(rsp + 8)).unwrap();
+    a.paddq(xmm1, xmm0).unwrap();
+    a.movdqu(xmmword_ptr(rsp + 8), xmm1).unwrap();
+    a.dec(rsi).unwrap();
+    a.jnz(top).unwrap();
+    a.movdqu(xmm1, xmmword_ptr(rsp + 8)).unwrap();
+    a.movdqu(xmmword_ptr(rdx), xmm1).unwrap();
+    a.mov(rax, r8).unwrap();
+    a.add(rsp, 40).unwrap();
+    a.ret().unwrap();
+}
+
+#[test]
+fn sixteen_byte_store_then_eight_and_one_byte_loads() {
+    let pcs = |base: u64, code: &[u8]| -> Vec<u64> {
+        // Skip the prologue's store to the local.
+        store_pcs(base, code).into_iter().skip(1).take(1).collect()
+    };
+    let t = twin(&store_then_narrow_loads, &pcs, permissive()).unwrap();
+    assert!(t.plan.region.is_loop);
+    assert_same(&t, "16-byte store then narrow loads");
+}
+
+/// 32-byte AVX store and load: `vmovdqu [m],ymm`, `vmovdqu ymm,[m]`, `vpaddq` with a memory
+/// source, and an 8-byte load from the middle of the 32-byte store.
+fn avx_round_trip(a: &mut CodeAssembler) {
+    let mut top = a.create_label();
+    a.vpxor(ymm3, ymm3, ymm3).unwrap();
+    a.set_label(&mut top).unwrap();
+    a.vmovq(xmm1, rsi).unwrap();
+    a.vpbroadcastq(ymm1, xmm1).unwrap();
+    a.vpaddq(ymm0, ymm1, ymmword_ptr(rdi)).unwrap();
+    a.vmovdqu(ymmword_ptr(rdi + 32), ymm0).unwrap();
+    a.vmovdqu(ymm2, ymmword_ptr(rdi + 32)).unwrap();
+    a.vpxor(ymm3, ymm3, ymm2).unwrap();
+    a.mov(rax, qword_ptr(rdi + 48)).unwrap();
+    a.add(qword_ptr(rdi + 8), rax).unwrap();
+    a.dec(rsi).unwrap();
+    a.jnz(top).unwrap();
+    a.vmovdqu(ymmword_ptr(rdx), ymm3).unwrap();
+    a.vzeroupper().unwrap();
+    a.xor(eax, eax).unwrap();
+    a.ret().unwrap();
+}
+
+#[test]
+fn thirty_two_byte_avx_store_and_load() {
+    if !has_avx2() {
+        eprintln!("skipped: no AVX2");
+        return;
+    }
+    let t = twin(&avx_round_trip, &first_store, permissive()).unwrap();
+    assert_same(&t, "32-byte AVX round trip");
+}
+
+/// An 8-byte store at +4, then a 16-byte load at +0: the load's first piece partially
+/// overlaps the entry (flush, then memory). Also `ptest` with a memory source: its flags
+/// must survive the sequence into `setz`.
+fn partial_overlap(a: &mut CodeAssembler) {
+    let mut top = a.create_label();
+    a.xor(r8d, r8d).unwrap();
+    a.pxor(xmm1, xmm1).unwrap();
+    a.set_label(&mut top).unwrap();
+    a.mov(qword_ptr(rdi + 4), rsi).unwrap();
+    a.movdqu(xmm0, xmmword_ptr(rdi)).unwrap();
+    a.paddq(xmm1, xmm0).unwrap();
+    a.mov(byte_ptr(rdi + 32), sil).unwrap();
+    a.ptest(xmm1, xmmword_ptr(rdi + 32)).unwrap();
+    a.setz(al).unwrap();
+    a.movzx(eax, al).unwrap();
+    a.add(r8, rax).unwrap();
+    a.dec(rsi).unwrap();
+    a.jnz(top).unwrap();
+    a.movdqu(xmmword_ptr(rdx), xmm1).unwrap();
+    a.mov(rax, r8).unwrap();
+    a.ret().unwrap();
+}
+
+#[test]
+fn eight_byte_store_at_plus_four_then_sixteen_byte_load() {
+    let t = twin(&partial_overlap, &first_store, permissive()).unwrap();
+    assert_same(&t, "partial overlap");
+}
+
+/// Two threads at once, each on its own 64 bytes (GPR and vector stores buffered side by
+/// side, flushed every 256 back-edges): the final bytes must match native runs.
+#[test]
+fn two_threads_adjacent_buffers_match_native() {
+    let t = twin(&load_from_two_stores, &first_store, permissive()).unwrap();
+    let go = |f: u64| -> Vec<u8> {
+        let mut buf = seeded(512, 7);
+        let p = buf.as_mut_ptr() as u64;
+        let ready = std::sync::atomic::AtomicU32::new(0);
+        std::thread::scope(|s| {
+            for k in 0..2u64 {
+                let ready = &ready;
+                s.spawn(move || {
+                    start_line(ready, 2);
+                    let mut out = [0u8; 32];
+                    fn3(f)(p + 64 * k, 5000 + k, out.as_mut_ptr() as u64);
+                    out
+                });
+            }
+        });
+        buf
+    };
+    assert_eq!(go(t.native), go(t.repaired));
+}
+
+#[test]
+fn helper_only_path_refuses_vector_operands() {
+    let opts = PlanOptions {
+        inline_fast_path: false,
+        ..permissive()
+    };
+    let r = twin(&load_from_two_stores, &first_store, opts);
+    match r {
+        Err(e) => assert!(
+            matches!(e.reason, RefusalReason::UnsupportedInstruction { .. }),
+            "{e}"
+        ),
+        Ok(_) => panic!("vector operands need the state register"),
+    }
+}
