@@ -80,9 +80,9 @@ fn sixteen_byte_load_forwards_from_two_eight_byte_stores() {
     let t = twin(&load_from_two_stores, &first_store, permissive()).unwrap();
     assert!(t.plan.region.is_loop);
     assert!(t.plan.state_register.is_some());
-    // The vector loads are helper loads inside a fixed region; the movss store is a vector
-    // store, which fixed regions decline: general path.
-    assert_eq!(t.plan.fixed_locations, 0);
+    // Every store has a fixed address: a fixed region, the movss store a location of its own
+    // next to the three GPR stores.
+    assert_eq!(t.plan.fixed_locations, 4);
     assert_same(&t, "16-byte load from two 8-byte stores");
 }
 
@@ -242,6 +242,79 @@ fn two_threads_adjacent_buffers_match_native() {
         buf
     };
     assert_eq!(go(t.native), go(t.repaired));
+}
+
+/// Fixed-address vector stores: a 16-byte `movups` and a 32-byte `vmovdqu` to fixed
+/// locations, a 16-byte load of the first (forwarding from both piece slots) and GPR loads
+/// inside both.
+fn fixed_vector_stores(a: &mut CodeAssembler) {
+    let mut top = a.create_label();
+    a.xor(r8d, r8d).unwrap();
+    a.vpxor(ymm3, ymm3, ymm3).unwrap();
+    a.set_label(&mut top).unwrap();
+    a.vmovq(xmm0, rsi).unwrap();
+    a.vpaddq(xmm0, xmm0, xmmword_ptr(rdi)).unwrap();
+    a.movups(xmmword_ptr(rdi), xmm0).unwrap();
+    a.vmovdqu(xmm1, xmmword_ptr(rdi)).unwrap();
+    a.vpaddq(ymm3, ymm3, ymm1).unwrap();
+    a.vinserti128(ymm2, ymm1, xmm0, 1).unwrap();
+    a.vmovdqu(ymmword_ptr(rdi + 64), ymm2).unwrap();
+    a.add(r8, qword_ptr(rdi + 88)).unwrap();
+    a.movzx(ecx, byte_ptr(rdi + 73)).unwrap();
+    a.add(r8, rcx).unwrap();
+    a.add(qword_ptr(rdi + 8), r8).unwrap();
+    a.dec(rsi).unwrap();
+    a.jnz(top).unwrap();
+    a.vmovdqu(ymmword_ptr(rdx), ymm3).unwrap();
+    a.vzeroupper().unwrap();
+    a.mov(rax, r8).unwrap();
+    a.ret().unwrap();
+}
+
+#[test]
+fn fixed_region_with_vector_stores() {
+    if !has_avx2() {
+        eprintln!("skipped: no AVX2");
+        return;
+    }
+    let t = twin(&fixed_vector_stores, &first_store, permissive()).unwrap();
+    // movups: 2 pieces (the second shared with the RMW at +8), vmovdqu: 4.
+    assert_eq!(t.plan.fixed_locations, 6);
+    assert_same(&t, "fixed region with vector stores");
+}
+
+/// Vector accesses whose pieces cannot take the fast path (the instruction mentions rax and
+/// the flags are live across it, so no flag save is possible): the helpers serve them.
+fn helper_pieces(a: &mut CodeAssembler) {
+    let mut top = a.create_label();
+    let mut skip = a.create_label();
+    a.xor(r8d, r8d).unwrap();
+    a.set_label(&mut top).unwrap();
+    a.mov(rax, rdi).unwrap();
+    a.cmp(rsi, 5).unwrap();
+    a.movdqu(xmm0, xmmword_ptr(rax)).unwrap();
+    a.paddq(xmm0, xmm0).unwrap();
+    a.movdqu(xmmword_ptr(rax + 16), xmm0).unwrap();
+    a.jne(skip).unwrap();
+    a.mov(qword_ptr(rdi + 40), rsi).unwrap();
+    a.set_label(&mut skip).unwrap();
+    a.mov(rcx, qword_ptr(rdi + 24)).unwrap();
+    a.add(r8, rcx).unwrap();
+    a.add(qword_ptr(rdi), rcx).unwrap();
+    a.dec(rsi).unwrap();
+    a.jnz(top).unwrap();
+    a.mov(rax, r8).unwrap();
+    a.ret().unwrap();
+}
+
+#[test]
+fn vector_pieces_through_the_helpers() {
+    let pcs = |base: u64, code: &[u8]| -> Vec<u64> {
+        store_pcs(base, code).into_iter().take(1).collect()
+    };
+    let t = twin(&helper_pieces, &pcs, permissive()).unwrap();
+    assert_eq!(t.plan.fixed_locations, 0, "rax moves: not a fixed region");
+    assert_same(&t, "helper pieces");
 }
 
 #[test]

@@ -44,6 +44,21 @@ impl Treatment {
     pub fn is_store(&self) -> bool {
         matches!(self, Treatment::Ssb { write: true, .. })
     }
+
+    /// Log entries one execution appends at most: one per store, one per piece of a vector
+    /// store (`wide.rs`).
+    pub fn log_entries(&self) -> u32 {
+        match *self {
+            Treatment::Ssb {
+                write: true,
+                vector: true,
+                size,
+                ..
+            } => super::wide::pieces(size),
+            Treatment::Ssb { write: true, .. } => 1,
+            _ => 0,
+        }
+    }
 }
 
 /// Instructions that order memory or have side effects outside the thread: flush first.

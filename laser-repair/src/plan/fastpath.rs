@@ -90,7 +90,11 @@ impl Emitter<'_> {
         pool.sort_by_key(|r| !self.reserved.contains(r));
         // Plain `mov` loads and stores use the instruction's own register as V: the value
         // moves straight between it and the log or memory, with no copy and no spill.
+        // A vector piece (`wide.rs`) moves its value between V and the scratch area: V is
+        // always a scratch register, never the (synthetic) instruction's own.
+        let piece = self.piece;
         let own = match i.code() {
+            _ if piece.is_some() => None,
             Code::Mov_r64_rm64 | Code::Mov_r32_rm32 if read && !write && op == 1 => {
                 Some(i.op0_register())
             }
@@ -139,7 +143,12 @@ impl Emitter<'_> {
                 break;
             }
         }
-        let Some((v, body)) = v else { return Ok(false) };
+        let Some((v, mut body)) = v else {
+            return Ok(false);
+        };
+        if let Some(p) = piece {
+            body = Some(p.body(self.rs, v)?);
+        }
         let mut pick = || -> Option<Register> {
             let r = pool
                 .iter()
@@ -205,7 +214,7 @@ impl Emitter<'_> {
         };
         if self.fixed.is_some() {
             return self.emit_fixed(FixedSeq {
-                k,
+                k: piece.map_or(k, |p| p.key),
                 i: *i,
                 size,
                 read,

@@ -33,6 +33,7 @@ use super::cfg::Cfg;
 use super::classify::Treatment;
 use super::region::Region;
 use super::ssb_layout::MAX_FIXED_SLOTS;
+use super::wide::{piece_size, pieces};
 use iced_x86::{Instruction, InstructionInfoFactory, OpAccess, Register};
 use std::collections::HashMap;
 
@@ -85,6 +86,30 @@ pub struct Fixed {
 
 type Loc = (Register, Register, u32, i64, u32);
 
+/// `by_insn` key of piece `j` of vector instruction `k` (`wide.rs`): each piece of a vector
+/// access is an access of its own (a store piece is a store location).
+pub fn piece_key(k: usize, j: u32) -> usize {
+    usize::MAX / 2 + k * 4 + j as usize
+}
+
+/// The accesses of instruction `k` as `(by_insn key, location)`: one for a GPR operand, one
+/// per piece for a vector operand. `None` inside: no fixed location.
+fn accesses_of(k: usize, i: &Instruction, size: u32, vector: bool) -> Vec<(usize, Option<Loc>)> {
+    if !vector {
+        return vec![(k, loc_of(i, size))];
+    }
+    let p = piece_size(size);
+    (0..pieces(size))
+        .map(|j| {
+            let l = loc_of(i, p).map(|mut l| {
+                l.3 = l.3.wrapping_add(i64::from(j * p));
+                l
+            });
+            (piece_key(k, j), l)
+        })
+        .collect()
+}
+
 fn loc_of(i: &Instruction, size: u32) -> Option<Loc> {
     let (b, x) = (i.memory_base(), i.memory_index());
     let ok = |r: Register| r == Register::None || (r.is_gpr64() && r != Register::RSP);
@@ -121,7 +146,7 @@ pub fn analyze(cfg: &Cfg, tr: &[Treatment], region: &Region) -> Option<Fixed> {
     let mut best: HashMap<usize, u32> = HashMap::new();
     for &b in &region.blocks {
         let blk = &cfg.blocks[b];
-        let own = blk.insns.clone().filter(|&k| tr[k].is_store()).count() as u32;
+        let own = blk.insns.clone().map(|k| tr[k].log_entries()).sum::<u32>();
         let from = blk
             .preds
             .iter()
@@ -144,12 +169,21 @@ pub fn analyze(cfg: &Cfg, tr: &[Treatment], region: &Region) -> Option<Fixed> {
     for &b in &region.blocks {
         let mut prev: Option<u32> = None;
         for k in cfg.blocks[b].insns.clone() {
-            if !tr[k].is_store() {
-                continue;
-            }
-            if let Some(acc) = fixed.by_insn.get_mut(&k) {
-                acc.merge = locs == 1 || (prev.is_some() && prev == acc.slot);
-                prev = acc.slot;
+            let keys: Vec<usize> = match tr[k] {
+                Treatment::Ssb {
+                    write: true,
+                    vector: true,
+                    size,
+                    ..
+                } => (0..pieces(size)).map(|j| piece_key(k, j)).collect(),
+                Treatment::Ssb { write: true, .. } => vec![k],
+                _ => continue,
+            };
+            for key in keys {
+                if let Some(acc) = fixed.by_insn.get_mut(&key) {
+                    acc.merge = locs == 1 || (prev.is_some() && prev == acc.slot);
+                    prev = acc.slot;
+                }
             }
         }
     }
@@ -167,10 +201,11 @@ fn single_block_distances(cfg: &Cfg, tr: &[Treatment], region: &Region, fixed: &
     let blk = &cfg.blocks[b];
     let ks: Vec<usize> = blk.insns.clone().collect();
     let Some(&last) = ks.last() else { return };
+    // (Vector accesses keep their slots: their pieces are not in the store list below.)
     let straight = ks.iter().all(|&k| {
         matches!(
             tr[k],
-            Treatment::Verbatim | Treatment::Ssb { .. } | Treatment::DirectBranch
+            Treatment::Verbatim | Treatment::Ssb { vector: false, .. } | Treatment::DirectBranch
         )
     });
     let loops =
@@ -249,16 +284,14 @@ fn analyze_insns(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]
             ..
         } = tr[k]
         {
-            // Vector stores append through the helpers (`wide.rs`), unseen by the slots.
-            if vector {
-                return None;
-            }
-            let l = loc_of(&insns[k], size)?;
-            if moves(l.0) || moves(l.1) {
-                return None;
-            }
-            if !locs.contains(&l) {
-                locs.push(l);
+            for (_, l) in accesses_of(k, &insns[k], size, vector) {
+                let l = l?;
+                if moves(l.0) || moves(l.1) {
+                    return None;
+                }
+                if !locs.contains(&l) {
+                    locs.push(l);
+                }
             }
         }
     }
@@ -293,32 +326,33 @@ fn analyze_insns(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]
             && a.3 < b.3 + i64::from(b.4)
             && b.3 < a.3 + i64::from(a.4)
     };
+    let access = |l: Option<Loc>| match l {
+        None => Access::default(),
+        Some(l) => {
+            let group = groups
+                .iter()
+                .position(|g| (g.base, g.index, g.scale) == (l.0, l.1, l.2));
+            let slot = locs.iter().position(|x| *x == l).map(|s| s as u32);
+            let others = locs.iter().filter(|x| **x != l && overlaps(x, &l)).count();
+            Access {
+                group,
+                slot,
+                forward: slot.is_some() && others == 0,
+                helper: others > 0 || (slot.is_none() && locs.iter().any(|x| overlaps(x, &l))),
+                merge: true,
+                distance: None,
+            }
+        }
+    };
     let mut by_insn = HashMap::new();
     for &k in region_insns {
-        let Treatment::Ssb { size, .. } = tr[k] else {
+        let Treatment::Ssb { size, vector, .. } = tr[k] else {
             continue;
         };
-        let i = &insns[k];
-        let l = loc_of(i, size).filter(|l| !moves(l.0) && !moves(l.1));
-        let acc = match l {
-            None => Access::default(),
-            Some(l) => {
-                let group = groups
-                    .iter()
-                    .position(|g| (g.base, g.index, g.scale) == (l.0, l.1, l.2));
-                let slot = locs.iter().position(|x| *x == l).map(|s| s as u32);
-                let others = locs.iter().filter(|x| **x != l && overlaps(x, &l)).count();
-                Access {
-                    group,
-                    slot,
-                    forward: slot.is_some() && others == 0,
-                    helper: others > 0 || (slot.is_none() && locs.iter().any(|x| overlaps(x, &l))),
-                    merge: true,
-                    distance: None,
-                }
-            }
-        };
-        by_insn.insert(k, acc);
+        for (key, l) in accesses_of(k, &insns[k], size, vector) {
+            let l = l.filter(|l| !moves(l.0) && !moves(l.1));
+            by_insn.insert(key, access(l));
+        }
     }
     Some(Fixed {
         groups,

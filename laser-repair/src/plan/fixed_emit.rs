@@ -92,7 +92,8 @@ impl Emitter<'_> {
         // A read-only instruction can read memory itself when nothing in the log overlaps
         // (its operand does not involve rsp, which the spills moved).
         let rsp_free = s.i.memory_base() != Register::RSP && s.i.memory_index() != Register::RSP;
-        let original = (s.read && !s.write && rsp_free).then(|| {
+        // (A vector piece's synthetic `mov` must not run: its value goes to the scratch area.)
+        let original = (s.read && !s.write && rsp_free && self.piece.is_none()).then(|| {
             let mut o = s.i;
             o.set_ip(0);
             o

@@ -87,6 +87,8 @@ pub(super) struct Emitter<'a> {
     /// `ST_COUNT` in memory is written before and read after every helper call).
     pub(super) count_reg: Option<Register>,
     pub(super) live: Option<&'a Liveness>,
+    /// Set while `emit_ssb_fast` emits one piece of a vector access (`wide.rs`).
+    pub(super) piece: Option<super::wide::Piece>,
     /// For each original instruction address: index in `out` of its first instruction.
     pub(super) first: Vec<(u64, usize)>,
     labels: HashMap<u64, u64>,
@@ -317,6 +319,7 @@ fn rewrite_with(
         cold: Vec::new(),
         rs,
         live: Some(live),
+        piece: None,
         out: Vec::new(),
         first: Vec::new(),
         labels: HashMap::new(),
@@ -356,12 +359,10 @@ fn rewrite_with(
                     vector: true,
                     ..
                 } => {
-                    // A vector store would append entries no fixed slot knows about
-                    // (`fixed.rs` declines such regions; this keeps the rule local too).
-                    if write && e.fixed.is_some() {
+                    if !e.emit_wide(k, &i, size, read, write, label)? {
+                        // A fixed region's store piece could not take the fast path.
                         return Ok(None);
                     }
-                    e.emit_wide(&i, size, read, write, label)?
                 }
                 Treatment::Ssb {
                     op,
