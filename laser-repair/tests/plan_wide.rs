@@ -332,3 +332,155 @@ fn helper_only_path_refuses_vector_operands() {
         Ok(_) => panic!("vector operands need the state register"),
     }
 }
+
+/// `fn(s: *mut [u64; 2], n)`: n times `s[0] += 1; s[1] += 2` as one 16-byte load, add and
+/// store: what gcc -O2 makes of two adjacent counter updates (heap_objects, spinlock_tas).
+fn struct_update_loop(a: &mut CodeAssembler) {
+    let mut top = a.create_label();
+    a.mov(eax, 1).unwrap();
+    a.movq(xmm1, rax).unwrap();
+    a.mov(eax, 2).unwrap();
+    a.movq(xmm2, rax).unwrap();
+    a.punpcklqdq(xmm1, xmm2).unwrap();
+    a.set_label(&mut top).unwrap();
+    a.movdqu(xmm0, xmmword_ptr(rdi)).unwrap();
+    a.paddq(xmm0, xmm1).unwrap();
+    a.movdqu(xmmword_ptr(rdi), xmm0).unwrap();
+    a.dec(rsi).unwrap();
+    a.jnz(top).unwrap();
+    a.ret().unwrap();
+}
+
+/// Two threads, two 16-byte structs `stride` bytes apart, each thread updating its own;
+/// returns the wall time and both structs.
+fn two_structs(f: u64, n: u64, stride: usize) -> (std::time::Duration, [[u64; 2]; 2]) {
+    #[repr(align(64))]
+    struct Lines([u64; 32]);
+    let mut lines = Lines([0; 32]);
+    let base = lines.0.as_mut_ptr() as u64;
+    let ready = std::sync::atomic::AtomicU32::new(0);
+    let start = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for k in 0..2u64 {
+            let ready = &ready;
+            s.spawn(move || {
+                start_line(ready, 2);
+                fn2(f)(base + stride as u64 * k, n)
+            });
+        }
+    });
+    let el = start.elapsed();
+    let w = stride / 8;
+    (el, [[lines.0[0], lines.0[1]], [lines.0[w], lines.0[w + 1]]])
+}
+
+#[test]
+fn false_shared_sixteen_byte_structs_count_exactly() {
+    let t = twin(&struct_update_loop, &first_store, PlanOptions::default()).unwrap();
+    // What `laser repair` accepts by default: a fixed region (one 16-byte store, 2 pieces).
+    assert_eq!(t.plan.fixed_locations, 2);
+    const N: u64 = 200_000;
+    let (_, native) = two_structs(t.native, N, 16);
+    let (_, repaired) = two_structs(t.repaired, N, 16);
+    assert_eq!(native, [[N, 2 * N]; 2]);
+    assert_eq!(
+        repaired,
+        [[N, 2 * N]; 2],
+        "repaired loop lost or duplicated updates"
+    );
+}
+
+/// Side-by-side ratios for the integrator: unpadded native, padded native, repaired.
+#[test]
+#[ignore = "benchmark: run on a quiet machine with --release --nocapture"]
+fn bench_false_shared_sixteen_byte_structs() {
+    let t = twin(&struct_update_loop, &first_store, PlanOptions::default()).unwrap();
+    const N: u64 = 20_000_000;
+    let best = |f: u64, stride: usize| {
+        (0..3)
+            .map(|_| two_structs(f, N, stride))
+            .map(|(d, c)| {
+                assert_eq!(c, [[N, 2 * N]; 2]);
+                d.as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    };
+    let native = best(t.native, 16);
+    let padded = best(t.native, 128);
+    let repaired = best(t.repaired, 16);
+    println!("2 threads x {N} 16-byte struct updates, best of 3:");
+    println!("  native unpadded {native:.3}s, padded {padded:.3}s, repaired {repaired:.3}s");
+    println!(
+        "  padding gain {:.2}x, repair gain {:.2}x",
+        native / padded,
+        native / repaired
+    );
+}
+
+/// `fn(p: *mut u64, n)`: for i = 1..=n, `p[0..2] = (i, i)` with one `movdqu` store, then
+/// the flag `p[8] = i` (another cache line).
+fn wide_then_flag(a: &mut CodeAssembler) {
+    let mut top = a.create_label();
+    a.mov(ecx, 1).unwrap();
+    a.set_label(&mut top).unwrap();
+    a.movq(xmm0, rcx).unwrap();
+    a.punpcklqdq(xmm0, xmm0).unwrap();
+    a.movdqu(xmmword_ptr(rdi), xmm0).unwrap();
+    a.mov(qword_ptr(rdi + 64), rcx).unwrap();
+    a.add(rcx, 1).unwrap();
+    a.cmp(rcx, rsi).unwrap();
+    a.jbe(top).unwrap();
+    a.ret().unwrap();
+}
+
+/// Message passing through a repaired wide store (TSO: stores become visible in program
+/// order). A reader on another thread reads the flag, then the second word, then the first:
+/// `flag <= hi <= lo` must hold in every sample, which a flush writing the pieces out of
+/// order or after the flag would break.
+#[test]
+fn wide_store_pieces_and_flag_are_seen_in_order() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let t = twin(&wide_then_flag, &first_store, permissive()).unwrap();
+    #[repr(align(64))]
+    struct Lines([u64; 16]);
+    let mut lines = Lines([0; 16]);
+    let p = lines.0.as_mut_ptr() as u64;
+    const N: u64 = 8_000_000;
+    let done = AtomicBool::new(false);
+    let ready = std::sync::atomic::AtomicU32::new(0);
+    let (samples, bad) = std::thread::scope(|s| {
+        let done = &done;
+        let ready = &ready;
+        let reader = s.spawn(move || {
+            // SAFETY: `lines` outlives the scope; its words are 8-aligned and only accessed
+            // atomically by this thread while the writer runs.
+            let word = |k: u64| unsafe { AtomicU64::from_ptr((p + 8 * k) as *mut u64) };
+            start_line(ready, 2);
+            let (mut samples, mut bad) = (0u64, Vec::new());
+            while !done.load(Ordering::Acquire) {
+                // ATOMICS: Acquire loads in this order observe the writer's stores in its
+                // program order (x86-TSO), which is what the test checks.
+                let f = word(8).load(Ordering::Acquire);
+                let hi = word(1).load(Ordering::Acquire);
+                let lo = word(0).load(Ordering::Acquire);
+                samples += 1;
+                if !(f <= hi && hi <= lo) && bad.len() < 8 {
+                    bad.push((f, hi, lo));
+                }
+            }
+            (samples, bad)
+        });
+        start_line(ready, 2);
+        fn2(t.repaired)(p, N);
+        // ATOMICS: Release pairs with the reader's Acquire: it stops after the writer.
+        done.store(true, Ordering::Release);
+        reader.join().unwrap()
+    });
+    assert_eq!(lines.0[0..2], [N, N]);
+    assert_eq!(lines.0[8], N);
+    assert!(samples > 0);
+    assert!(
+        bad.is_empty(),
+        "reordered observations (flag, hi, lo): {bad:?}"
+    );
+}
