@@ -317,6 +317,47 @@ fn vector_pieces_through_the_helpers() {
     assert_same(&t, "helper pieces");
 }
 
+/// A rip-relative 16-byte struct (a global, as in spinlock_tas): `movdqu` load, `paddq`,
+/// `movups` store, an 8-byte load of its second half; the region is fixed (a global group).
+fn global_struct(a: &mut CodeAssembler) {
+    let mut top = a.create_label();
+    let mut g = a.create_label();
+    let mut g8 = a.create_label();
+    a.movq(xmm1, rsi).unwrap();
+    a.punpcklqdq(xmm1, xmm1).unwrap();
+    a.set_label(&mut top).unwrap();
+    a.movdqu(xmm0, xmmword_ptr(g)).unwrap();
+    a.paddq(xmm0, xmm1).unwrap();
+    a.movups(xmmword_ptr(g), xmm0).unwrap();
+    a.mov(rax, qword_ptr(g8)).unwrap();
+    a.add(qword_ptr(rdi), rax).unwrap();
+    a.dec(rsi).unwrap();
+    a.jnz(top).unwrap();
+    a.movdqu(xmm0, xmmword_ptr(g)).unwrap();
+    a.movdqu(xmmword_ptr(rdx), xmm0).unwrap();
+    // Leave the global as it was, so each call starts from the same state.
+    a.pxor(xmm0, xmm0).unwrap();
+    a.movdqu(xmmword_ptr(g), xmm0).unwrap();
+    a.xor(eax, eax).unwrap();
+    a.ret().unwrap();
+    a.set_label(&mut g).unwrap();
+    a.dq(&[0]).unwrap();
+    a.set_label(&mut g8).unwrap();
+    a.dq(&[0]).unwrap();
+}
+
+#[test]
+fn rip_relative_sixteen_byte_global() {
+    let pcs = |base: u64, code: &[u8]| -> Vec<u64> {
+        // The movups in the loop (the first explicit store).
+        store_pcs(base, code).into_iter().take(1).collect()
+    };
+    let t = twin(&global_struct, &pcs, permissive()).unwrap();
+    assert!(t.plan.region.is_loop);
+    assert!(t.plan.fixed_locations >= 2, "{}", t.plan.fixed_locations);
+    assert_same(&t, "rip-relative 16-byte global");
+}
+
 #[test]
 fn helper_only_path_refuses_vector_operands() {
     let opts = PlanOptions {

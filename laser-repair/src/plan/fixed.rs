@@ -1,7 +1,9 @@
 //! Fixed-address regions: when every store of the region writes `[base + index*scale + disp]`
 //! with base and index registers no region instruction writes (or `[rip + disp]`, a global),
 //! each store always writes the
-//! same bytes during one pass through the region (every exit flushes). Such a store's
+//! same bytes during one pass through the region (every exit flushes). An SSE/AVX store
+//! counts as its 8-byte pieces (`wide.rs`), each a location keyed by [`piece_key`]; a vector
+//! load's pieces are loads like any other. Such a store's
 //! *location* gets a slot in the thread's state holding where its youngest log entry is, so
 //!
 //! - a load of exactly that location forwards from that entry (no summary, no byte lanes);

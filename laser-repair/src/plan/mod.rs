@@ -16,8 +16,9 @@
 //!   `vmovdqu ymm`, `movsd/movss/movq/movhps`, ALU ops with a memory source such as
 //!   `paddd`/`addps`/`ptest`, `pextrb`/`pinsrw`, …; [`wide`](mod@wide)): the instruction
 //!   runs on a 32-byte scratch area in the thread state, its bytes moved between there and
-//!   the SSB in 8-byte pieces (loads forward per piece; stores append their pieces in
-//!   address order). Inline path only (the state register addresses the scratch area). Two
+//!   the SSB in 8-byte pieces, each the inline (or fixed-region) sequence of an 8-byte
+//!   `mov` (loads forward per piece; stores append their pieces in address order). Inline
+//!   path only (the state register addresses the scratch area). Two
 //!   semantic differences: `movaps`/`movdqa` on an address that is not 16-aligned no longer
 //!   fault, and an aligned 16-byte access (single-copy atomic on AVX CPUs) can be seen
 //!   split into its 8-byte pieces by another thread during a flush;
@@ -44,8 +45,9 @@
 //! zone (`lea rsp,[rsp-128]` first: the stack is thread-private and the red zone untouched);
 //! flags are saved with `seto/lahf … add/sahf` only where liveness says they are live.
 //!
-//! Fixed-address regions ([`fixed`]): when every store of the region is a general-register
-//! one (no SSE/AVX store) through base and index registers the region never writes, each store location gets a slot naming its
+//! Fixed-address regions ([`fixed`]): when every store of the region goes through base and
+//! index registers the region never writes, each store location (each 8-byte piece of an
+//! SSE/AVX store) gets a slot naming its
 //! youngest entry and a shadow of its value, the entry count lives in a reserved register,
 //! and the summary/byte lanes are not used: a load of a store location is
 //! `cmp [slot],8; jb memory; mov v,[shadow]`, any other load range-tests the store groups

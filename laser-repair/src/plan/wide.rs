@@ -19,7 +19,7 @@
 //! (`push addr; push value; call ssb_load8/ssb_store8`), except a store piece of a
 //! fixed-address region, which must go through its slot: that region is then rewritten the
 //! general way. In fixed regions each store piece is a store location of its own
-//! (`fixed.rs`, keyed by [`piece_key`](super::fixed::piece_key)).
+//! (`fixed.rs`, keyed by [`piece_key`]).
 //!
 //! Why this keeps TSO: a load piece reads the youngest log entry of its 8 bytes or memory
 //! (flushing first on a partial overlap), exactly as a `mov` would; store pieces are appended
