@@ -498,7 +498,10 @@ fn wide_store_pieces_and_flag_are_seen_in_order() {
             let word = |k: u64| unsafe { AtomicU64::from_ptr((p + 8 * k) as *mut u64) };
             start_line(ready, 2);
             let (mut samples, mut bad) = (0u64, Vec::new());
-            while !done.load(Ordering::Acquire) {
+            // At least one sample, however the threads are scheduled.
+            loop {
+                // ATOMICS: Acquire pairs with the writer's Release store of `done`.
+                let last = done.load(Ordering::Acquire);
                 // ATOMICS: Acquire loads in this order observe the writer's stores in its
                 // program order (x86-TSO), which is what the test checks.
                 let f = word(8).load(Ordering::Acquire);
@@ -507,6 +510,9 @@ fn wide_store_pieces_and_flag_are_seen_in_order() {
                 samples += 1;
                 if !(f <= hi && hi <= lo) && bad.len() < 8 {
                     bad.push((f, hi, lo));
+                }
+                if last {
+                    break;
                 }
             }
             (samples, bad)
