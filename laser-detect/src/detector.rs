@@ -257,6 +257,8 @@ impl<C: CodeSource> Detector<C> {
                 }
             }
             Event::WatchSet { time, words } => self.on_watch_set(*time, words),
+            // A measurement of this run beats the configured default.
+            Event::WatchCost { hit_ns, .. } => self.estimator.set_trap_cost(*hit_ns),
             _ => {}
         }
     }
@@ -517,8 +519,10 @@ impl<C: CodeSource> Detector<C> {
             notes.push(format!(
                 "{rated} line(s) rated from watchpoint windows: exact access history of the \
                  watched words over {:.1} ms armed, {transfers} transfers, ±{err:.0}% \
-                 statistical; bytes not watched are not counted",
-                armed * 1e3
+                 statistical, {:.1} µs per watchpoint hit taken out of the armed time; bytes \
+                 not watched are not counted",
+                armed * 1e3,
+                self.estimator.trap_cost_ns() as f64 / 1e3
             ));
             if estimates.iter().any(|e| e.inferred) {
                 notes.push(

@@ -28,7 +28,9 @@
 //!
 //! # Rate and its error
 //! `rate = transfers / effective_armed_time`, where `effective_armed_time = armed − trap time`:
-//! each watchpoint hit stops the thread for `trap_cost_ns` (≈ 4.5 µs measured here), so while
+//! each watchpoint hit stops the thread for `trap_cost_ns`: the driver measures it when it opens
+//! its first watchpoint and records it (`Event::WatchCost`, 25–35 µs here with the sample write;
+//! [`DEFAULT_TRAP_COST_NS`] when a recording has none), so while
 //! armed the threads run slower than unwatched. The most-trapped thread's total trap time is
 //! subtracted (threads trap in parallel), floored at 10% of the armed time (`clamped` says when).
 //! Error sources, all stated in the estimate:
@@ -121,6 +123,16 @@ impl Estimator {
     pub fn with_trap_cost(mut self, ns: u64) -> Self {
         self.trap_cost_ns = ns;
         self
+    }
+
+    /// Replaces the trap cost (the driver's measurement of this run, `Event::WatchCost`).
+    pub fn set_trap_cost(&mut self, ns: u64) {
+        self.trap_cost_ns = ns;
+    }
+
+    /// The trap cost the rates are corrected with.
+    pub fn trap_cost_ns(&self) -> u64 {
+        self.trap_cost_ns
     }
 
     fn line_of(&self, addr: u64) -> u64 {
