@@ -64,6 +64,10 @@ pub struct Outcome {
     pub skipped: u64,
 }
 
+/// How often the monitor loop hands the contended lines' modules to the DWARF prefetcher.
+/// Early and often: a program that exits within a second must still leave the worker time.
+const PREFETCH_EVERY: Duration = Duration::from_millis(100);
+
 pub fn run_loop(
     session: &mut Session,
     opts: &LoopOptions,
@@ -75,6 +79,7 @@ pub fn run_loop(
     let mut steering = Steering::default();
     let mut record_error: Option<anyhow::Error> = None;
     let mut skipped = 0;
+    let mut last_prefetch = Instant::now();
     let exit = loop {
         let status = {
             let mut sink = |e: Event| {
@@ -117,6 +122,14 @@ pub fn run_loop(
         if opts.steer_watchpoints {
             if let Some(d) = detector.as_deref() {
                 steering.step(session, d)?;
+            }
+        }
+        if let Some(d) = detector.as_deref() {
+            // The report will symbolize these modules: load their DWARF now, in idle time,
+            // rather than after the program has exited (glibc's takes ~100 ms).
+            if last_prefetch.elapsed() >= PREFETCH_EVERY {
+                last_prefetch = Instant::now();
+                laser_detect::prefetch::prefetch(d.contended_modules());
             }
         }
         let st = session.stats();

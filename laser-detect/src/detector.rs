@@ -586,6 +586,22 @@ impl<C: CodeSource> Detector<C> {
         notes
     }
 
+    /// The modules (paths) holding the instructions of the contended lines seen so far: the
+    /// ones a report will symbolize, for [`crate::prefetch`] to load ahead of it.
+    pub fn contended_modules(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for line in self.model.contended() {
+            for s in &line.sources {
+                if let Location::Module { path, .. } = self.location(s.pc) {
+                    if !out.contains(&path) {
+                        out.push(path);
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// The top `max_lines` contended lines and, per line, up to 4 naturally aligned words
     /// different threads touched: where to arm watchpoints.
     pub fn candidates(&self, max_lines: usize) -> Vec<WatchCandidate> {

@@ -23,6 +23,7 @@ pub mod line_model;
 pub mod line_table;
 pub mod maps;
 pub mod pccache;
+pub mod prefetch;
 pub mod recent;
 pub mod render_text;
 pub mod report;
