@@ -158,7 +158,13 @@ fn false_sharing(f: &Finding, line_size: u32) -> String {
 fn per_thread_block_bytes(f: &Finding) -> String {
     let mut by_thread: BTreeMap<u32, u128> = BTreeMap::new();
     let single = f.sources.iter().any(|s| s.threads.len() == 1);
-    for s in f.sources.iter().filter(|s| !single || s.threads.len() == 1) {
+    if !single {
+        // Each source ran in several threads: who touched which part is not known, only
+        // which parts were touched.
+        let threads: Vec<String> = f.threads.iter().map(|t| format!("T{t}")).collect();
+        return format!("{} touch {}", threads.join(", "), f.data.fields.join(", "));
+    }
+    for s in f.sources.iter().filter(|s| s.threads.len() == 1) {
         for &t in &s.threads {
             *by_thread.entry(t).or_default() |= s.mask();
         }

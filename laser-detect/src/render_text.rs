@@ -247,14 +247,14 @@ fn data_line(f: &Finding) -> String {
                         "top" => ", top chunk".to_string(),
                         st => format!(", {st}"),
                     };
-                    format!("{:#x} ({} bytes, {arena}{state})", b.addr, b.size)
+                    format!(
+                        "heap block {:#x} ({} bytes, {arena}{state})",
+                        b.addr, b.size
+                    )
                 })
                 .collect();
-            format!(
-                "heap block{} {} (allocation site not tracked)",
-                if list.len() == 1 { "" } else { "s" },
-                list.join(", ")
-            )
+            // One block per line: addresses make long lines.
+            list.join("\n             ")
         }
         "heap" => "heap object (allocation site not tracked)".into(),
         "stack" => "stack".into(),

@@ -116,7 +116,8 @@ fn two_neighbouring_blocks_on_one_line() {
     let text = render_text(&r);
     assert!(
         text.contains(&format!(
-            "data     heap blocks {:#x} (24 bytes, main arena), {:#x} (24 bytes, main arena)",
+            "    data     heap block {:#x} (24 bytes, main arena)\n             \
+             heap block {:#x} (24 bytes, main arena)\n",
             LINE + 16,
             LINE + 48
         )),
@@ -189,4 +190,27 @@ fn without_a_live_process_heap_lines_stay_plain() {
     assert!(!r.to_json().contains("\"blocks\""));
     assert!(render_text(&r).contains("heap object (allocation site not tracked)"));
     assert!(r.findings[0].fix.contains("one heap block"));
+}
+
+#[test]
+fn merged_thread_sources_name_the_parts_not_who_touched_which() {
+    let mut a = analysis(16..32, 48..64);
+    // One instruction run by both threads against both objects (heap_objects' `account`).
+    let f = &mut a.findings[0];
+    f.sources[0].offsets |= f.sources[1].offsets;
+    f.sources[0].threads = vec![11, 12];
+    f.sources.truncate(1);
+    let r = report(
+        &a,
+        with(LINE, Ok(vec![block(LINE, 0x20), block(LINE + 0x20, 0x20)])),
+    );
+    let fix = &r.findings[0].fix;
+    assert!(
+        fix.contains(&format!(
+            "T11, T12 touch block@{:#x}[0..16), block@{:#x}[0..16)",
+            LINE + 16,
+            LINE + 48
+        )),
+        "{fix}"
+    );
 }
