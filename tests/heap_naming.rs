@@ -3,7 +3,7 @@
 //! block (the pointer the program printed, its usable size) with the contended bytes as
 //! offsets inside it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const LASER: &str = env!("CARGO_BIN_EXE_laser");
@@ -43,7 +43,7 @@ int main(void) {
 }
 "#;
 
-fn build(dir: &PathBuf) -> Option<PathBuf> {
+fn build(dir: &Path) -> Option<PathBuf> {
     let src = dir.join("heapfs.c");
     let exe = dir.join("heapfs");
     std::fs::write(&src, PROGRAM).unwrap();
