@@ -147,6 +147,19 @@ fn false_sharing_inside_one_block() {
         "{fix}"
     );
     assert!(fix.contains("[0..8)") && fix.contains("[8..16)"), "{fix}");
+    // A thread-arena block glibc has marked free: the text says both.
+    let mut b = block(LINE, 0x40);
+    (b.arena, b.state) = (ArenaKind::Thread, BlockState::Free);
+    let r = report(&a, with(LINE, Ok(vec![b])));
+    assert_eq!(r.findings[0].data.blocks[0].state, "free");
+    assert!(
+        render_text(&r).contains(&format!(
+            "data     heap block {:#x} (56 bytes, thread arena, free)",
+            LINE + 16
+        )),
+        "{}",
+        render_text(&r)
+    );
 }
 
 #[test]
