@@ -395,7 +395,7 @@ impl Walk {
             if distance > SCAN_CAP {
                 return Err(HeapError::TooFar {
                     line: self.line,
-                    distance: self.line - a.first_chunk,
+                    distance: self.line.saturating_sub(a.first_chunk),
                     cap: SCAN_CAP,
                 });
             }
@@ -480,7 +480,7 @@ pub fn blocks_on_line(
         Step::Done(b) => Ok(b),
         Step::Pending => Err(HeapError::TooFar {
             line,
-            distance: line - arena.first_chunk,
+            distance: line.saturating_sub(arena.first_chunk),
             cap: budget,
         }),
     }
