@@ -18,6 +18,8 @@ pub mod effaddr;
 pub mod estimate;
 pub mod findings;
 pub mod fix;
+pub mod heap_blocks;
+pub mod heap_names;
 pub mod line_kind;
 pub mod line_model;
 pub mod line_table;
