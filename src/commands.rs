@@ -6,7 +6,8 @@ use anyhow::{Context, Result};
 use laser_driver::{Config, Session};
 
 use crate::cli::{AttachArgs, MonitorArgs, RecordArgs, ReportArgs, RunArgs};
-use crate::monitor::{self, LiveHeap, LoopOptions};
+use crate::live_heap::LiveHeap;
+use crate::monitor::{self, LoopOptions};
 use crate::recording::{self, Recorder};
 use crate::repair::{self, online::Online};
 use crate::{analyze, backend, exit};
