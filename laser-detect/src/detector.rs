@@ -532,10 +532,12 @@ impl<C: CodeSource> Detector<C> {
                 );
             }
             if estimates.iter().any(|e| e.clamped) {
-                notes.push(
-                    "watchpoint trap time exceeded 90% of a window: its rate is unreliable"
-                        .to_string(),
-                );
+                let n = estimates.iter().filter(|e| e.clamped).count();
+                notes.push(format!(
+                    "{n} watched line(s) trapped on most accesses (trap time over half the armed \
+                     time): their rates are not corrected for the slowdown, so they are lower \
+                     bounds"
+                ));
             }
         }
         let (pl, pe) = self.model.pruned();
