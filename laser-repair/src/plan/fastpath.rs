@@ -19,7 +19,7 @@ use super::refusal::RefusalReason;
 use super::rewrite::{enc, sized, Emitter, RED_ZONE};
 use super::ssb_layout::MAX_RESERVED;
 use super::ssb_runtime::{
-    index_offset, size_index, ST_BACKEDGES, ST_COUNT, ST_ENTRIES, ST_SUMMARY,
+    index_offset, iters_offset, size_index, ST_BACKEDGES, ST_COUNT, ST_ENTRIES, ST_SUMMARY,
 };
 use iced_x86::{Code, Encoder, Instruction, MemoryOperand, OpKind, Register};
 
@@ -423,6 +423,7 @@ impl Emitter<'_> {
         &mut self,
         label: u64,
         target_label: u64,
+        target_ip: u64,
         flags_live: bool,
         rax_live: bool,
     ) -> Result<bool, RefusalReason> {
@@ -437,6 +438,9 @@ impl Emitter<'_> {
         if flags_live {
             seq.extend(save_flags()?);
         }
+        // The trial's progress counter: one add per iteration (flags saved above if live).
+        let iters = i64::from(iters_offset(&self.rt.config));
+        seq.push(mi(Code::Add_rm64_imm8, mem(rs, Register::None, iters), 1)?);
         match self.count_reg {
             Some(rc) => seq.push(ri(Code::Cmp_rm64_imm8, rc, 0)?),
             None => seq.push(mi(
@@ -482,6 +486,12 @@ impl Emitter<'_> {
         seq.push(Instruction::with_branch(Code::Call_rel32_64, self.rt.flush).map_err(enc)?);
         seq.push(self.lea_rsp(RED_ZONE)?);
         seq.extend(sync_in);
+        // Kill switch (`KILL_OFF`): with the log just flushed, leave for the native copy's
+        // loop header instead (cold: restore flags, rax, the reserved and state registers).
+        let killed = self.label();
+        let kill = MemoryOperand::with_base_displ(Register::RIP, self.rt.kill_addr() as i64);
+        seq.push(mi(Code::Cmp_rm64_imm8, kill, 0)?);
+        seq.push(br(Code::Jne_rel32_64, killed)?);
         let mut tail = Vec::new();
         if flags_live {
             tail.extend(restore_flags()?);
@@ -490,6 +500,12 @@ impl Emitter<'_> {
             tail.push(Instruction::with1(Code::Pop_r64, Register::RAX).map_err(enc)?);
             tail.push(self.lea_rsp(RED_ZONE)?);
         }
+        let mut out = tail.clone();
+        out.extend(self.restore_rs_seq()?);
+        let native = self.native_label(target_ip);
+        out.push(br(Code::Jmp_rel32_64, native)?);
+        out[0].set_ip(killed);
+        self.cold.extend(out);
         tail.push(br(Code::Jmp_rel32_64, target_label)?);
         let mut it = seq.into_iter();
         if let Some(f) = it.next() {

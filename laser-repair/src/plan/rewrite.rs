@@ -151,16 +151,25 @@ impl<'a> Emitter<'a> {
     /// `mov rs,[rs+saved]` before leaving the region (fast mode): callers may rely on the
     /// register's value. No flags touched.
     fn restore_rs(&mut self) -> Result<(), RefusalReason> {
-        if let Some(rs) = self.rs {
-            let base = i64::from(saved_regs_offset(&self.rt.config));
-            for (k, &r) in self.reserved.clone().iter().enumerate() {
-                let m = MemoryOperand::with_base_displ(rs, base + 8 * k as i64);
-                self.push(Instruction::with2(Code::Mov_r64_rm64, r, m).map_err(enc)?);
-            }
-            let m = MemoryOperand::with_base_displ(rs, i64::from(ST_SAVED_RS));
-            self.push(Instruction::with2(Code::Mov_r64_rm64, rs, m).map_err(enc)?);
+        for i in self.restore_rs_seq()? {
+            self.push(i);
         }
         Ok(())
+    }
+
+    /// The instructions of [`Self::restore_rs`], for code emitted out of line.
+    pub(super) fn restore_rs_seq(&self) -> Result<Vec<Instruction>, RefusalReason> {
+        let mut out = Vec::new();
+        if let Some(rs) = self.rs {
+            let base = i64::from(saved_regs_offset(&self.rt.config));
+            for (k, &r) in self.reserved.iter().enumerate() {
+                let m = MemoryOperand::with_base_displ(rs, base + 8 * k as i64);
+                out.push(Instruction::with2(Code::Mov_r64_rm64, r, m).map_err(enc)?);
+            }
+            let m = MemoryOperand::with_base_displ(rs, i64::from(ST_SAVED_RS));
+            out.push(Instruction::with2(Code::Mov_r64_rm64, rs, m).map_err(enc)?);
+        }
+        Ok(out)
     }
 
     /// After the trampoline loaded the state: save the reserved registers in it.
@@ -253,6 +262,9 @@ fn operand_key(i: &Instruction) -> (Register, Register, u32, u64, usize) {
     )
 }
 
+/// `count_only` (`PlanOptions::count_only`): memory accesses stay verbatim (no log), the
+/// rest (state register, trampolines, back-edge counting, exits) is generated as usual.
+#[allow(clippy::too_many_arguments)]
 pub fn rewrite(
     cfg: &Cfg,
     tr: &[Treatment],
@@ -261,12 +273,24 @@ pub fn rewrite(
     rt: &RuntimeInfo,
     addr: u64,
     fast: bool,
+    count_only: bool,
 ) -> Result<Rewritten, RefusalReason> {
     // A fixed region needs every store on the fast path (a helper store would append an
     // entry no slot knows about): if one cannot be, rewrite the region the general way.
-    match rewrite_with(cfg, tr, region, live, rt, addr, fast, true)? {
+    let fixed_first = !count_only;
+    match rewrite_with(
+        cfg,
+        tr,
+        region,
+        live,
+        rt,
+        addr,
+        fast,
+        fixed_first,
+        count_only,
+    )? {
         Some(rw) => Ok(rw),
-        None => rewrite_with(cfg, tr, region, live, rt, addr, fast, false)?
+        None => rewrite_with(cfg, tr, region, live, rt, addr, fast, false, count_only)?
             .ok_or_else(|| RefusalReason::Encoding("region rewrite fell back twice".into())),
     }
 }
@@ -281,6 +305,7 @@ fn rewrite_with(
     addr: u64,
     fast: bool,
     fixed_allowed: bool,
+    count_only: bool,
 ) -> Result<Option<Rewritten>, RefusalReason> {
     if cfg.start < LABEL_LIMIT {
         return Err(RefusalReason::Encoding(format!(
@@ -349,6 +374,7 @@ fn rewrite_with(
             falls_through = true;
             match tr[k] {
                 Treatment::Verbatim => e.push_at(i, label),
+                Treatment::Ssb { .. } if count_only => e.push_at(i, label),
                 Treatment::Ssb {
                     op,
                     size,
@@ -435,7 +461,7 @@ fn rewrite_with(
             let tk = cfg.insns.iter().position(|i| i.ip() == target).unwrap_or(0);
             let flags_live = live.live_in[tk] & FLAGS != 0;
             let rax_live = live.live_in[tk] & 1 != 0;
-            if !e.emit_backedge_fast(label, l, flags_live, rax_live)? {
+            if !e.emit_backedge_fast(label, l, target, flags_live, rax_live)? {
                 e.helper_call(rt.backedge, Some(label))?;
                 let j = e.jmp(l)?;
                 e.push(j);
