@@ -102,7 +102,8 @@ fn run_repair_repairs_the_live_child_and_passes_its_status_through() {
     let _g = serial();
     let b = bin();
     let r = laser_run(
-        &["--repair", "--threshold", "100"],
+        // The repaired code itself is under test here: keep it unmeasured.
+        &["--repair", "--no-trial", "--threshold", "100"],
         b,
         "3",
         Stop::AfterRepair,
@@ -192,6 +193,7 @@ fn attach_repair_repairs_the_running_process_and_detaches() {
             "-p".into(),
             t.pid.to_string(),
             "--repair".into(),
+            "--no-trial".into(),
             "--duration".into(),
             "1s".into(),
             "--threshold".into(),

@@ -137,6 +137,19 @@ pub fn apply(pid: i32, src: &dyn RepairSource, opts: &ApplyOptions) -> Result<Ap
             span.start, span.end
         )));
     }
+    // Caches of earlier repairs that undo retired (a thread was still inside, e.g. moved to
+    // a flush stub that ends in a jump back to original code) and that patched bytes this
+    // repair patches again: a thread still there would jump into the middle of the new entry
+    // jmp. Read before the hold; checked against thread positions inside it.
+    let retired: Vec<RepairRecord> = super::undo::find_repairs(pid)?
+        .into_iter()
+        .filter(|r| {
+            r.state == RecordState::Retired
+                && r.patches
+                    .iter()
+                    .any(|p| p.range().start < span.end && span.start < p.range().end)
+        })
+        .collect();
     let mut txn = Txn::begin(pid, opts.syscall_thread)?;
     hook(opts, FailPoint::AfterSeize)?;
 
@@ -180,7 +193,20 @@ pub fn apply(pid: i32, src: &dyn RepairSource, opts: &ApplyOptions) -> Result<Ap
     hook(opts, FailPoint::AfterCodeWrite)?;
 
     // Decide every move before the first byte of code changes: a refusal leaves no trace.
-    let moves = patch::plan_moves(&txn.positions()?, &set.patches, &set.pc_map)?;
+    let positions = txn.positions()?;
+    for t in &positions {
+        if let Some(r) = retired
+            .iter()
+            .find(|r| (r.map_base..r.map_base + r.map_len).contains(&t.rip))
+        {
+            return Err(TraceeError::ThreadInRetiredCache {
+                tid: t.tid,
+                rip: t.rip,
+                map_base: r.map_base,
+            });
+        }
+    }
+    let moves = patch::plan_moves(&positions, &set.patches, &set.pc_map)?;
     for (i, p) in set.patches.iter().enumerate() {
         txn.patch(p.addr, &p.old_bytes, &p.new_bytes)?;
         if i == 0 {
