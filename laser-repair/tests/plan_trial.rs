@@ -154,12 +154,17 @@ fn count_only_runs_native_accesses_with_the_counter() {
 
 /// The kill switch, set from another thread while a long repaired loop runs: the loop ends
 /// with the right result, the counter stops within one flush period of the switch (the rest
-/// ran in the uninstrumented copy), and later calls never count again.
+/// ran in the uninstrumented copy), and later calls never count again. Fixed path, general
+/// inline path, and a count-only plan (which polls the switch on the same countdown).
 #[test]
 fn kill_switch_moves_a_running_loop_to_the_native_copy() {
     const N: u64 = 20_000_000;
-    for build in [counter_loop as fn(&mut CodeAssembler), rotating_loop] {
-        let t = twin(&build, &store_pcs, opts(true, false)).unwrap();
+    for (build, count_only) in [
+        (counter_loop as fn(&mut CodeAssembler), false),
+        (rotating_loop, false),
+        (counter_loop, true),
+    ] {
+        let t = twin(&build, &store_pcs, opts(true, count_only)).unwrap();
         let per_flush = u64::from(t.plan.runtime.config.backedges_per_flush);
         let r = t.repaired;
         let (at_kill, total) = std::thread::scope(|s| {

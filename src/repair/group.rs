@@ -171,6 +171,9 @@ pub fn repair_group(
             let (a, _, _) = put.apply(counting, say)?;
             extra_pauses.push(a.pause.paused);
             let w = trial::measure(&mem, a.cache.data_base, &opts.runtime, t.window);
+            // Threads leave for the native copy first, whose pcs all map straight back to
+            // the original code: the undo finds its safe point in one hold.
+            trial::kill(&mem, a.cache.data_base).map_err(|e| Outcome::Failed(e.into()))?;
             let u = a.undo(&UndoOptions::default()).map_err(|e| {
                 Outcome::Failed(
                     anyhow::Error::new(e).context("undoing the trial's count-only plan"),

@@ -75,8 +75,8 @@ pub struct TrialOutcome {
     pub native: Window,
     pub repaired: Window,
     pub verdict: Verdict,
-    /// Target pauses the trial added (count-only apply and undo, and the undo of a repair
-    /// that lost), on top of the repair's own apply.
+    /// Target pauses the trial added, in order: count-only apply, count-only undo, and the
+    /// undo of a repair that lost; on top of the repair's own apply.
     pub extra_pauses: Vec<Duration>,
     /// Wall time the trial added to the repair (windows, pauses, planning).
     pub cost: Duration,
@@ -125,12 +125,17 @@ impl TrialOutcome {
         };
         format!(
             "{what} (repaired {:.2e} it/s, native {:.2e} it/s over {:.0} ms each; \
-             trial cost {:.0} ms, extra pause {:.2} ms)",
+             trial cost {:.0} ms, extra pause {:.2} ms: {})",
             self.repaired.rate(),
             self.native.rate(),
             self.native.elapsed.as_secs_f64() * 1e3,
             self.cost.as_secs_f64() * 1e3,
             self.extra_pause().as_secs_f64() * 1e3,
+            self.extra_pauses
+                .iter()
+                .map(|d| format!("{:.2}", d.as_secs_f64() * 1e3))
+                .collect::<Vec<_>>()
+                .join(" + "),
         )
     }
 }
@@ -210,7 +215,7 @@ mod tests {
             l.contains("repaired 1.20e7 it/s, native 7.40e6 it/s over 50 ms each"),
             "{l}"
         );
-        assert!(l.contains("extra pause 10.00 ms"), "{l}");
+        assert!(l.contains("extra pause 10.00 ms: 4.00 + 6.00"), "{l}");
         let u = TrialOutcome {
             verdict: Verdict::Undone,
             repaired: w(59_200, 50),

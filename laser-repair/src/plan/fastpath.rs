@@ -441,21 +441,25 @@ impl Emitter<'_> {
         // The trial's progress counter: one add per iteration (flags saved above if live).
         let iters = i64::from(iters_offset(&self.rt.config));
         seq.push(mi(Code::Add_rm64_imm8, mem(rs, Register::None, iters), 1)?);
-        match self.count_reg {
-            Some(rc) => seq.push(ri(Code::Cmp_rm64_imm8, rc, 0)?),
-            None => seq.push(mi(
-                Code::Cmp_rm64_imm8,
-                mem(rs, Register::None, ST_COUNT.into()),
-                0,
-            )?),
-        }
         // With nothing to restore, the common case branches straight to the loop head.
         let fast = if flags_live || spill {
             go
         } else {
             target_label
         };
-        seq.push(br(Code::Je_rel32_64, fast)?);
+        // Count-only plans have no log, but keep the countdown so the kill switch below
+        // is polled (and their back-edge costs what the repair's does).
+        if !self.count_only {
+            match self.count_reg {
+                Some(rc) => seq.push(ri(Code::Cmp_rm64_imm8, rc, 0)?),
+                None => seq.push(mi(
+                    Code::Cmp_rm64_imm8,
+                    mem(rs, Register::None, ST_COUNT.into()),
+                    0,
+                )?),
+            }
+            seq.push(br(Code::Je_rel32_64, fast)?);
+        }
         let flush = self.label();
         // A fixed region's stores do not test for a full log: every iteration must start
         // with room for the most stores a path through the region makes.
@@ -474,18 +478,25 @@ impl Emitter<'_> {
             1,
         )?);
         seq.push(br(Code::Jae_rel32_64, fast)?);
-        let (sync_out, sync_in) = self.count_sync()?;
-        let mut first_flush = true;
-        for mut ins in sync_out.into_iter().chain([self.lea_rsp(-RED_ZONE)?]) {
-            if first_flush {
-                ins.set_ip(flush);
-                first_flush = false;
+        if self.count_only {
+            // No log to flush: only restart the countdown (what a flush would do).
+            let n = self.rt.config.backedges_per_flush as i32 - 1;
+            let m = mem(rs, Register::None, ST_BACKEDGES.into());
+            seq.push(mi(Code::Mov_rm64_imm32, m, n)?);
+        } else {
+            let (sync_out, sync_in) = self.count_sync()?;
+            let mut first_flush = true;
+            for mut ins in sync_out.into_iter().chain([self.lea_rsp(-RED_ZONE)?]) {
+                if first_flush {
+                    ins.set_ip(flush);
+                    first_flush = false;
+                }
+                seq.push(ins);
             }
-            seq.push(ins);
+            seq.push(Instruction::with_branch(Code::Call_rel32_64, self.rt.flush).map_err(enc)?);
+            seq.push(self.lea_rsp(RED_ZONE)?);
+            seq.extend(sync_in);
         }
-        seq.push(Instruction::with_branch(Code::Call_rel32_64, self.rt.flush).map_err(enc)?);
-        seq.push(self.lea_rsp(RED_ZONE)?);
-        seq.extend(sync_in);
         // Kill switch (`KILL_OFF`): with the log just flushed, leave for the native copy's
         // loop header instead (cold: restore flags, rax, the reserved and state registers).
         let killed = self.label();

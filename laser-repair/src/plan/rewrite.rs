@@ -86,6 +86,8 @@ pub(super) struct Emitter<'a> {
     /// Fixed regions: the register holding the log's entry count (a reserved register;
     /// `ST_COUNT` in memory is written before and read after every helper call).
     pub(super) count_reg: Option<Register>,
+    /// `PlanOptions::count_only`: accesses verbatim, back-edges still counted.
+    pub(super) count_only: bool,
     pub(super) live: Option<&'a Liveness>,
     /// For each original instruction address: index in `out` of its first instruction.
     pub(super) first: Vec<(u64, usize)>,
@@ -339,6 +341,7 @@ fn rewrite_with(
         reserved,
         fixed,
         count_reg,
+        count_only,
         cold: Vec::new(),
         rs,
         live: Some(live),
