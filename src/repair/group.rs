@@ -147,6 +147,14 @@ pub fn repair_group(
         say(&format!("  dry run: process {pid} not touched"));
         return Ok(None);
     }
+    if settings.trial.is_some() && !p.region.is_loop {
+        // The trial counts loop iterations: straight-line code would be undone unmeasured.
+        return Err(Outcome::Refused(
+            "the region has no loop, so the trial cannot measure it; --no-trial repairs it \
+             unmeasured"
+                .to_string(),
+        ));
+    }
     let sizes = CacheSizes {
         record: record_room,
         ..sizes0
@@ -170,7 +178,7 @@ pub fn repair_group(
             };
             let (a, _, _) = put.apply(counting, say)?;
             extra_pauses.push(a.pause.paused);
-            let w = trial::measure(&mem, a.cache.data_base, &opts.runtime, t.window);
+            let w = trial::measure(&mem, a.cache.data_base, &opts.runtime, t.window, |_| false);
             // Threads leave for the native copy first, whose pcs all map straight back to
             // the original code: the undo finds its safe point in one hold.
             trial::kill(&mem, a.cache.data_base).map_err(|e| Outcome::Failed(e.into()))?;
@@ -213,7 +221,9 @@ pub fn repair_group(
     let trial = match (settings.trial, native) {
         (Some(t), Some(native)) => {
             let t1 = Instant::now();
-            let repaired = trial::measure(&mem, c.data_base, &opts.runtime, t.window);
+            let repaired = trial::measure(&mem, c.data_base, &opts.runtime, t.window, |w| {
+                trial::clearly_losing(&native, w)
+            });
             let verdict = trial::decide(&native, &repaired, t.margin);
             if verdict != Verdict::Kept {
                 // Threads leave the slow code within one flush period, before the pause.

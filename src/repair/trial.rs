@@ -108,8 +108,8 @@ impl TrialOutcome {
         self.extra_pauses.iter().sum()
     }
 
-    /// `trial: region 0x401130 kept: 1.62x native (repaired 1.2e7 it/s, native 7.4e6 it/s
-    /// over 50 ms each)`.
+    /// `trial: region 0x401130 kept: 1.62x native (repaired 1.20e7 it/s over 50 ms, native
+    /// 7.40e6 it/s over 50 ms; …)`.
     pub fn line(&self, region: u64) -> String {
         format!("trial: region {region:#x} {}", self.describe())
     }
@@ -124,9 +124,10 @@ impl TrialOutcome {
                 .to_string(),
         };
         format!(
-            "{what} (repaired {:.2e} it/s, native {:.2e} it/s over {:.0} ms each; \
+            "{what} (repaired {:.2e} it/s over {:.0} ms, native {:.2e} it/s over {:.0} ms; \
              trial cost {:.0} ms, extra pause {:.2} ms: {})",
             self.repaired.rate(),
+            self.repaired.elapsed.as_secs_f64() * 1e3,
             self.native.rate(),
             self.native.elapsed.as_secs_f64() * 1e3,
             self.cost.as_secs_f64() * 1e3,
@@ -157,16 +158,36 @@ pub fn read_iterations(mem: &ProcMem, data_base: u64, cfg: &RuntimeConfig) -> u6
         .sum()
 }
 
-/// Counts iterations for `window` from now.
-pub fn measure(mem: &ProcMem, data_base: u64, cfg: &RuntimeConfig, window: Duration) -> Window {
+/// Counts iterations for `window` from now, or less: every fifth of it, `enough` sees the
+/// count so far and may end the window early.
+pub fn measure(
+    mem: &ProcMem,
+    data_base: u64,
+    cfg: &RuntimeConfig,
+    window: Duration,
+    enough: impl Fn(&Window) -> bool,
+) -> Window {
     let c0 = read_iterations(mem, data_base, cfg);
     let t0 = Instant::now();
-    std::thread::sleep(window);
-    let c1 = read_iterations(mem, data_base, cfg);
-    Window {
-        iterations: c1.saturating_sub(c0),
-        elapsed: t0.elapsed(),
+    let step = (window / 5).max(Duration::from_millis(1));
+    loop {
+        let left = window.saturating_sub(t0.elapsed());
+        std::thread::sleep(step.min(left));
+        let w = Window {
+            iterations: read_iterations(mem, data_base, cfg).saturating_sub(c0),
+            elapsed: t0.elapsed(),
+        };
+        if w.elapsed >= window || enough(&w) {
+            return w;
+        }
     }
+}
+
+/// Ends the repaired window early once the repair is clearly losing: at under half the
+/// native rate after a fifth of the window, noise would not change the verdict, and every
+/// further millisecond runs the target at that speed.
+pub fn clearly_losing(native: &Window, so_far: &Window) -> bool {
+    native.iterations > 0 && so_far.rate() < 0.5 * native.rate()
 }
 
 /// Sets the kill switch of the cache at `data_base` (a plain write: no stop).
@@ -198,6 +219,16 @@ mod tests {
     }
 
     #[test]
+    fn a_repair_at_under_half_native_is_clearly_losing() {
+        assert!(clearly_losing(&w(1000, 50), &w(40, 10)));
+        assert!(!clearly_losing(&w(1000, 50), &w(150, 10)));
+        assert!(
+            !clearly_losing(&w(0, 50), &w(0, 10)),
+            "nothing to compare with"
+        );
+    }
+
+    #[test]
     fn line_says_kept_or_undone_with_both_rates() {
         let o = TrialOutcome {
             native: w(370_000, 50),
@@ -212,7 +243,7 @@ mod tests {
             "{l}"
         );
         assert!(
-            l.contains("repaired 1.20e7 it/s, native 7.40e6 it/s over 50 ms each"),
+            l.contains("repaired 1.20e7 it/s over 50 ms, native 7.40e6 it/s over 50 ms"),
             "{l}"
         );
         assert!(l.contains("extra pause 10.00 ms: 4.00 + 6.00"), "{l}");

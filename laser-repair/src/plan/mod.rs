@@ -56,8 +56,14 @@
 //! helper paths; the countdown to the next forced flush cannot serve, it only ticks while
 //! the log is non-empty). laser sums it over the state slots from outside, once for a
 //! [`PlanOptions::count_only`] plan of the same region (accesses verbatim: the native rate
-//! with the same counter) and once for the repair. A repair that loses sets the kill switch
-//! ([`ssb_layout::KILL_OFF`]): `ssb_enter` then sends every entering thread to the
+//! with the same counter; its back-edges also tick the flush countdown, with no log behind
+//! it, so they poll the kill switch and cost what the repair's do) and once for the repair.
+//! Both cost one or two memory read-modify-writes per iteration over the original loop, so
+//! the count-only rate is a little below true native in a loop of a few ns per iteration:
+//! the comparison is repair vs count-only, not vs the untouched loop.
+//!
+//! A repair that loses sets the kill switch ([`ssb_layout::KILL_OFF`]; laser sets it on the
+//! count-only plan too before undoing it): `ssb_enter` then sends every entering thread to the
 //! uninstrumented copy, and the every-N back-edge flush (inline and fixed paths) leaves for
 //! the copy's loop header, so the slow code stops within `backedges_per_flush` iterations
 //! with no pause; the undo that follows finds threads at the copy's dense safe points. On
