@@ -222,7 +222,8 @@ pub fn repair_group(
         (Some(t), Some(native)) => {
             let t1 = Instant::now();
             let repaired = trial::measure(&mem, c.data_base, &opts.runtime, t.window, |w| {
-                trial::clearly_losing(&native, w)
+                // Not before 2/5 of the window: a few scheduler ticks on a loaded machine.
+                w.elapsed >= t.window * 2 / 5 && trial::clearly_losing(&native, w)
             });
             let verdict = trial::decide(&native, &repaired, t.margin);
             if verdict != Verdict::Kept {
