@@ -330,7 +330,12 @@ impl Put<'_> {
         let mut tries = 0;
         loop {
             tries += 1;
-            match tracee::apply(pid, &source, &ApplyOptions::default()) {
+            // The trial undoes a plan and applies the next one at once (see the option).
+            let opts = ApplyOptions {
+                wait_for_retired: true,
+                ..ApplyOptions::default()
+            };
+            match tracee::apply(pid, &source, &opts) {
                 Ok(a) => return Ok((a, tries, replan.get())),
                 Err(
                     e @ (TraceeError::UnmappedThread { .. }

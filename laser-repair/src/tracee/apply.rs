@@ -75,6 +75,14 @@ pub struct ApplyOptions {
     /// Test hook: fail right after this step (then everything must be undone).
     #[doc(hidden)]
     pub fail_at: Option<FailPoint>,
+    /// Refuse ([`TraceeError::ThreadInRetiredCache`], retry shortly) while a thread runs in
+    /// a retired cache of an earlier repair of the same bytes. An undo moves a thread with a
+    /// buffered log to a flush stub ending in a jump back to the original instruction; if
+    /// the same bytes are patched again before it gets there (an undo followed at once by a
+    /// new apply, as the trial does), it jumps into the middle of the new entry jmp. Off by
+    /// default: a thread can also stay in a retired cache for good (a loop with no safe
+    /// point), and then the apply would never go through.
+    pub wait_for_retired: bool,
 }
 
 pub(crate) fn hook(opts: &ApplyOptions, at: FailPoint) -> Result<()> {
@@ -141,15 +149,19 @@ pub fn apply(pid: i32, src: &dyn RepairSource, opts: &ApplyOptions) -> Result<Ap
     // a flush stub that ends in a jump back to original code) and that patched bytes this
     // repair patches again: a thread still there would jump into the middle of the new entry
     // jmp. Read before the hold; checked against thread positions inside it.
-    let retired: Vec<RepairRecord> = super::undo::find_repairs(pid)?
-        .into_iter()
-        .filter(|r| {
-            r.state == RecordState::Retired
-                && r.patches
-                    .iter()
-                    .any(|p| p.range().start < span.end && span.start < p.range().end)
-        })
-        .collect();
+    let retired: Vec<RepairRecord> = if !opts.wait_for_retired {
+        Vec::new()
+    } else {
+        super::undo::find_repairs(pid)?
+    }
+    .into_iter()
+    .filter(|r| {
+        r.state == RecordState::Retired
+            && r.patches
+                .iter()
+                .any(|p| p.range().start < span.end && span.start < p.range().end)
+    })
+    .collect();
     let mut txn = Txn::begin(pid, opts.syscall_thread)?;
     hook(opts, FailPoint::AfterSeize)?;
 
