@@ -191,3 +191,41 @@ fn kill_switch_moves_a_running_loop_to_the_native_copy() {
         );
     }
 }
+
+/// What the trial compares, in-process, one thread, no contention: the original loop, the
+/// count-only plan (the trial's baseline) and the repair, on the fixed-path counter loop and
+/// the general-path rotating loop. Prints ratios only (run with --release --nocapture).
+#[test]
+#[ignore = "benchmark: run on a quiet machine with --release --nocapture"]
+fn bench_count_only_and_repair_against_native() {
+    const N: u64 = 50_000_000;
+    for (name, build) in [
+        (
+            "counter (fixed path)",
+            counter_loop as fn(&mut CodeAssembler),
+        ),
+        ("rotating (general path)", rotating_loop),
+    ] {
+        let c = twin(&build, &store_pcs, opts(true, true)).unwrap();
+        let r = twin(&build, &store_pcs, opts(true, false)).unwrap();
+        let best = |f: u64| {
+            (0..3)
+                .map(|_| {
+                    let s = std::time::Instant::now();
+                    assert_eq!(run(f, N), N);
+                    s.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let (n, co, rp) = (best(c.native), best(c.repaired), best(r.repaired));
+        println!(
+            "{name}: native {:.2} ns/it, count-only {:.2} ns/it ({:.2}x native), repaired {:.2} ns/it ({:.2}x native, {:.2}x count-only)",
+            n / N as f64 * 1e9,
+            co / N as f64 * 1e9,
+            co / n,
+            rp / N as f64 * 1e9,
+            rp / n,
+            rp / co
+        );
+    }
+}

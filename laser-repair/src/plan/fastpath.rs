@@ -438,15 +438,31 @@ impl Emitter<'_> {
         if flags_live {
             seq.extend(save_flags()?);
         }
-        // The trial's progress counter: one add per iteration (flags saved above if live).
-        let iters = i64::from(iters_offset(&self.rt.config));
-        seq.push(mi(Code::Add_rm64_imm8, mem(rs, Register::None, iters), 1)?);
         // With nothing to restore, the common case branches straight to the loop head.
         let fast = if flags_live || spill {
             go
         } else {
             target_label
         };
+        // The trial's progress counter (flags saved above if live): one add per iteration,
+        // or for a count-only plan with a spare register, a register countdown that adds
+        // a whole period to the counter (and the rest at exits: `trial_count_flush`).
+        let iters = i64::from(iters_offset(&self.rt.config));
+        let period = self.rt.config.backedges_per_flush as i32;
+        let tc = self.trial_reg();
+        match tc {
+            Some(tc) => {
+                seq.push(Instruction::with1(Code::Dec_rm64, tc).map_err(enc)?);
+                seq.push(br(Code::Jne_rel32_64, fast)?);
+                seq.push(mi(
+                    Code::Add_rm64_imm32,
+                    mem(rs, Register::None, iters),
+                    period,
+                )?);
+                seq.push(ri(Code::Mov_rm64_imm32, tc, period)?);
+            }
+            None => seq.push(mi(Code::Add_rm64_imm8, mem(rs, Register::None, iters), 1)?),
+        }
         // Count-only plans have no log, but keep the countdown so the kill switch below
         // is polled (and their back-edge costs what the repair's does).
         if !self.count_only {
@@ -472,17 +488,20 @@ impl Emitter<'_> {
             }
         }
         // Back-edges left before a forced flush: one read-modify-write, no reload.
-        seq.push(mi(
-            Code::Sub_rm64_imm8,
-            mem(rs, Register::None, ST_BACKEDGES.into()),
-            1,
-        )?);
-        seq.push(br(Code::Jae_rel32_64, fast)?);
+        if tc.is_none() {
+            seq.push(mi(
+                Code::Sub_rm64_imm8,
+                mem(rs, Register::None, ST_BACKEDGES.into()),
+                1,
+            )?);
+            seq.push(br(Code::Jae_rel32_64, fast)?);
+        }
         if self.count_only {
             // No log to flush: only restart the countdown (what a flush would do).
-            let n = self.rt.config.backedges_per_flush as i32 - 1;
-            let m = mem(rs, Register::None, ST_BACKEDGES.into());
-            seq.push(mi(Code::Mov_rm64_imm32, m, n)?);
+            if tc.is_none() {
+                let m = mem(rs, Register::None, ST_BACKEDGES.into());
+                seq.push(mi(Code::Mov_rm64_imm32, m, period - 1)?);
+            }
         } else {
             let (sync_out, sync_in) = self.count_sync()?;
             let mut first_flush = true;

@@ -56,11 +56,14 @@
 //! helper paths; the countdown to the next forced flush cannot serve, it only ticks while
 //! the log is non-empty). laser sums it over the state slots from outside, once for a
 //! [`PlanOptions::count_only`] plan of the same region (accesses verbatim: the native rate
-//! with the same counter; its back-edges also tick the flush countdown, with no log behind
-//! it, so they poll the kill switch and cost what the repair's do) and once for the repair.
-//! Both cost one or two memory read-modify-writes per iteration over the original loop, so
-//! the count-only rate is a little below true native in a loop of a few ns per iteration:
-//! the comparison is repair vs count-only, not vs the untouched loop.
+//! with the same counter) and once for the repair. The count-only plan counts down in a
+//! spare reserved register (accesses are verbatim, so reserved registers are free) and adds
+//! whole periods to the memory counter, the rest at exits; at each period's end it polls the
+//! kill switch. Its cost over the untouched loop is the back-edge stub's extra taken branch
+//! and a register `dec` (`plan_trial` bench, one thread: 2.0x on a 1-cycle loop, none
+//! measurable on a 3-cycle one); without a spare register it falls back to the memory
+//! counter and countdown (one or two read-modify-writes per iteration: 2.3x on the 1-cycle
+//! loop). The comparison is repair vs count-only, a little below the untouched loop.
 //!
 //! A repair that loses sets the kill switch ([`ssb_layout::KILL_OFF`]; laser sets it on the
 //! count-only plan too before undoing it): `ssb_enter` then sends every entering thread to the

@@ -31,7 +31,7 @@ use super::liveness::{Liveness, FLAGS};
 use super::native_copy::emit_native_copy;
 use super::refusal::RefusalReason;
 use super::region::Region;
-use super::ssb_runtime::{saved_regs_offset, RuntimeInfo, ST_COUNT, ST_SAVED_RS};
+use super::ssb_runtime::{iters_offset, saved_regs_offset, RuntimeInfo, ST_COUNT, ST_SAVED_RS};
 use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, FlowControl, Instruction, InstructionBlock,
     InstructionInfoFactory, MemoryOperand, Register,
@@ -159,10 +159,51 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
+    /// Count-only plans (fast path): the reserved register that counts back-edges down
+    /// from `backedges_per_flush` (accesses are verbatim, so no reserved register is
+    /// otherwise in use): no memory read-modify-write per iteration, so the trial's native
+    /// baseline stays close to the untouched loop.
+    pub(super) fn trial_reg(&self) -> Option<Register> {
+        self.rs?;
+        self.count_only
+            .then(|| self.reserved.first().copied())
+            .flatten()
+    }
+
+    /// At an exit of a count-only region: add the back-edges of the unfinished period to
+    /// the counter (`period - countdown`). pushfq/popfq below the red zone: flags may be
+    /// live here, and exits are rare next to iterations.
+    fn trial_count_flush(&self, rs: Register) -> Result<Vec<Instruction>, RefusalReason> {
+        let Some(tc) = self.trial_reg() else {
+            return Ok(Vec::new());
+        };
+        let period = self.rt.config.backedges_per_flush as i32;
+        let iters = MemoryOperand::with_base_displ(rs, i64::from(iters_offset(&self.rt.config)));
+        Ok(vec![
+            self.lea_rsp_at(-RED_ZONE)?,
+            Instruction::with(Code::Pushfq),
+            Instruction::with1(Code::Neg_rm64, tc).map_err(enc)?,
+            Instruction::with2(Code::Add_rm64_imm32, tc, period).map_err(enc)?,
+            Instruction::with2(Code::Add_rm64_r64, iters, tc).map_err(enc)?,
+            Instruction::with(Code::Popfq),
+            self.lea_rsp_at(RED_ZONE)?,
+        ])
+    }
+
+    fn lea_rsp_at(&self, delta: i64) -> Result<Instruction, RefusalReason> {
+        Instruction::with2(
+            Code::Lea_r64_m,
+            Register::RSP,
+            MemoryOperand::with_base_displ(Register::RSP, delta),
+        )
+        .map_err(enc)
+    }
+
     /// The instructions of [`Self::restore_rs`], for code emitted out of line.
     pub(super) fn restore_rs_seq(&self) -> Result<Vec<Instruction>, RefusalReason> {
         let mut out = Vec::new();
         if let Some(rs) = self.rs {
+            out.extend(self.trial_count_flush(rs)?);
             let base = i64::from(saved_regs_offset(&self.rt.config));
             for (k, &r) in self.reserved.iter().enumerate() {
                 let m = MemoryOperand::with_base_displ(rs, base + 8 * k as i64);
@@ -510,6 +551,10 @@ fn rewrite_with(
                 e.push(Instruction::with1(Code::Pop_r64, rs).map_err(enc)?);
                 if !native {
                     e.save_reserved(rs)?;
+                    if let Some(tc) = e.trial_reg() {
+                        let period = rt.config.backedges_per_flush as i32;
+                        e.push(Instruction::with2(Code::Mov_rm64_imm32, tc, period).map_err(enc)?);
+                    }
                     // The log is empty on entry: the count register starts from memory (0).
                     let load = e.count_sync()?.1;
                     for i in load {
