@@ -452,8 +452,9 @@ fn trial_on_false_sharing_measures_and_keeps_code_consistent_with_its_verdict() 
 /// The goal: a repair of real false sharing is kept. fs.c's `(*p)++` costs little
 /// here (its load forwards from the core's own store buffer: the trial measured the repair at
 /// 0.4-0.8x), so this uses the linear-regression loop (`-DLREG`, 5 shared stores per point),
-/// whose repair the trial kept at 2.5x in scripts/bench. A timing verdict: it needs both
-/// threads running at once, which a loaded 2-vCPU machine does not give reliably.
+/// whose repair RESULTS.md measured at 1.9x (post-repair rate, quiet machine) and the trial
+/// kept at 2.5x in one scripts/bench run here. A timing verdict: on this loaded 2-vCPU VM
+/// (load 4-7) the trial measured this loop's repair at 0.24-0.44x and undid it.
 #[test]
 #[ignore = "timing: needs the two threads co-scheduled (a quiet machine with 2+ cores)"]
 fn trial_keeps_the_repair_of_a_loop_with_false_sharing() {
