@@ -100,6 +100,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
                 let settings = repair::Settings {
                     dry_run: false,
                     min_stores_per_flush: args.repair_opts.min_stores_per_flush,
+                    trial: args.repair_opts.trial.settings(),
                 };
                 online = Some(repair::online::repair_now(
                     session.pid(),
@@ -296,6 +297,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
     let settings = repair::Settings {
         dry_run: false,
         min_stores_per_flush: args.repair_opts.min_stores_per_flush,
+        trial: args.repair_opts.trial.settings(),
     };
     let summary = repair::repair_report(pid, &report, &settings, &mut |l| println!("{l}"))?;
     if summary.functions > 0 {

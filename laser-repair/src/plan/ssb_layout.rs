@@ -58,6 +58,11 @@ impl SsbMode {
 
 pub const MODE_OFF: u64 = 0;
 pub const NO_SLOT_OFF: u64 = 8;
+/// Kill switch: laser writes non-zero here (a plain /proc/PID/mem write, no stop) to send
+/// threads to the uninstrumented copy of the region: `ssb_enter` stops loading states and
+/// the every-N back-edge flush leaves for the copy's loop header. Used when a trial shows
+/// the repair is slower than native, so the slow code stops before the undo's pause.
+pub const KILL_OFF: u64 = 16;
 pub const KEYS_OFF: u64 = 64;
 pub const ST_COUNT: i32 = 0;
 /// Back-edges left before a forced flush (`sub 1` per back-edge, flush on borrow; a flush
@@ -107,8 +112,15 @@ pub fn index_offset(cfg: &RuntimeConfig) -> i32 {
 
 /// Bytes of one thread's state block.
 pub fn state_size(cfg: &RuntimeConfig) -> u64 {
-    // Slots, then their shadow values.
-    fixed_slots_offset(cfg) as u64 + 16 * u64::from(MAX_FIXED_SLOTS)
+    // Slots, then their shadow values, then the iteration counter on its own line.
+    iters_offset(cfg) as u64 + 64
+}
+
+/// Offset of the thread's iteration counter: loop back-edges taken in the rewritten region
+/// (inline, fixed and helper paths; not in the uninstrumented copy), cumulative, never
+/// reset. laser sums it over the slots from outside to measure a repair's progress rate.
+pub fn iters_offset(cfg: &RuntimeConfig) -> i32 {
+    fixed_slots_offset(cfg) + 16 * MAX_FIXED_SLOTS as i32
 }
 
 /// Locations of a fixed-address region (`fixed.rs`) with a slot each.
@@ -160,6 +172,16 @@ impl RuntimeInfo {
     /// Address of slot `k`'s state block.
     pub fn state_addr(&self, k: u32) -> u64 {
         self.states_addr + u64::from(k) * self.state_size
+    }
+
+    /// Address of slot `k`'s iteration counter ([`iters_offset`]).
+    pub fn iters_addr(&self, k: u32) -> u64 {
+        self.state_addr(k) + iters_offset(&self.config) as u64
+    }
+
+    /// Address of the kill switch word ([`KILL_OFF`]).
+    pub fn kill_addr(&self) -> u64 {
+        self.data_addr + KILL_OFF
     }
 }
 
