@@ -5,6 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use laser_detect::code::{FileMapping, ModuleLayout};
+use laser_detect::heap_names::HeapBlocks;
 use laser_detect::{
     build_report, render_text, Analysis, CodeSource, Detector, ElfCode, Report, ReportOptions,
     Symbolizer,
@@ -70,9 +71,10 @@ pub fn detector(args: &AnalysisArgs, duration_s: Option<f64>) -> Detector<Code> 
     Detector::new(config, code)
 }
 
-/// Symbolizes, thresholds and prints (text unless `--quiet`, JSON if `--json`).
-pub fn emit(analysis: &Analysis, args: &AnalysisArgs) -> Result<Report> {
-    let report = build(analysis, args);
+/// Symbolizes, thresholds and prints (text unless `--quiet`, JSON if `--json`). `heap`: the
+/// malloc blocks of heap lines, read from the live process (`None` for recordings).
+pub fn emit(analysis: &Analysis, args: &AnalysisArgs, heap: Option<HeapBlocks>) -> Result<Report> {
+    let report = build(analysis, args, heap);
     if !args.quiet {
         print!("{}", render_text(&report));
     }
@@ -83,9 +85,10 @@ pub fn emit(analysis: &Analysis, args: &AnalysisArgs) -> Result<Report> {
 }
 
 /// Symbolizes and thresholds, printing nothing (`run --repair` decides from this mid-run).
-pub fn build(analysis: &Analysis, args: &AnalysisArgs) -> Report {
+pub fn build(analysis: &Analysis, args: &AnalysisArgs, heap: Option<HeapBlocks>) -> Report {
     let opts = ReportOptions {
         threshold: args.threshold,
+        heap_blocks: heap,
         ..Default::default()
     };
     let map = PathMap::new(&args.path_map);

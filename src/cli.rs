@@ -127,6 +127,31 @@ pub struct RepairTuning {
         requires = "repair"
     )]
     pub min_stores_per_flush: f64,
+    #[command(flatten)]
+    pub trial: TrialArgs,
+}
+
+/// The repair's trial (`laser repair`, `run --repair`, `attach --repair`).
+#[derive(Args, Debug, Clone)]
+pub struct TrialArgs {
+    /// Keep a repair without measuring it. By default laser first runs the region with
+    /// native accesses and then repaired, --trial-ms each, counting loop iterations, and
+    /// undoes a repair that is not at least 5% faster (a wrong diagnosis or a loop with
+    /// too little contention would otherwise run several times slower).
+    #[arg(long)]
+    pub no_trial: bool,
+    /// Milliseconds each of the trial's two measurements runs.
+    #[arg(long, default_value_t = crate::repair::trial::DEFAULT_TRIAL_MS, value_parser = clap::value_parser!(u64).range(1..=60_000), conflicts_with = "no_trial")]
+    pub trial_ms: u64,
+}
+
+impl TrialArgs {
+    pub fn settings(&self) -> Option<crate::repair::TrialSettings> {
+        (!self.no_trial).then(|| crate::repair::TrialSettings {
+            window: Duration::from_millis(self.trial_ms),
+            ..Default::default()
+        })
+    }
 }
 
 #[derive(Args, Debug)]
@@ -215,6 +240,8 @@ pub struct RepairArgs {
     /// 0 repairs any region the rewriter can handle, e.g. straight-line litmus bodies.
     #[arg(long, default_value_t = 4.0, value_parser = parse_non_negative)]
     pub min_stores_per_flush: f64,
+    #[command(flatten)]
+    pub trial: TrialArgs,
 }
 
 fn parse_non_negative(s: &str) -> Result<f64, String> {

@@ -6,10 +6,40 @@ use anyhow::{Context, Result};
 use laser_driver::{Config, Session};
 
 use crate::cli::{AttachArgs, MonitorArgs, RecordArgs, ReportArgs, RunArgs};
+use crate::live_heap::LiveHeap;
 use crate::monitor::{self, LoopOptions};
 use crate::recording::{self, Recorder};
 use crate::repair::{self, online::Online};
 use crate::{analyze, backend, exit};
+
+/// Whether to name heap lines by their malloc blocks while the target runs. On by default;
+/// `LASER_HEAP_BLOCKS=0` turns it off (to measure what it costs).
+fn heap_naming() -> bool {
+    std::env::var("LASER_HEAP_BLOCKS").map_or(true, |v| v != "0")
+}
+
+/// The heap blocks for the report, or `None` with a note saying why there are none.
+fn heap_blocks(
+    heap: Option<&LiveHeap>,
+    analysis: &mut laser_detect::Analysis,
+) -> Option<laser_detect::heap_names::HeapBlocks> {
+    let heap = heap?;
+    let (bytes, spent) = heap.cost();
+    if bytes > 0 {
+        analysis.notes.push(format!(
+            "heap blocks: read {} KiB of the target's heap, {:.1} ms in all, to name heap lines",
+            bytes.div_ceil(1024),
+            spent.as_secs_f64() * 1e3
+        ));
+    }
+    match heap.finish() {
+        Ok(h) => Some(h),
+        Err(note) => {
+            analysis.notes.push(note);
+            None
+        }
+    }
+}
 
 fn session_config(m: &MonitorArgs) -> Result<Config> {
     let backend = backend::choose(m.backend)?;
@@ -37,6 +67,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         None => None,
     };
     let mut detector = analyze::detector(&args.analysis, None);
+    let mut heap = heap_naming().then(|| LiveHeap::new(session.pid(), args.analysis.line));
     let mut opts = LoopOptions {
         duration: args.repair.then_some(args.repair_after),
         stop_on_interrupt: false,
@@ -44,8 +75,14 @@ pub fn run(args: RunArgs) -> Result<i32> {
         skip_pcs: Vec::new(),
     };
     let mut monitor = |session: &mut Session, detector: &mut _, opts: &LoopOptions| {
-        monitor::run_loop(session, opts, Some(detector), recorder.as_mut())
-            .map_err(|e| e.context("monitoring failed"))
+        monitor::run_loop(
+            session,
+            opts,
+            Some(detector),
+            recorder.as_mut(),
+            heap.as_mut(),
+        )
+        .map_err(|e| e.context("monitoring failed"))
     };
     let mut outcome = monitor(&mut session, &mut detector, &opts)?;
     let mut online = None;
@@ -59,10 +96,11 @@ pub fn run(args: RunArgs) -> Result<i32> {
             let mut so_far = detector.finish();
             if repair::online::crossed(&so_far, args.analysis.threshold) {
                 so_far.duration_s = at.as_secs_f64();
-                let report = analyze::build(&so_far, &args.analysis);
+                let report = analyze::build(&so_far, &args.analysis, None);
                 let settings = repair::Settings {
                     dry_run: false,
                     min_stores_per_flush: args.repair_opts.min_stores_per_flush,
+                    trial: args.repair_opts.trial.settings(),
                 };
                 online = Some(repair::online::repair_now(
                     session.pid(),
@@ -104,7 +142,8 @@ pub fn run(args: RunArgs) -> Result<i32> {
             outcome.skipped
         ));
     }
-    analyze::emit(&analysis, &args.analysis)?;
+    let blocks = heap_blocks(heap.as_ref(), &mut analysis);
+    analyze::emit(&analysis, &args.analysis, blocks)?;
     if let Some(o) = &online {
         let section = o.section(args.repair_after, outcome.skipped);
         // stdout carries the report; with --quiet the section still reaches the user.
@@ -136,6 +175,7 @@ pub fn record(args: RecordArgs) -> Result<i32> {
         &opts,
         Some(&mut steering),
         Some(&mut recorder),
+        None,
     )?;
     recorder.finish(outcome.elapsed.as_nanos() as u64)?;
     let st = session.stats();
@@ -177,9 +217,12 @@ pub fn report(args: ReportArgs) -> Result<i32> {
             .notes
             .push("the recording ended early: counts cover only what was read".into());
     }
-    analyze::emit(&analysis, &args.analysis)?;
+    analyze::emit(&analysis, &args.analysis, None)?;
     Ok(exit::OK)
 }
+
+/// Target memory `attach` may read at the end to name the report's heap lines.
+const ATTACH_HEAP_BUDGET: u64 = 256 << 20;
 
 /// `laser attach`: monitor a running process for a while (or until it exits / Ctrl-C); with
 /// `--repair`, then repair the report's false-sharing sources (exit codes: `repair.rs`).
@@ -212,14 +255,34 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
         steer_watchpoints: config.watch,
         skip_pcs: Vec::new(),
     };
-    let outcome = monitor::run_loop(&mut session, &opts, Some(&mut detector), recorder.as_mut())?;
+    let mut heap = heap_naming().then(|| LiveHeap::new(pid, args.analysis.line));
+    let outcome = monitor::run_loop(
+        &mut session,
+        &opts,
+        Some(&mut detector),
+        recorder.as_mut(),
+        heap.as_mut(),
+    )?;
     drop(session); // detach before the (possibly slow) symbolization
     if let Some(r) = recorder {
         r.finish(outcome.elapsed.as_nanos() as u64)?;
     }
     let mut analysis = detector.finish();
     analysis.duration_s = outcome.elapsed.max(Duration::from_millis(1)).as_secs_f64();
-    let report = analyze::emit(&analysis, &args.analysis)?;
+    if let Some(h) = heap.as_mut() {
+        // The process is still there: read the blocks of every heap line worth reporting.
+        let lines: Vec<u64> = analysis
+            .findings
+            .iter()
+            .filter(|f| {
+                f.data == laser_detect::Location::Heap && f.rate_per_s >= args.analysis.threshold
+            })
+            .map(|f| f.line_addr)
+            .collect();
+        h.name(&lines, ATTACH_HEAP_BUDGET);
+    }
+    let blocks = heap_blocks(heap.as_ref(), &mut analysis);
+    let report = analyze::emit(&analysis, &args.analysis, blocks)?;
     if !args.repair {
         return Ok(exit::OK);
     }
@@ -234,6 +297,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
     let settings = repair::Settings {
         dry_run: false,
         min_stores_per_flush: args.repair_opts.min_stores_per_flush,
+        trial: args.repair_opts.trial.settings(),
     };
     let summary = repair::repair_report(pid, &report, &settings, &mut |l| println!("{l}"))?;
     if summary.functions > 0 {

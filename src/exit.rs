@@ -16,8 +16,10 @@ pub const USAGE: i32 = 2;
 pub const GATE: i32 = 3;
 /// `laser repair` or `laser attach --repair` refused (the planner's or the tracee's reason is
 /// printed); the refused function was left untouched. With several functions to repair, the
-/// others may have been repaired: the output says which. (Nothing to repair, or everything
-/// repaired, is `OK`; a failure is `FAILED`. `laser run --repair` exits with the program's
+/// others may have been repaired: the output says which. (Nothing to repair, everything
+/// repaired, or a repair undone again by its trial because it measured no faster than
+/// native, is `OK`: the process runs its original code, as with nothing to repair; a
+/// failure is `FAILED`. `laser run --repair` exits with the program's
 /// status whatever the repair did, and says what it did in its "repaired:" section.)
 pub const REPAIR_REFUSED: i32 = 4;
 /// laser failed while the program ran (monitoring broke down; the program may still be running).

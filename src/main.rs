@@ -5,6 +5,7 @@ mod backend;
 mod cli;
 mod commands;
 mod exit;
+mod live_heap;
 mod monitor;
 mod recording;
 mod repair;

@@ -11,6 +11,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use laser_detect::Detector;
 use laser_driver::{Event, ExitStatus, Session, Status};
 
+use crate::live_heap::LiveHeap;
 use crate::recording::Recorder;
 use crate::steering::Steering;
 
@@ -64,17 +65,23 @@ pub struct Outcome {
     pub skipped: u64,
 }
 
+/// How often the monitor loop hands the contended lines' modules to the DWARF prefetcher.
+/// Early and often: a program that exits within a second must still leave the worker time.
+const PREFETCH_EVERY: Duration = Duration::from_millis(100);
+
 pub fn run_loop(
     session: &mut Session,
     opts: &LoopOptions,
     mut detector: Option<&mut Detector<crate::analyze::Code>>,
     mut recorder: Option<&mut Recorder>,
+    mut heap: Option<&mut LiveHeap>,
 ) -> Result<Outcome> {
     let start = Instant::now();
     let progress = progress_bar(session.pid());
     let mut steering = Steering::default();
     let mut record_error: Option<anyhow::Error> = None;
     let mut skipped = 0;
+    let mut last_prefetch = Instant::now();
     let exit = loop {
         let status = {
             let mut sink = |e: Event| {
@@ -118,6 +125,17 @@ pub fn run_loop(
             if let Some(d) = detector.as_deref() {
                 steering.step(session, d)?;
             }
+        }
+        if let Some(d) = detector.as_deref() {
+            // The report will symbolize these modules: load their DWARF now, in idle time,
+            // rather than after the program has exited (glibc's takes ~100 ms).
+            if last_prefetch.elapsed() >= PREFETCH_EVERY {
+                last_prefetch = Instant::now();
+                laser_detect::prefetch::prefetch(d.contended_modules());
+            }
+        }
+        if let (Some(h), Some(d)) = (heap.as_deref_mut(), detector.as_deref()) {
+            h.tick(d);
         }
         let st = session.stats();
         progress.set_message(format!(

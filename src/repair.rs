@@ -20,8 +20,14 @@
 //!       inside the hold (group.rs)
 //! ```
 //!
+//! Trial (default; `--no-trial` skips it, `--trial-ms` sets its windows): before a repair
+//! stays, a count-only plan of the same region and then the repair each run for one window
+//! and the loop's iteration rates are compared (`trial.rs`); a repair not faster than native
+//! by 5% is killed and undone, and the output says `trial: region … undone`.
+//!
 //! Outcomes and exit codes (the same for `laser repair` and `laser attach --repair`):
-//! nothing to repair → 0 (says so); everything asked for repaired → 0; at least one function
+//! nothing to repair, or every repair undone by its trial → 0 (says so); everything asked
+//! for repaired → 0; at least one function
 //! refused → [`exit::REPAIR_REFUSED`] (4; the others may be repaired, the output says which);
 //! a failure (laser's own error: the tracee guards restored the failing function, functions
 //! repaired before it stay repaired) → [`exit::FAILED`] (1). `laser run --repair` reports
@@ -38,9 +44,12 @@ use laser_repair::tracee::{self, UndoOptions};
 mod group;
 pub mod online;
 mod targets;
+pub mod trial;
 
 use group::{repair_group, ssb_mode_line, Outcome};
 use targets::{from_report, group_pcs, Group, Space};
+
+pub use trial::{TrialOutcome, TrialSettings};
 
 use crate::cli::RepairArgs;
 use crate::exit;
@@ -56,6 +65,9 @@ pub struct Settings {
     pub dry_run: bool,
     /// The planner's profitability floor (`--min-stores-per-flush`).
     pub min_stores_per_flush: f64,
+    /// Measure the repair against native speed and keep it only if it is faster
+    /// (`trial.rs`); `None` (`--no-trial`) keeps it unmeasured.
+    pub trial: Option<TrialSettings>,
 }
 
 impl Default for Settings {
@@ -63,6 +75,7 @@ impl Default for Settings {
         Settings {
             dry_run: false,
             min_stores_per_flush: 4.0,
+            trial: Some(TrialSettings::default()),
         }
     }
 }
@@ -79,6 +92,8 @@ pub struct Repaired {
     pub threads_held: usize,
     /// The SSB flush path the runtime reported, if it had started.
     pub mode: Option<SsbMode>,
+    /// What the trial measured and decided (`None`: `--no-trial`).
+    pub trial: Option<TrialOutcome>,
 }
 
 /// What a repair pass did.
@@ -87,6 +102,8 @@ pub struct Summary {
     /// Functions the request named (0: nothing to repair).
     pub functions: usize,
     pub repaired: Vec<Repaired>,
+    /// Put in, measured slower than native (or not measured) by the trial, taken out again.
+    pub undone: Vec<Repaired>,
     /// `(function, reason)`: left untouched.
     pub refused: Vec<(String, String)>,
 }
@@ -117,6 +134,7 @@ pub fn run(a: RepairArgs) -> Result<i32> {
     let settings = Settings {
         dry_run: a.dry_run,
         min_stores_per_flush: a.min_stores_per_flush,
+        trial: a.trial.settings(),
     };
     let mut say = |l: &str| println!("{l}");
     let summary = if let Some(path) = &a.from {
@@ -172,6 +190,7 @@ fn repair_groups(
     say(&ssb_mode_line(None));
     for g in groups {
         match repair_group(pid, space, g, settings, say) {
+            Ok(Some(r)) if r.trial.as_ref().is_some_and(|t| !t.kept()) => summary.undone.push(r),
             Ok(Some(r)) => summary.repaired.push(r),
             Ok(None) => {}
             Err(Outcome::Refused(why)) => {
@@ -266,6 +285,7 @@ mod tests {
             pause: Duration::from_millis(3),
             threads_held: 2,
             mode: None,
+            trial: None,
         });
         assert_eq!(s.exit_code(), exit::OK, "repaired");
         assert_eq!(s.caches(), vec![0x1000..0x2000]);

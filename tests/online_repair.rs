@@ -53,6 +53,7 @@ fn laser_run(args: &[&str], bin: &Bin, exit: &str, stop: Stop) -> RunResult {
         let mut all = String::new();
         for line in BufReader::new(err).lines().map_while(Result::ok) {
             let done = line.contains("SSB mode in use")
+                || line.contains("trial: region")
                 || line.contains("refused")
                 || line.contains("repair failed");
             all.push_str(&line);
@@ -102,7 +103,8 @@ fn run_repair_repairs_the_live_child_and_passes_its_status_through() {
     let _g = serial();
     let b = bin();
     let r = laser_run(
-        &["--repair", "--threshold", "100"],
+        // The repaired code itself is under test here: keep it unmeasured.
+        &["--repair", "--no-trial", "--threshold", "100"],
         b,
         "3",
         Stop::AfterRepair,
@@ -192,6 +194,7 @@ fn attach_repair_repairs_the_running_process_and_detaches() {
             "-p".into(),
             t.pid.to_string(),
             "--repair".into(),
+            "--no-trial".into(),
             "--duration".into(),
             "1s".into(),
             "--threshold".into(),
@@ -253,4 +256,41 @@ fn attach_repair_of_a_process_without_false_sharing_touches_nothing() {
     assert_eq!(t.anon_exec(), maps, "no code cache");
     assert!(t.free_running());
     t.finish();
+}
+
+/// `run --repair` with its default trial: the repair is measured against the same loop at
+/// native speed and kept or undone; the final report says which, with both rates, and the
+/// program's increments all land either way.
+#[test]
+fn run_repair_with_the_trial_reports_its_verdict() {
+    let _g = serial();
+    let b = bin();
+    let r = laser_run(
+        &["--repair", "--threshold", "100", "--trial-ms", "100"],
+        b,
+        "0",
+        Stop::AfterRepair,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(program_line(&r.stdout).ends_with("ok 1"), "{}", r.stdout);
+    let trial = r
+        .stderr
+        .lines()
+        .find(|l| l.contains("trial: region"))
+        .unwrap_or_else(|| panic!("no trial line: {}", r.stderr));
+    let kept = trial.contains(" kept: ");
+    assert!(kept || trial.contains(" undone: "), "{trial}");
+    let section = if kept {
+        "repaired: 1 of 1 function(s) at "
+    } else {
+        "repaired: 0 of 1 function(s) at "
+    };
+    assert!(r.stdout.contains(section), "{}", r.stdout);
+    let verdict = if kept {
+        ": trial kept: "
+    } else {
+        ": trial undone: "
+    };
+    assert!(r.stdout.contains(verdict), "{}", r.stdout);
+    assert!(r.stdout.contains("undone by their trial"), "{}", r.stdout);
 }

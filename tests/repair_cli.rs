@@ -376,3 +376,123 @@ fn a_report_of_another_program_is_an_error() {
     assert!(t.free_running());
     t.finish();
 }
+
+/// The trial (default): a forced repair of the padded twin, where nothing is falsely shared,
+/// runs slower than native, so laser measures that, kills and undoes it, and says so; the
+/// program's increments all land and its code is the original again.
+#[test]
+fn trial_undoes_a_repair_of_a_loop_without_false_sharing() {
+    let _g = serial();
+    let b = build("fs-padded-trial", &["-DPAD"]);
+    let t = Target::spawn(&b);
+    let orig = t.read(b.bump.0, (b.bump.1 - b.bump.0) as usize);
+    let pc = format!("{:#x}", t.bias + b.store);
+    let o = laser(&repair_args_trial(
+        &t,
+        &[
+            "--pc",
+            &pc,
+            "--min-stores-per-flush",
+            "0",
+            "--trial-ms",
+            "100",
+        ],
+    ));
+    let out = stdout(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "an undone repair exits as nothing repaired: {out}"
+    );
+    let line = out
+        .lines()
+        .find(|l| l.contains("trial: region"))
+        .unwrap_or_else(|| panic!("no trial line: {out}"));
+    assert!(line.contains(" undone: "), "{line}");
+    assert!(line.contains("it/s"), "{line}");
+    assert_eq!(t.read(b.bump.0, orig.len()), orig, "original bytes back");
+    assert!(t.free_running());
+    let fin = t.finish();
+    assert!(fin.contains("ok 1"), "{fin}");
+}
+
+/// On the false-sharing program the trial measures both rates and decides; whatever it
+/// decides the program stays correct and the code matches the verdict (patched if kept,
+/// original if undone).
+#[test]
+fn trial_on_false_sharing_measures_and_keeps_code_consistent_with_its_verdict() {
+    let _g = serial();
+    let b = bin();
+    let t = Target::spawn(b);
+    let orig = t.read(b.bump.0, (b.bump.1 - b.bump.0) as usize);
+    let pc = format!("{:#x}", t.bias + b.store);
+    let o = laser(&repair_args_trial(&t, &["--pc", &pc, "--trial-ms", "100"]));
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.contains("trial: region"))
+        .unwrap_or_else(|| panic!("no trial line: {out}"));
+    let kept = line.contains(" kept: ");
+    assert!(kept || line.contains(" undone: "), "{line}");
+    assert!(
+        !line.contains("did not iterate"),
+        "bump runs all the time: {line}"
+    );
+    assert_eq!(t.read(b.bump.0, orig.len()) != orig, kept, "{line}");
+    settle();
+    assert!(t.free_running());
+    if kept {
+        assert_eq!(laser(&repair_args(&t, &["--undo"])).status.code(), Some(0));
+    }
+    let fin = t.finish();
+    assert!(fin.contains("ok 1"), "{fin}");
+}
+
+/// The goal: a repair of real false sharing is kept. fs.c's `(*p)++` costs little
+/// here (its load forwards from the core's own store buffer: the trial measured the repair at
+/// 0.4-0.8x), so this uses the linear-regression loop (`-DLREG`, 5 shared stores per point),
+/// whose repair RESULTS.md measured at 1.9x (post-repair rate, quiet machine) and the trial
+/// kept at 2.5x in one scripts/bench run here. A timing verdict: on this loaded 2-vCPU VM
+/// (load 4-7) the trial measured this loop's repair at 0.24-0.44x and undid it.
+#[test]
+#[ignore = "timing: needs the two threads co-scheduled (a quiet machine with 2+ cores)"]
+fn trial_keeps_the_repair_of_a_loop_with_false_sharing() {
+    let _g = serial();
+    let b = build("fs-lreg", &["-DLREG"]);
+    let t = Target::spawn(&b);
+    let pcs: Vec<String> = stores_in(&b, "lreg")
+        .iter()
+        .map(|a| format!("{:#x}", t.bias + a))
+        .collect();
+    assert_eq!(pcs.len(), 5, "lreg's five sums");
+    let mut args = vec!["--pc"];
+    args.extend(pcs.iter().map(String::as_str));
+    let o = laser(&repair_args_trial(&t, &args));
+    let out = stdout(&o);
+    assert!(out.contains(" kept: "), "{out}");
+    settle();
+    assert_eq!(laser(&repair_args(&t, &["--undo"])).status.code(), Some(0));
+    let fin = t.finish();
+    assert!(fin.contains("ok 1"), "{fin}");
+}
+
+/// -DLREG's program checks its own sums: repaired unmeasured (--no-trial), it stays right.
+#[test]
+fn lreg_repaired_without_trial_keeps_its_sums() {
+    let _g = serial();
+    let b = build("fs-lreg", &["-DLREG"]);
+    let t = Target::spawn(&b);
+    let pcs: Vec<String> = stores_in(&b, "lreg")
+        .iter()
+        .map(|a| format!("{:#x}", t.bias + a))
+        .collect();
+    let mut args = vec!["--pc"];
+    args.extend(pcs.iter().map(String::as_str));
+    let o = laser(&repair_args(&t, &args));
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stdout(&o).contains("applied: cache"), "{}", stdout(&o));
+    settle();
+    let fin = t.finish();
+    assert!(fin.contains("ok 1"), "{fin}");
+}

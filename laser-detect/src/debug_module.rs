@@ -221,7 +221,17 @@ fn load_dwarf(
         gimli::RunTimeEndian::Big
     };
     let load = |id: gimli::SectionId| -> Result<DwarfReader, gimli::Error> {
-        let data: Arc<[u8]> = match file.section_by_name(id.name()) {
+        // Location lists and macros name where variables live at each pc and what macros
+        // expand to; symbolization and global types need neither, and in glibc's debug file
+        // the location lists are the second-largest compressed section (~0.6 MB to inflate).
+        let unused = matches!(
+            id,
+            gimli::SectionId::DebugLoc
+                | gimli::SectionId::DebugLocLists
+                | gimli::SectionId::DebugMacinfo
+                | gimli::SectionId::DebugMacro
+        );
+        let data: Arc<[u8]> = match file.section_by_name(id.name()).filter(|_| !unused) {
             // A section that fails to decompress is treated as absent: the rest still works.
             Some(sec) => sec
                 .uncompressed_data()

@@ -257,6 +257,8 @@ impl<C: CodeSource> Detector<C> {
                 }
             }
             Event::WatchSet { time, words } => self.on_watch_set(*time, words),
+            // A measurement of this run beats the configured default.
+            Event::WatchCost { hit_ns, .. } => self.estimator.set_trap_cost(*hit_ns),
             _ => {}
         }
     }
@@ -517,8 +519,10 @@ impl<C: CodeSource> Detector<C> {
             notes.push(format!(
                 "{rated} line(s) rated from watchpoint windows: exact access history of the \
                  watched words over {:.1} ms armed, {transfers} transfers, ±{err:.0}% \
-                 statistical; bytes not watched are not counted",
-                armed * 1e3
+                 statistical, {:.1} µs per watchpoint hit taken out of the armed time; bytes \
+                 not watched are not counted",
+                armed * 1e3,
+                self.estimator.trap_cost_ns() as f64 / 1e3
             ));
             if estimates.iter().any(|e| e.inferred) {
                 notes.push(
@@ -528,10 +532,12 @@ impl<C: CodeSource> Detector<C> {
                 );
             }
             if estimates.iter().any(|e| e.clamped) {
-                notes.push(
-                    "watchpoint trap time exceeded 90% of a window: its rate is unreliable"
-                        .to_string(),
-                );
+                let n = estimates.iter().filter(|e| e.clamped).count();
+                notes.push(format!(
+                    "{n} watched line(s) trapped on most accesses (trap time over half the armed \
+                     time): their rates are not corrected for the slowdown, so they are lower \
+                     bounds"
+                ));
             }
         }
         let (pl, pe) = self.model.pruned();
@@ -580,6 +586,22 @@ impl<C: CodeSource> Detector<C> {
             notes.push("run duration unknown (one timestamp): rates are 0".to_string());
         }
         notes
+    }
+
+    /// The modules (paths) holding the instructions of the contended lines seen so far: the
+    /// ones a report will symbolize, for [`crate::prefetch`] to load ahead of it.
+    pub fn contended_modules(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for line in self.model.contended() {
+            for s in &line.sources {
+                if let Location::Module { path, .. } = self.location(s.pc) {
+                    if !out.contains(&path) {
+                        out.push(path);
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// The top `max_lines` contended lines and, per line, up to 4 naturally aligned words

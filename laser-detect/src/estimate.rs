@@ -28,9 +28,13 @@
 //!
 //! # Rate and its error
 //! `rate = transfers / effective_armed_time`, where `effective_armed_time = armed − trap time`:
-//! each watchpoint hit stops the thread for `trap_cost_ns` (≈ 4.5 µs measured here), so while
+//! each watchpoint hit stops the thread for `trap_cost_ns`: the driver measures it when it opens
+//! its first watchpoint and records it (`Event::WatchCost`, 25–35 µs here with the sample write;
+//! [`DEFAULT_TRAP_COST_NS`] when a recording has none), so while
 //! armed the threads run slower than unwatched. The most-trapped thread's total trap time is
-//! subtracted (threads trap in parallel), floored at 10% of the armed time (`clamped` says when).
+//! subtracted (threads trap in parallel). When that is more than half the armed time
+//! ([`MAX_TRAP_SHARE`]: a hot line trapping on nearly every access) the correction is not
+//! trusted and the rate is transfers per armed second, a lower bound (`clamped` says so).
 //! Error sources, all stated in the estimate:
 //! - statistical: windows sample a stationary process; relative standard error ≈ 1/√transfers
 //!   (`rel_error`);
@@ -46,6 +50,10 @@ use hashbrown::HashMap;
 use crate::access::Access;
 use crate::line_model::byte_mask;
 use crate::recent::RecentByThread;
+
+/// Largest share of a line's armed time the trap-time correction may take away; beyond it
+/// the rate is left uncorrected (`LineEstimate::clamped`).
+pub const MAX_TRAP_SHARE: f64 = 0.5;
 
 /// Default cost of one watchpoint trap (measured on this machine, DESIGN.md).
 pub const DEFAULT_TRAP_COST_NS: u64 = 4_500;
@@ -92,9 +100,10 @@ pub struct LineEstimate {
     /// that long, so the rate is an upper estimate).
     pub inferred: bool,
     pub armed_s: f64,
-    /// Armed time less the most-trapped thread's trap time.
+    /// Armed time less the most-trapped thread's trap time (the armed time when `clamped`).
     pub effective_s: f64,
-    /// The trap-time correction hit its floor (the estimate is then less reliable).
+    /// The trap time exceeded [`MAX_TRAP_SHARE`] of the armed time: no correction was made
+    /// and the rate is a lower bound.
     pub clamped: bool,
     pub rate_per_s: f64,
     /// Statistical relative standard error, 1/√transfers (1.0 when there are none).
@@ -121,6 +130,16 @@ impl Estimator {
     pub fn with_trap_cost(mut self, ns: u64) -> Self {
         self.trap_cost_ns = ns;
         self
+    }
+
+    /// Replaces the trap cost (the driver's measurement of this run, `Event::WatchCost`).
+    pub fn set_trap_cost(&mut self, ns: u64) {
+        self.trap_cost_ns = ns;
+    }
+
+    /// The trap cost the rates are corrected with.
+    pub fn trap_cost_ns(&self) -> u64 {
+        self.trap_cost_ns
     }
 
     fn line_of(&self, addr: u64) -> u64 {
@@ -266,9 +285,11 @@ impl Estimator {
                 let armed = armed_ns as f64 * 1e-9;
                 let max_hits = l.hits.iter().map(|h| h.1).max().unwrap_or(0);
                 let trap = (max_hits.saturating_mul(self.trap_cost_ns)) as f64 * 1e-9;
-                let floor = armed * 0.1;
-                let clamped = armed - trap < floor;
-                let effective = (armed - trap).max(floor);
+                // Past half the armed time the correction would more than double the rate
+                // on the strength of the trap cost alone (a 20% error in it moves the result
+                // by more than 20%): give the uncorrected rate, a lower bound, instead.
+                let clamped = trap > armed * MAX_TRAP_SHARE;
+                let effective = if clamped { armed } else { armed - trap };
                 let mut per_pc = l.per_pc.clone();
                 per_pc.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
                 LineEstimate {
@@ -401,7 +422,7 @@ mod tests {
     }
 
     #[test]
-    fn trap_time_is_subtracted_and_floored() {
+    fn trap_time_is_subtracted_up_to_half_the_armed_time() {
         // 100 hits per thread at 1 µs each: 0.1 ms of 1 ms armed → effective 0.9 ms.
         let mut e = Estimator::new(64).with_trap_cost(1_000);
         e.begin_window(L, 0);
@@ -420,7 +441,11 @@ mod tests {
         f.end_window(L, 1_000_000);
         let r = est(&f);
         assert!(r.clamped);
-        assert!((r.effective_s - 0.0001).abs() < 1e-12);
+        assert!(
+            (r.effective_s - 0.001).abs() < 1e-12,
+            "uncorrected: the whole armed time"
+        );
+        assert!((r.rate_per_s - 1000.0).abs() < 1e-6, "{}", r.rate_per_s);
     }
 
     #[test]

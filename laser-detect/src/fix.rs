@@ -136,6 +136,7 @@ fn false_sharing(f: &Finding, line_size: u32) -> String {
     let who = per_thread_bytes(&f.sources);
     match f.data.kind.as_str() {
         "global" => false_sharing_global(f, align, prefetch, &attr, &who),
+        "heap" if !f.data.blocks.is_empty() => false_sharing_heap(f, align, prefetch),
         "heap" => format!(
             "Threads touch different parts of one heap block ({who}). Allocate each thread's \
              object separately with `aligned_alloc({align}, size rounded up to {align})` (or \
@@ -151,6 +152,63 @@ fn false_sharing(f: &Finding, line_size: u32) -> String {
              own line: pad or align it to {align} bytes.{prefetch}"
         ),
     }
+}
+
+/// Which bytes of which block each thread touched: `T1 [0..8) of 0x…2a0`.
+fn per_thread_block_bytes(f: &Finding) -> String {
+    let mut by_thread: BTreeMap<u32, u128> = BTreeMap::new();
+    let single = f.sources.iter().any(|s| s.threads.len() == 1);
+    if !single {
+        // Each source ran in several threads: who touched which part is not known, only
+        // which parts were touched.
+        let threads: Vec<String> = f.threads.iter().map(|t| format!("T{t}")).collect();
+        return format!("{} touch {}", threads.join(", "), f.data.fields.join(", "));
+    }
+    for s in f.sources.iter().filter(|s| s.threads.len() == 1) {
+        for &t in &s.threads {
+            *by_thread.entry(t).or_default() |= s.mask();
+        }
+    }
+    by_thread
+        .iter()
+        .map(|(t, m)| {
+            let parts = crate::report_build::heap_fields(&f.data.blocks, f.line_addr, 128, *m);
+            format!("T{t} {}", parts.join(" and "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// False sharing on a heap line whose malloc blocks are known: inside one object, or
+/// between neighbouring objects.
+fn false_sharing_heap(f: &Finding, align: u32, prefetch: &str) -> String {
+    let blocks = &f.data.blocks;
+    let who = per_thread_block_bytes(f);
+    let alloc = format!(
+        "`aligned_alloc({align}, size rounded up to {align})` (or `posix_memalign`; C++: `new` \
+         of an `alignas({align})` type)"
+    );
+    if let [b] = blocks.as_slice() {
+        return format!(
+            "False sharing inside one {}-byte heap block at {:#x} ({who}): one object whose \
+             parts different threads write. Split it so each thread's part starts its own \
+             line: pad the type so those fields are {align} bytes apart (`alignas({align})` / \
+             `__attribute__((aligned({align})))` on the first field of each part) and allocate \
+             it with {alloc}; or give each thread its own object.{prefetch}",
+            b.size, b.addr
+        );
+    }
+    let list: Vec<String> = blocks
+        .iter()
+        .map(|b| format!("{:#x} ({} bytes)", b.addr, b.size))
+        .collect();
+    format!(
+        "{} heap blocks share this line: {} ({who}). Each thread uses its own object, but \
+         malloc placed them next to each other. Allocate each with {alloc}, or pad the object \
+         type to {align} bytes, so no two objects share a line.{prefetch}",
+        blocks.len(),
+        list.join(", ")
+    )
 }
 
 fn false_sharing_global(f: &Finding, align: u32, prefetch: &str, attr: &str, who: &str) -> String {
@@ -215,7 +273,10 @@ fn false_sharing_global(f: &Finding, align: u32, prefetch: &str, attr: &str, who
 /// The pattern of a truly shared line and its remedy.
 fn true_sharing(f: &Finding) -> String {
     // `label` reads in a sentence; `var` stands for the data in a code snippet.
-    let (label, var) = if f.data.kind != "global" {
+    let (label, var) = if f.data.kind == "heap" && !f.data.blocks.is_empty() {
+        let label = format!("The heap data at {}", f.data.fields.join(", "));
+        (label, "x".to_string())
+    } else if f.data.kind != "global" {
         let all = f.sources.iter().fold(0u128, |m, s| m | s.mask());
         let label = format!("The {} data at bytes {}", f.data.kind, byte_ranges(all));
         (label, "x".to_string())
@@ -368,6 +429,7 @@ mod tests {
                 module: None,
                 vaddr: None,
                 objects,
+                blocks: vec![],
             },
             sources,
             fix: String::new(),

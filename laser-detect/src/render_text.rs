@@ -233,6 +233,29 @@ fn data_line(f: &Finding) -> String {
                 None => format!("global {objs}"),
             }
         }
+        "heap" if !d.blocks.is_empty() => {
+            let list: Vec<String> = d
+                .blocks
+                .iter()
+                .map(|b| {
+                    let arena = match b.arena.as_str() {
+                        "mmap" => "its own mmap".to_string(),
+                        a => format!("{a} arena"),
+                    };
+                    let state = match b.state.as_str() {
+                        "in_use" | "mmapped" => String::new(),
+                        "top" => ", top chunk".to_string(),
+                        st => format!(", {st}"),
+                    };
+                    format!(
+                        "heap block {:#x} ({} bytes, {arena}{state})",
+                        b.addr, b.size
+                    )
+                })
+                .collect();
+            // One block per line: addresses make long lines.
+            list.join("\n             ")
+        }
         "heap" => "heap object (allocation site not tracked)".into(),
         "stack" => "stack".into(),
         _ => "unknown (not in any mapping)".into(),

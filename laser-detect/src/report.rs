@@ -104,6 +104,51 @@ pub struct Data {
     /// Objects with contended bytes on the line, in address order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub objects: Vec<DataObject>,
+    /// Heap lines of a live run: the malloc blocks holding contended bytes, by address.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocks: Vec<HeapBlock>,
+}
+
+/// A glibc malloc block (chunk) with contended bytes on a heap line, read from the live
+/// process (`heap_blocks`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeapBlock {
+    /// Run-time address malloc returned for the block (that run only).
+    #[serde(with = "hex")]
+    pub addr: u64,
+    /// Usable bytes from `addr` (`malloc_usable_size`: the request rounded up).
+    pub size: u64,
+    /// `in_use` (also blocks freed to tcache/fastbins, which glibc leaves marked in use),
+    /// `free`, `top` (not yet handed out), `mmapped`.
+    pub state: String,
+    /// `main`, `thread` or `mmap`.
+    pub arena: String,
+    /// Contended bytes of the line inside this block, as offsets from `addr`, ascending.
+    pub offsets: Vec<u64>,
+}
+
+impl HeapBlock {
+    /// `[8..16)+[24..32)` in block offsets.
+    pub fn ranges(&self) -> String {
+        ranges(&self.offsets)
+    }
+}
+
+/// Runs of consecutive offsets as `[a..b)` joined by `+`.
+pub fn ranges(offsets: &[u64]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < offsets.len() {
+        let start = offsets[i];
+        let mut end = start + 1;
+        while i + 1 < offsets.len() && offsets[i + 1] == end {
+            end += 1;
+            i += 1;
+        }
+        out.push(format!("[{start}..{end})"));
+        i += 1;
+    }
+    out.join("+")
 }
 
 /// A global object on the line.
@@ -347,6 +392,7 @@ mod tests {
                     module: Some("/src/lr".into()),
                     vaddr: Some(0x4080),
                     objects: vec![],
+                    blocks: vec![],
                 },
                 sources: vec![Source {
                     pc: 0x5555_5555_5289,

@@ -5,8 +5,10 @@ use std::collections::BTreeSet;
 use crate::dataname::LineData;
 use crate::findings::{Analysis, LineFinding, Location, SourceAccess};
 use crate::fix;
+use crate::heap_names::HeapBlocks;
 use crate::report::{
-    mask_offsets, BelowThreshold, Data, DataObject, Finding, Inlined, Report, Source, SCHEMA,
+    mask_offsets, ranges, BelowThreshold, Data, DataObject, Finding, HeapBlock, Inlined, Report,
+    Source, SCHEMA,
 };
 use crate::symbolize::Symbolizer;
 
@@ -25,6 +27,9 @@ pub struct ReportOptions {
     /// rewritten `module` no longer opens the file, so `laser repair --from` needs a report
     /// made without it.
     pub path_map: Vec<(String, String)>,
+    /// The malloc blocks of heap lines, read from the live process (`laser run`/`attach`);
+    /// `None` when there was no process to read (a recording): heap lines are then `heap`.
+    pub heap_blocks: Option<HeapBlocks>,
 }
 
 impl Default for ReportOptions {
@@ -34,6 +39,7 @@ impl Default for ReportOptions {
             source_text: true,
             max_sources: 0,
             path_map: Vec::new(),
+            heap_blocks: None,
         }
     }
 }
@@ -67,11 +73,12 @@ pub fn build_report(
             .then(a.line_addr.cmp(&b.line_addr))
     });
     let mut modules: BTreeSet<String> = BTreeSet::new();
-    let findings = kept
-        .into_iter()
-        .map(|f| finding(f, line_size, symbolizer, opts, &mut modules))
-        .collect();
     let mut notes = analysis.notes.clone();
+    let findings: Vec<Finding> = kept
+        .into_iter()
+        .map(|f| finding(f, line_size, symbolizer, opts, &mut modules, &mut notes))
+        .collect();
+    heap_summary(&findings, opts, &mut notes);
     for info in &analysis.modules {
         let (Some(want), true) = (&info.build_id, modules.contains(&info.path)) else {
             continue;
@@ -168,9 +175,25 @@ fn finding(
     sym: &mut Symbolizer,
     opts: &ReportOptions,
     modules: &mut BTreeSet<String>,
+    notes: &mut Vec<String>,
 ) -> Finding {
     let union = f.sources.iter().fold(0u128, |m, s| m | s.offsets);
-    let (data, line_data) = data(&f.data, line_size, union, sym, modules);
+    let (mut data, line_data) = data(&f.data, line_size, union, sym, modules);
+    if f.data == Location::Heap {
+        if let Some(found) = opts
+            .heap_blocks
+            .as_ref()
+            .and_then(|h| h.lines.get(&f.line_addr))
+        {
+            match found {
+                Ok(blocks) => name_heap(&mut data, f.line_addr, line_size, union, blocks),
+                Err(e) => notes.push(format!(
+                    "heap line {:#x}: malloc block unknown: {e}",
+                    f.line_addr
+                )),
+            }
+        }
+    }
     let mut accesses: Vec<&SourceAccess> = f.sources.iter().collect();
     accesses.sort_by(|a, b| {
         b.events
@@ -181,10 +204,15 @@ fn finding(
     if opts.max_sources > 0 {
         accesses.truncate(opts.max_sources);
     }
-    let sources = accesses
+    let mut sources: Vec<Source> = accesses
         .into_iter()
         .map(|s| source(s, line_data.as_ref(), sym, opts, modules))
         .collect();
+    if !data.blocks.is_empty() {
+        for s in &mut sources {
+            s.fields = heap_fields(&data.blocks, f.line_addr, line_size, s.mask());
+        }
+    }
     let mut threads = f.threads.clone();
     threads.sort_unstable();
     threads.dedup();
@@ -219,6 +247,7 @@ fn data(
         module: None,
         vaddr: None,
         objects: vec![],
+        blocks: vec![],
     };
     match loc {
         Location::Module { path, vaddr } => {
@@ -256,12 +285,103 @@ fn data(
                 module: Some(path.clone()),
                 vaddr: Some(line_vaddr),
                 objects,
+                blocks: vec![],
             };
             (data, line_data)
         }
         Location::Heap => (plain("heap"), None),
         Location::Stack => (plain("stack"), None),
         Location::Unknown => (plain("unknown"), None),
+    }
+}
+
+/// Names a heap line by the malloc blocks holding its contended bytes (`union`).
+fn name_heap(
+    data: &mut Data,
+    line_addr: u64,
+    line_size: u32,
+    union: u128,
+    blocks: &[crate::heap_blocks::Block],
+) {
+    data.blocks = blocks
+        .iter()
+        .filter_map(|b| {
+            let offsets: Vec<u64> = (0..line_size.min(128))
+                .filter(|&o| union & (1u128 << o) != 0)
+                .map(|o| line_addr + u64::from(o))
+                .filter(|&a| b.contains(a))
+                .map(|a| a - b.user)
+                .collect();
+            (!offsets.is_empty()).then(|| HeapBlock {
+                addr: b.user,
+                size: b.usable,
+                state: b.state.as_str().to_string(),
+                arena: b.arena.as_str().to_string(),
+                offsets,
+            })
+        })
+        .collect();
+    data.fields = heap_fields(&data.blocks, line_addr, line_size, union);
+    if !data.blocks.is_empty() {
+        let list: Vec<String> = data
+            .blocks
+            .iter()
+            .map(|b| format!("{:#x} ({} bytes)", b.addr, b.size))
+            .collect();
+        data.name = format!(
+            "heap block{} {}",
+            if list.len() == 1 { "" } else { "s" },
+            list.join(", ")
+        );
+    }
+}
+
+/// The block and in-block offsets of each contended byte run in `mask`:
+/// `block@0x5555555592a0[8..16)`; bytes in no block (malloc's own headers) are
+/// `malloc header`.
+pub fn heap_fields(
+    blocks: &[HeapBlock],
+    line_addr: u64,
+    line_size: u32,
+    mask: u128,
+) -> Vec<String> {
+    let mut per_block: Vec<Vec<u64>> = vec![Vec::new(); blocks.len()];
+    let mut outside = false;
+    for o in (0..line_size.min(128)).filter(|&o| mask & (1u128 << o) != 0) {
+        let a = line_addr + u64::from(o);
+        match blocks
+            .iter()
+            .position(|b| a >= b.addr && a - b.addr < b.size)
+        {
+            Some(i) => per_block[i].push(a - blocks[i].addr),
+            None => outside = true,
+        }
+    }
+    let mut out: Vec<String> = blocks
+        .iter()
+        .zip(&per_block)
+        .filter(|(_, offs)| !offs.is_empty())
+        .map(|(b, offs)| format!("block@{:#x}{}", b.addr, ranges(offs)))
+        .collect();
+    if outside {
+        out.push("malloc header".to_string());
+    }
+    out
+}
+
+/// One note for the heap lines a live run could not look at.
+fn heap_summary(findings: &[Finding], opts: &ReportOptions, notes: &mut Vec<String>) {
+    let Some(h) = &opts.heap_blocks else {
+        return;
+    };
+    let unread = findings
+        .iter()
+        .filter(|f| f.data.kind == "heap" && !h.lines.contains_key(&f.line_addr))
+        .count();
+    if unread > 0 {
+        notes.push(format!(
+            "{unread} heap line(s) named only `heap`: their malloc blocks were not read while              the process ran (laser run reads the top few contended lines as it goes)"
+        ));
     }
 }
 

@@ -76,11 +76,45 @@ pub fn demangle(name: &str, lang: Option<gimli::DwLang>) -> String {
     out.unwrap_or_else(|| name.to_string())
 }
 
-struct LoadedModule {
+pub(crate) struct LoadedModule {
     debug: DebugModule,
     ctx: Option<addr2line::Context<DwarfReader>>,
     /// Built on first data lookup: most modules only ever need code lookups.
     data: Option<DataIndex>,
+}
+
+/// Opens `path` (and, without DWARF, its separate debug file) through `read`: symbols, DWARF
+/// and the `addr2line` context. The slow part of a report (inflating compressed DWARF), so
+/// [`crate::prefetch`] runs it on a worker thread while the program still runs.
+pub(crate) fn load_module(
+    read: &mut dyn FnMut(&str) -> io::Result<Vec<u8>>,
+    path: &str,
+    find_debug_files: bool,
+) -> Result<LoadedModule, String> {
+    let bytes = read(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let mut debug = DebugModule::parse(&bytes).map_err(|e| format!("{path}: {e}"))?;
+    drop(bytes);
+    if !debug.has_debug_info() && find_debug_files {
+        let candidates =
+            debug_file_candidates(path, debug.build_id.as_deref(), debug.debuglink.as_deref());
+        for candidate in candidates {
+            if let Ok(extra) = read(&candidate) {
+                // A candidate that is unreadable or belongs to another build is skipped.
+                if debug.attach_debug_file(&extra).unwrap_or(false) {
+                    break;
+                }
+            }
+        }
+    }
+    let ctx = match &debug.dwarf {
+        Some(dwarf) => addr2line::Context::from_arc_dwarf(dwarf.clone()).ok(),
+        None => None,
+    };
+    Ok(LoadedModule {
+        debug,
+        ctx,
+        data: None,
+    })
 }
 
 /// Cached per-module symbolization. See the module docs.
@@ -144,30 +178,11 @@ impl Symbolizer {
     }
 
     fn load(&mut self, path: &str) -> Result<LoadedModule, String> {
-        let bytes = (self.read)(path).map_err(|e| format!("cannot read {path}: {e}"))?;
-        let mut debug = DebugModule::parse(&bytes).map_err(|e| format!("{path}: {e}"))?;
-        drop(bytes);
-        if !debug.has_debug_info() && self.find_debug_files {
-            let candidates =
-                debug_file_candidates(path, debug.build_id.as_deref(), debug.debuglink.as_deref());
-            for candidate in candidates {
-                if let Ok(extra) = (self.read)(&candidate) {
-                    // A candidate that is unreadable or belongs to another build is skipped.
-                    if debug.attach_debug_file(&extra).unwrap_or(false) {
-                        break;
-                    }
-                }
-            }
+        // A live run may have loaded it already, in idle time (`prefetch`).
+        if let Some(done) = crate::prefetch::take(path) {
+            return done;
         }
-        let ctx = match &debug.dwarf {
-            Some(dwarf) => addr2line::Context::from_arc_dwarf(dwarf.clone()).ok(),
-            None => None,
-        };
-        Ok(LoadedModule {
-            debug,
-            ctx,
-            data: None,
-        })
+        load_module(&mut self.read, path, self.find_debug_files)
     }
 
     /// Source location of the instruction at ELF vaddr `vaddr` in `module`. Never fails: what

@@ -243,6 +243,39 @@ fn watch_windows_give_the_rate() {
 }
 
 #[test]
+fn the_recorded_hit_cost_corrects_the_armed_time() {
+    // The same 10 ms window as above, but the driver measured 20 µs per hit: the busiest
+    // thread trapped 100 times, so the threads really ran 8 ms unslowed, not 10.
+    let (code, c, _) = program();
+    let cfg = Config {
+        trap_cost_ns: 0,
+        ..Config::default()
+    };
+    let mut d = Detector::new(cfg, code);
+    d.add_maps(PID, MAPS);
+    d.feed(&Event::WatchCost {
+        time: 0,
+        hit_ns: 20_000,
+    });
+    d.watch_window_begin(LINE, 0);
+    let mut t = 0;
+    for _ in 0..100 {
+        for (tid, off) in [(1, 0), (2, 8)] {
+            t += 1000;
+            d.feed(&watch(tid, t, c[3], LINE + off));
+        }
+    }
+    d.watch_window_end(LINE, 10_000_000);
+    let f = &d.finish().findings[0];
+    assert_eq!(f.events, 199);
+    assert!(
+        (f.rate_per_s - 199.0 / 0.008).abs() < 1e-3,
+        "{}",
+        f.rate_per_s
+    );
+}
+
+#[test]
 fn line_128_merges_adjacent_lines() {
     let (code, c, _) = program();
     let mut d = Detector::new(

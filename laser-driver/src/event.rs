@@ -219,6 +219,14 @@ pub enum Event {
         time: u64,
         words: Vec<(u64, u8)>,
     },
+    /// The `watch` backend measured what one watchpoint hit costs the trapping thread (the
+    /// debug trap, the sample written to the ring, the resume): `hit_ns` nanoseconds. Emitted
+    /// once, when the first watchpoint opens. The estimator subtracts each thread's trap time
+    /// from the armed time with it; recorded, so a replay corrects rates as the live run did.
+    WatchCost {
+        time: u64,
+        hit_ns: u64,
+    },
 }
 
 impl Event {
@@ -232,7 +240,8 @@ impl Event {
             | Event::Exit { time, .. }
             | Event::Lost { time, .. }
             | Event::Throttle { time, .. }
-            | Event::WatchSet { time, .. } => *time,
+            | Event::WatchSet { time, .. }
+            | Event::WatchCost { time, .. } => *time,
         }
     }
 }

@@ -185,6 +185,13 @@ impl Watcher {
                 self.duty = self.duty.with_hit_cost(measured);
             }
             self.calibrated = true;
+            // The estimator corrects armed time with the cost actually paid per hit (25–35 µs
+            // here, not the floor); recorded so a replay corrects the same way.
+            let hit_ns = u64::try_from(self.duty.hit_cost.as_nanos()).unwrap_or(u64::MAX);
+            self.markers.push(Event::WatchCost {
+                time: now_ns(),
+                hit_ns,
+            });
         }
         let clock = leader
             .try_clone()

@@ -78,6 +78,7 @@ fn event() -> impl Strategy<Value = Event> {
         1 => any::<(u64, bool)>().prop_map(|(time, throttled)| Event::Throttle { time, throttled }),
         1 => (any::<u64>(), proptest::collection::vec(any::<(u64, u8)>(), 0..5))
             .prop_map(|(time, words)| Event::WatchSet { time, words }),
+        1 => any::<(u64, u64)>().prop_map(|(time, hit_ns)| Event::WatchCost { time, hit_ns }),
     ]
 }
 

@@ -20,9 +20,11 @@ use laser_repair::plan::{
 };
 use laser_repair::tracee::{
     self, maps as tmaps, ApplyOptions, CacheAddrs, CacheSizes, FnSource, PatchSet, TraceeError,
+    UndoOptions,
 };
 
 use super::targets::{Group, Live, Space};
+use super::trial::{self, TrialOutcome, Verdict};
 use super::{Repaired, Say, Settings};
 
 /// Apply attempts when a thread sits where it cannot be moved (inside the patched bytes at an
@@ -50,6 +52,7 @@ pub fn tracee_refusal(e: &TraceeError) -> bool {
             | TraceeError::ProcessStopped { .. }
             | TraceeError::UnmappedThread { .. }
             | TraceeError::ThreadInSyscall { .. }
+            | TraceeError::ThreadInRetiredCache { .. }
             | TraceeError::PatchMismatch { .. }
     )
 }
@@ -129,14 +132,7 @@ pub fn repair_group(
     };
     let dummy = CacheAddrs::layout(&sizes0, hole).data_base;
     let t0 = Instant::now();
-    let req = |cache_addr| PlanRequest {
-        code: src,
-        function: g.function,
-        contending_pcs: &g.pcs,
-        cache_addr,
-        options: opts,
-    };
-    let p = plan::plan(&req(dummy)).map_err(|r| {
+    let p = plan::plan(&request(src, g, dummy, opts)).map_err(|r| {
         Outcome::Refused(match r.reason {
             RefusalReason::GeneralPath => {
                 format!("{}; --min-stores-per-flush 0 repairs it anyway", r.reason)
@@ -151,49 +147,53 @@ pub fn repair_group(
         say(&format!("  dry run: process {pid} not touched"));
         return Ok(None);
     }
+    if settings.trial.is_some() && !p.region.is_loop {
+        // The trial counts loop iterations: straight-line code would be undone unmeasured.
+        return Err(Outcome::Refused(
+            "the region has no loop, so the trial cannot measure it; --no-trial repairs it \
+             unmeasured"
+                .to_string(),
+        ));
+    }
     let sizes = CacheSizes {
         record: record_room,
         ..sizes0
     };
-    let (fs, fe) = p.function;
-    let replan = std::cell::Cell::new(Duration::ZERO);
-    let build = |c: &CacheAddrs| -> Result<PatchSet, String> {
-        let t = Instant::now();
-        let q = plan::plan(&req(c.data_base)).map_err(|r| r.to_string());
-        replan.set(t.elapsed());
-        let q = q?;
-        if q.cache.code_addr != c.code_base || q.cache.data_len > c.data_len as u64 {
-            return Err(format!(
-                "plan puts code at {:#x} after {} data bytes; the cache has code at {:#x} after {}",
-                q.cache.code_addr, q.cache.data_len, c.code_base, c.data_len
-            ));
-        }
-        Ok(patch_set(&q))
-    };
-    let source = FnSource {
-        span: fs..fe,
+    let put = Put {
+        pid,
+        src,
+        g,
+        span: p.function.0..p.function.1,
         sizes,
-        build,
     };
-    let mut tries = 0;
-    let applied = loop {
-        tries += 1;
-        match tracee::apply(pid, &source, &ApplyOptions::default()) {
-            Ok(a) => break a,
-            Err(e @ (TraceeError::UnmappedThread { .. } | TraceeError::ThreadInSyscall { .. }))
-                if tries < APPLY_TRIES =>
-            {
-                say(&format!("  {e}; retrying"));
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) if tracee_refusal(&e) => return Err(Outcome::Refused(e.to_string())),
-            Err(e) => {
-                return Err(Outcome::Failed(
-                    anyhow::Error::new(e).context(format!("repairing process {pid}")),
-                ))
-            }
+    let mem = tracee::ProcMem::open(pid).map_err(|e| Outcome::Failed(e.into()))?;
+    // Trial, part 1: the same region with native accesses and the same counter.
+    let trial_start = Instant::now();
+    let mut extra_pauses = Vec::new();
+    let native = match settings.trial {
+        Some(t) => {
+            let counting = PlanOptions {
+                count_only: true,
+                ..opts
+            };
+            let (a, _, _) = put.apply(counting, say)?;
+            extra_pauses.push(a.pause.paused);
+            let w = trial::measure(&mem, a.cache.data_base, &opts.runtime, t.window, |_| false);
+            // Threads leave for the native copy first, whose pcs all map straight back to
+            // the original code: the undo finds its safe point in one hold.
+            trial::kill(&mem, a.cache.data_base).map_err(|e| Outcome::Failed(e.into()))?;
+            let u = a.undo(&UndoOptions::default()).map_err(|e| {
+                Outcome::Failed(
+                    anyhow::Error::new(e).context("undoing the trial's count-only plan"),
+                )
+            })?;
+            extra_pauses.push(u.pause.paused);
+            Some(w)
         }
+        None => None,
     };
+    let trial_overhead = trial_start.elapsed();
+    let (applied, tries, replan) = put.apply(opts, say)?;
     let c = applied.cache;
     say(&format!(
         "  applied: cache {:#x}..{:#x} (data {:#x}, code {:#x}), {} patch(es), {} thread(s) moved in",
@@ -214,11 +214,47 @@ pub fn repair_group(
         } else {
             String::new()
         },
-        replan.get().as_secs_f64() * 1e3,
+        replan.as_secs_f64() * 1e3,
         plan_time.as_secs_f64() * 1e3
     ));
-    // The runtime probes CPUID when the first thread claims a slot: give it a moment.
-    std::thread::sleep(Duration::from_millis(50));
+    // Trial, part 2: the repair over the same window; it stays only if it is faster.
+    let trial = match (settings.trial, native) {
+        (Some(t), Some(native)) => {
+            let t1 = Instant::now();
+            let repaired = trial::measure(&mem, c.data_base, &opts.runtime, t.window, |w| {
+                // Not before 2/5 of the window: a few scheduler ticks on a loaded machine.
+                w.elapsed >= t.window * 2 / 5 && trial::clearly_losing(&native, w)
+            });
+            let verdict = trial::decide(&native, &repaired, t.margin);
+            if verdict != Verdict::Kept {
+                // Threads leave the slow code within one flush period, before the pause.
+                trial::kill(&mem, c.data_base).map_err(|e| Outcome::Failed(e.into()))?;
+                let u = applied.undo(&UndoOptions::default()).map_err(|e| {
+                    Outcome::Failed(
+                        anyhow::Error::new(e).context("undoing a repair that lost its trial"),
+                    )
+                })?;
+                extra_pauses.push(u.pause.paused);
+            }
+            let out = TrialOutcome {
+                native,
+                repaired,
+                verdict,
+                extra_pauses: extra_pauses.clone(),
+                cost: trial_overhead + t1.elapsed(),
+            };
+            say(&format!(
+                "  {}",
+                out.line(p.region.ranges.first().map_or(0, |r| r.0))
+            ));
+            Some(out)
+        }
+        _ => {
+            // The runtime probes CPUID when the first thread claims a slot: give it a moment.
+            std::thread::sleep(Duration::from_millis(50));
+            None
+        }
+    };
     let mut w = [0u8; 8];
     let mode = (space
         .mem
@@ -232,7 +268,92 @@ pub fn repair_group(
         pause: applied.pause.paused,
         threads_held: applied.pause.threads,
         mode,
+        trial,
     }))
+}
+
+/// What `tracee::apply` needs besides the plan options, so the trial's count-only plan and
+/// the repair go in the same way.
+struct Put<'a> {
+    pid: i32,
+    src: &'a dyn plan::CodeSource,
+    g: &'a Group,
+    span: std::ops::Range<u64>,
+    sizes: CacheSizes,
+}
+
+fn request<'a>(
+    src: &'a dyn plan::CodeSource,
+    g: &'a Group,
+    cache_addr: u64,
+    options: PlanOptions,
+) -> PlanRequest<'a> {
+    PlanRequest {
+        code: src,
+        function: g.function,
+        contending_pcs: &g.pcs,
+        cache_addr,
+        options,
+    }
+}
+
+impl Put<'_> {
+    /// Applies the plan with `options`, re-planned inside the pause at the real cache
+    /// address; retries while a thread sits where it cannot be moved. Returns the repair,
+    /// the attempts and the in-pause re-plan time.
+    fn apply(
+        &self,
+        options: PlanOptions,
+        say: &mut Say<'_>,
+    ) -> Result<(tracee::AppliedRepair, usize, Duration), Outcome> {
+        let pid = self.pid;
+        let replan = std::cell::Cell::new(Duration::ZERO);
+        let build = |c: &CacheAddrs| -> Result<PatchSet, String> {
+            let t = Instant::now();
+            let q = plan::plan(&request(self.src, self.g, c.data_base, options))
+                .map_err(|r| r.to_string());
+            replan.set(t.elapsed());
+            let q = q?;
+            if q.cache.code_addr != c.code_base || q.cache.data_len > c.data_len as u64 {
+                return Err(format!(
+                    "plan puts code at {:#x} after {} data bytes; the cache has code at {:#x} after {}",
+                    q.cache.code_addr, q.cache.data_len, c.code_base, c.data_len
+                ));
+            }
+            Ok(patch_set(&q))
+        };
+        let source = FnSource {
+            span: self.span.clone(),
+            sizes: self.sizes,
+            build,
+        };
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            // The trial undoes a plan and applies the next one at once (see the option).
+            let opts = ApplyOptions {
+                wait_for_retired: true,
+                ..ApplyOptions::default()
+            };
+            match tracee::apply(pid, &source, &opts) {
+                Ok(a) => return Ok((a, tries, replan.get())),
+                Err(
+                    e @ (TraceeError::UnmappedThread { .. }
+                    | TraceeError::ThreadInSyscall { .. }
+                    | TraceeError::ThreadInRetiredCache { .. }),
+                ) if tries < APPLY_TRIES => {
+                    say(&format!("  {e}; retrying"));
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) if tracee_refusal(&e) => return Err(Outcome::Refused(e.to_string())),
+                Err(e) => {
+                    return Err(Outcome::Failed(
+                        anyhow::Error::new(e).context(format!("repairing process {pid}")),
+                    ))
+                }
+            }
+        }
+    }
 }
 
 /// The tracee's patch set for a plan placed at its cache.

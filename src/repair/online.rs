@@ -130,6 +130,12 @@ impl Online {
                         }
                     ));
                 }
+                for r in summary.repaired.iter().chain(&summary.undone) {
+                    if let Some(t) = &r.trial {
+                        let region = r.label.as_str();
+                        out.push_str(&format!("  {region}: trial {}\n", t.describe()));
+                    }
+                }
                 for (f, why) in &summary.refused {
                     out.push_str(&format!("  refused {f}: {why}\n"));
                 }
@@ -160,11 +166,26 @@ impl Online {
                 at.as_secs_f64()
             ),
             Online::Ran { at, summary } => format!(
-                "run --repair: {} function(s) repaired, {} refused at {:.2} s; counts before then \
-                 are of the original code, after it of the code left outside laser's code cache",
+                "run --repair: {} function(s) repaired, {} undone by their trial, {} refused at \
+                 {:.2} s; counts before then are of the original code, after it of the code left \
+                 outside laser's code cache{}",
                 summary.repaired.len(),
+                summary.undone.len(),
                 summary.refused.len(),
-                at.as_secs_f64()
+                at.as_secs_f64(),
+                summary
+                    .repaired
+                    .iter()
+                    .chain(&summary.undone)
+                    .filter_map(|r| r.trial.as_ref())
+                    .map(|t| format!(
+                        "; trial: {:.2}x native ({:.3e} vs {:.3e} it/s), {}",
+                        t.speedup(),
+                        t.repaired.rate(),
+                        t.native.rate(),
+                        if t.kept() { "kept" } else { "undone" }
+                    ))
+                    .collect::<String>()
             ),
         }
     }
@@ -182,6 +203,7 @@ mod tests {
             pause: Duration::from_micros(11_640),
             threads_held: 3,
             mode: Some(SsbMode::Fifo),
+            trial: None,
         }
     }
 
@@ -192,6 +214,7 @@ mod tests {
             summary: Summary {
                 functions: 2,
                 repaired: vec![repaired("bump [0x10..0x40]")],
+                undone: Vec::new(),
                 refused: vec![("avx_loop".into(), "vmovdqu".into())],
             },
         };

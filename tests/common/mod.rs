@@ -3,7 +3,8 @@
 //! lost: `ok 1`), built here with gcc, and a handle on one running copy of it.
 //!
 //! `fs 3` exits with status 3 after `stop` (exit-status pass-through). `-DPAD` builds the
-//! twin with each counter on its own line: no false sharing at all.
+//! twin with each counter on its own line: no false sharing at all. `-DLREG` runs the
+//! linear-regression loop `lreg` instead of bump (5 falsely shared stores per point).
 #![allow(dead_code)] // each test binary uses a different part
 
 use std::io::{BufRead, BufReader, Write};
@@ -39,24 +40,60 @@ __asm__(".text\n.globl avx_loop\n.type avx_loop,@function\navx_loop:\n"
 __asm__(".text\n.globl vary_loop\n.type vary_loop,@function\nvary_loop:\n"
         "  xor %eax,%eax\n1:\n.globl vary_store\nvary_store:\n  addq $1,(%rdi,%rax,8)\n"
         "  add $1,%rax\n  and $7,%rax\n  sub $1,%rsi\n  jnz 1b\n  ret\n.size vary_loop,.-vary_loop\n");
+#ifdef LREG
+/* -DLREG: Phoenix linear_regression's loop instead of bump. Each thread's five sums sit next
+   to the other's on one line; the loop stores 5 times per point (a repair that pays). */
+struct sums { volatile long long sx, sxx, sy, syy, sxy; };
+static struct sums lsums[2] __attribute__((aligned(64)));
+static unsigned char xs[CHUNK], ys[CHUNK];
+__attribute__((noinline)) void lreg(struct sums *s, long n) {
+    for (long i = 0; i < n; i++) {
+        s->sx += xs[i]; s->sxx += xs[i] * xs[i]; s->sy += ys[i];
+        s->syy += ys[i] * ys[i]; s->sxy += xs[i] * ys[i];
+    }
+}
+#endif
 static void *worker(void *arg) {
     long k = (long)arg;
     volatile long *p = k ? &counters.b : &counters.a;
     long r = 0; /* local: the only shared writes are bump's */
+#ifdef LREG
+    (void)p;
+    while (!stop) { lreg(&lsums[k], CHUNK); r++; }
+#else
     while (!stop) { bump(p, CHUNK); r++; }
+#endif
     rounds[k] = r;
     return 0;
 }
 int main(int argc, char **argv) {
     pthread_t t[2];
+#ifdef LREG
+    for (long i = 0; i < CHUNK; i++) { xs[i] = i & 0x7f; ys[i] = (i * 7) & 0x7f; }
+#endif
     for (long k = 0; k < 2; k++) pthread_create(&t[k], 0, worker, (void *)k);
     printf("pid %d\n", getpid()); fflush(stdout);
     char line[64];
     while (fgets(line, sizeof line, stdin) && strncmp(line, "stop", 4) != 0) {}
     stop = 1;
     for (int k = 0; k < 2; k++) pthread_join(t[k], 0);
+#ifdef LREG
+    long long want[5] = {0, 0, 0, 0, 0};
+    for (long i = 0; i < CHUNK; i++) {
+        want[0] += xs[i]; want[1] += xs[i] * xs[i]; want[2] += ys[i];
+        want[3] += ys[i] * ys[i]; want[4] += xs[i] * ys[i];
+    }
+    int good = 1;
+    for (int k = 0; k < 2; k++) {
+        struct sums *s = &lsums[k];
+        long long got[5] = {s->sx, s->sxx, s->sy, s->syy, s->sxy};
+        for (int f = 0; f < 5; f++) good &= got[f] == want[f] * rounds[k];
+    }
+    printf("a %lld ra %ld b %lld rb %ld ok %d\n", lsums[0].sx, rounds[0], lsums[1].sx, rounds[1], good);
+#else
     printf("a %ld ra %ld b %ld rb %ld ok %d\n", counters.a, rounds[0], counters.b, rounds[1],
            counters.a == rounds[0] * CHUNK && counters.b == rounds[1] * CHUNK);
+#endif
     return argc > 1 ? atoi(argv[1]) : 0;
 }
 "#;
@@ -130,6 +167,32 @@ pub fn build(name: &str, extra: &[&str]) -> Bin {
         avx_store: sym("avx_store").0,
         vary_store: sym("vary_store").0,
     }
+}
+
+/// ELF vaddrs of the explicit stores in function `func` of `b` (objdump).
+pub fn stores_in(b: &Bin, func: &str) -> Vec<u64> {
+    let dis = run_text(
+        Command::new("objdump")
+            .args(["-d", "--no-show-raw-insn"])
+            .arg(&b.path),
+    );
+    let mut inside = false;
+    let mut out = Vec::new();
+    for l in dis.lines() {
+        if l.ends_with(">:") {
+            inside = l.contains(&format!("<{func}>:"));
+            continue;
+        }
+        let Some((a, rest)) = l.trim().split_once(':') else {
+            continue;
+        };
+        if inside && rest.contains("\tmov") && rest.trim_end().ends_with(')') {
+            if let Ok(a) = u64::from_str_radix(a, 16) {
+                out.push(a);
+            }
+        }
+    }
+    out
 }
 
 pub fn bin() -> &'static Bin {
@@ -241,7 +304,16 @@ pub fn laser(args: &[String]) -> Output {
     o
 }
 
+/// `laser repair -p PID --no-trial EXTRA…`: the tests that check the repaired code itself
+/// keep it whatever its speed (on this VM fs.c's repair measures slower than native).
 pub fn repair_args(t: &Target, extra: &[&str]) -> Vec<String> {
+    let mut v = repair_args_trial(t, extra);
+    v.insert(3, "--no-trial".into());
+    v
+}
+
+/// `laser repair -p PID EXTRA…` with the default trial.
+pub fn repair_args_trial(t: &Target, extra: &[&str]) -> Vec<String> {
     let mut v = vec!["repair".into(), "-p".into(), t.pid.to_string()];
     v.extend(extra.iter().map(|s| s.to_string()));
     v

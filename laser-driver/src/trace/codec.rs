@@ -114,6 +114,11 @@ pub(crate) fn encode_event(e: &Event, out: &mut Vec<u8>) -> Result<(), TraceErro
             }
             kind::WATCH_SET
         }
+        Event::WatchCost { time, hit_ns } => {
+            out.extend_from_slice(&time.to_le_bytes());
+            out.extend_from_slice(&hit_ns.to_le_bytes());
+            kind::WATCH_COST
+        }
     };
     finish_frame(out, start, k)
 }
@@ -170,7 +175,7 @@ fn encode_mmap(m: &Mmap, out: &mut Vec<u8>) -> Result<(), TraceError> {
 /// skipped using the frame's length.
 #[inline(always)]
 pub(crate) fn is_known(k: u8) -> bool {
-    (kind::SAMPLE..=kind::WATCH_SET).contains(&k)
+    (kind::SAMPLE..=kind::WATCH_COST).contains(&k)
 }
 
 /// Decodes the payload of a record of kind `k` (one [`is_known`]) that starts at byte
@@ -252,6 +257,10 @@ fn decode_other(k: u8, p: &[u8]) -> Result<Event, Why> {
                 .collect::<Option<Vec<_>>>()
                 .ok_or(SHORT)?;
             Event::WatchSet { time, words }
+        }
+        kind::WATCH_COST => {
+            let (time, hit_ns) = (|| Some((c.u64()?, c.u64()?)))().ok_or(SHORT)?;
+            Event::WatchCost { time, hit_ns }
         }
         _ => return Err("unknown record kind"),
     };

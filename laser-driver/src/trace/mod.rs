@@ -114,6 +114,7 @@ pub(crate) mod kind {
     pub const LOST: u8 = 6;
     pub const THROTTLE: u8 = 7;
     pub const WATCH_SET: u8 = 8;
+    pub const WATCH_COST: u8 = 9;
     pub const FOOTER: u8 = 0xff;
 }
 

@@ -19,7 +19,7 @@ use super::refusal::RefusalReason;
 use super::rewrite::{enc, sized, Emitter, RED_ZONE};
 use super::ssb_layout::MAX_RESERVED;
 use super::ssb_runtime::{
-    index_offset, size_index, ST_BACKEDGES, ST_COUNT, ST_ENTRIES, ST_SUMMARY,
+    index_offset, iters_offset, size_index, ST_BACKEDGES, ST_COUNT, ST_ENTRIES, ST_SUMMARY,
 };
 use iced_x86::{Code, Encoder, Instruction, MemoryOperand, OpKind, Register};
 
@@ -432,6 +432,7 @@ impl Emitter<'_> {
         &mut self,
         label: u64,
         target_label: u64,
+        target_ip: u64,
         flags_live: bool,
         rax_live: bool,
     ) -> Result<bool, RefusalReason> {
@@ -446,21 +447,44 @@ impl Emitter<'_> {
         if flags_live {
             seq.extend(save_flags()?);
         }
-        match self.count_reg {
-            Some(rc) => seq.push(ri(Code::Cmp_rm64_imm8, rc, 0)?),
-            None => seq.push(mi(
-                Code::Cmp_rm64_imm8,
-                mem(rs, Register::None, ST_COUNT.into()),
-                0,
-            )?),
-        }
         // With nothing to restore, the common case branches straight to the loop head.
         let fast = if flags_live || spill {
             go
         } else {
             target_label
         };
-        seq.push(br(Code::Je_rel32_64, fast)?);
+        // The trial's progress counter (flags saved above if live): one add per iteration,
+        // or for a count-only plan with a spare register, a register countdown that adds
+        // a whole period to the counter (and the rest at exits: `trial_count_flush`).
+        let iters = i64::from(iters_offset(&self.rt.config));
+        let period = self.rt.config.backedges_per_flush as i32;
+        let tc = self.trial_reg();
+        match tc {
+            Some(tc) => {
+                seq.push(Instruction::with1(Code::Dec_rm64, tc).map_err(enc)?);
+                seq.push(br(Code::Jne_rel32_64, fast)?);
+                seq.push(mi(
+                    Code::Add_rm64_imm32,
+                    mem(rs, Register::None, iters),
+                    period,
+                )?);
+                seq.push(ri(Code::Mov_rm64_imm32, tc, period)?);
+            }
+            None => seq.push(mi(Code::Add_rm64_imm8, mem(rs, Register::None, iters), 1)?),
+        }
+        // Count-only plans have no log, but keep the countdown so the kill switch below
+        // is polled (and their back-edge costs what the repair's does).
+        if !self.count_only {
+            match self.count_reg {
+                Some(rc) => seq.push(ri(Code::Cmp_rm64_imm8, rc, 0)?),
+                None => seq.push(mi(
+                    Code::Cmp_rm64_imm8,
+                    mem(rs, Register::None, ST_COUNT.into()),
+                    0,
+                )?),
+            }
+            seq.push(br(Code::Je_rel32_64, fast)?);
+        }
         let flush = self.label();
         // A fixed region's stores do not test for a full log: every iteration must start
         // with room for the most stores a path through the region makes.
@@ -473,24 +497,40 @@ impl Emitter<'_> {
             }
         }
         // Back-edges left before a forced flush: one read-modify-write, no reload.
-        seq.push(mi(
-            Code::Sub_rm64_imm8,
-            mem(rs, Register::None, ST_BACKEDGES.into()),
-            1,
-        )?);
-        seq.push(br(Code::Jae_rel32_64, fast)?);
-        let (sync_out, sync_in) = self.count_sync()?;
-        let mut first_flush = true;
-        for mut ins in sync_out.into_iter().chain([self.lea_rsp(-RED_ZONE)?]) {
-            if first_flush {
-                ins.set_ip(flush);
-                first_flush = false;
-            }
-            seq.push(ins);
+        if tc.is_none() {
+            seq.push(mi(
+                Code::Sub_rm64_imm8,
+                mem(rs, Register::None, ST_BACKEDGES.into()),
+                1,
+            )?);
+            seq.push(br(Code::Jae_rel32_64, fast)?);
         }
-        seq.push(Instruction::with_branch(Code::Call_rel32_64, self.rt.flush).map_err(enc)?);
-        seq.push(self.lea_rsp(RED_ZONE)?);
-        seq.extend(sync_in);
+        if self.count_only {
+            // No log to flush: only restart the countdown (what a flush would do).
+            if tc.is_none() {
+                let m = mem(rs, Register::None, ST_BACKEDGES.into());
+                seq.push(mi(Code::Mov_rm64_imm32, m, period - 1)?);
+            }
+        } else {
+            let (sync_out, sync_in) = self.count_sync()?;
+            let mut first_flush = true;
+            for mut ins in sync_out.into_iter().chain([self.lea_rsp(-RED_ZONE)?]) {
+                if first_flush {
+                    ins.set_ip(flush);
+                    first_flush = false;
+                }
+                seq.push(ins);
+            }
+            seq.push(Instruction::with_branch(Code::Call_rel32_64, self.rt.flush).map_err(enc)?);
+            seq.push(self.lea_rsp(RED_ZONE)?);
+            seq.extend(sync_in);
+        }
+        // Kill switch (`KILL_OFF`): with the log just flushed, leave for the native copy's
+        // loop header instead (cold: restore flags, rax, the reserved and state registers).
+        let killed = self.label();
+        let kill = MemoryOperand::with_base_displ(Register::RIP, self.rt.kill_addr() as i64);
+        seq.push(mi(Code::Cmp_rm64_imm8, kill, 0)?);
+        seq.push(br(Code::Jne_rel32_64, killed)?);
         let mut tail = Vec::new();
         if flags_live {
             tail.extend(restore_flags()?);
@@ -499,6 +539,12 @@ impl Emitter<'_> {
             tail.push(Instruction::with1(Code::Pop_r64, Register::RAX).map_err(enc)?);
             tail.push(self.lea_rsp(RED_ZONE)?);
         }
+        let mut out = tail.clone();
+        out.extend(self.restore_rs_seq()?);
+        let native = self.native_label(target_ip);
+        out.push(br(Code::Jmp_rel32_64, native)?);
+        out[0].set_ip(killed);
+        self.cold.extend(out);
         tail.push(br(Code::Jmp_rel32_64, target_label)?);
         let mut it = seq.into_iter();
         if let Some(f) = it.next() {

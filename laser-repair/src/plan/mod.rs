@@ -61,6 +61,28 @@
 //! no contention (2 stores per iteration) runs several times slower repaired: the repair
 //! only pays where lines really bounce.
 //!
+//! Trial support (measure, then keep or undo; `laser repair` runs it by default): every
+//! loop back-edge taken in the rewritten region adds 1 to the thread's iteration counter
+//! ([`ssb_layout::iters_offset`]; one memory add per iteration on the inline, fixed and
+//! helper paths; the countdown to the next forced flush cannot serve, it only ticks while
+//! the log is non-empty). laser sums it over the state slots from outside, once for a
+//! [`PlanOptions::count_only`] plan of the same region (accesses verbatim: the native rate
+//! with the same counter) and once for the repair. The count-only plan counts down in a
+//! spare reserved register (accesses are verbatim, so reserved registers are free) and adds
+//! whole periods to the memory counter, the rest at exits; at each period's end it polls the
+//! kill switch. Its cost over the untouched loop is the back-edge stub's extra taken branch
+//! and a register `dec` (`plan_trial` bench, one thread: 2.0x on a 1-cycle loop, none
+//! measurable on a 3-cycle one); without a spare register it falls back to the memory
+//! counter and countdown (one or two read-modify-writes per iteration: 2.3x on the 1-cycle
+//! loop). The comparison is repair vs count-only, a little below the untouched loop.
+//!
+//! A repair that loses sets the kill switch ([`ssb_layout::KILL_OFF`]; laser sets it on the
+//! count-only plan too before undoing it): `ssb_enter` then sends every entering thread to the
+//! uninstrumented copy, and the every-N back-edge flush (inline and fixed paths) leaves for
+//! the copy's loop header, so the slow code stops within `backedges_per_flush` iterations
+//! with no pause; the undo that follows finds threads at the copy's dense safe points. On
+//! the helper path (no state register, no copy) the switch does nothing: undo alone ends it.
+//!
 //! Known limits: a signal handler running on a thread stopped inside the region does not see
 //! that thread's buffered stores (and must not itself enter the region); a store to an
 //! invalid address faults at the flush, not at the store; code outside the function jumping
@@ -126,6 +148,10 @@ pub struct PlanOptions {
     /// Off by default so the general path stays reachable for tests and forced repairs;
     /// `laser repair` turns it on with its profitability floor.
     pub refuse_general_path: bool,
+    /// Plan the same region but emit every buffered access verbatim (no log): the trial's
+    /// baseline, the loop at native speed with the same trampolines, state register and
+    /// back-edge counter as the repair (see "Trial" above). Implies no fixed-address path.
+    pub count_only: bool,
 }
 
 /// Code bytes reserved after the runtime's data in a cache mapping (helpers take ~10 KiB; the
@@ -148,6 +174,7 @@ impl Default for PlanOptions {
             scan_limit: 16 * 1024,
             inline_fast_path: true,
             refuse_general_path: false,
+            count_only: false,
         }
     }
 }
@@ -261,8 +288,9 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<RepairPlan, Refusal> {
         &rt,
         region_addr,
         req.options.inline_fast_path,
+        req.options.count_only,
     )?;
-    if req.options.refuse_general_path && rw.fixed_locations == 0 {
+    if req.options.refuse_general_path && rw.fixed_locations == 0 && !req.options.count_only {
         return Err(RefusalReason::GeneralPath.into());
     }
     let mut code = rt_code;

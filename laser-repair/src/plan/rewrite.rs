@@ -31,7 +31,7 @@ use super::liveness::{Liveness, FLAGS};
 use super::native_copy::emit_native_copy;
 use super::refusal::RefusalReason;
 use super::region::Region;
-use super::ssb_runtime::{saved_regs_offset, RuntimeInfo, ST_COUNT, ST_SAVED_RS};
+use super::ssb_runtime::{iters_offset, saved_regs_offset, RuntimeInfo, ST_COUNT, ST_SAVED_RS};
 use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Code, FlowControl, Instruction, InstructionBlock,
     InstructionInfoFactory, MemoryOperand, Register,
@@ -86,6 +86,8 @@ pub(super) struct Emitter<'a> {
     /// Fixed regions: the register holding the log's entry count (a reserved register;
     /// `ST_COUNT` in memory is written before and read after every helper call).
     pub(super) count_reg: Option<Register>,
+    /// `PlanOptions::count_only`: accesses verbatim, back-edges still counted.
+    pub(super) count_only: bool,
     pub(super) live: Option<&'a Liveness>,
     /// Set while `emit_ssb_fast` emits one piece of a vector access (`wide.rs`).
     pub(super) piece: Option<super::wide::Piece>,
@@ -153,16 +155,66 @@ impl<'a> Emitter<'a> {
     /// `mov rs,[rs+saved]` before leaving the region (fast mode): callers may rely on the
     /// register's value. No flags touched.
     fn restore_rs(&mut self) -> Result<(), RefusalReason> {
-        if let Some(rs) = self.rs {
-            let base = i64::from(saved_regs_offset(&self.rt.config));
-            for (k, &r) in self.reserved.clone().iter().enumerate() {
-                let m = MemoryOperand::with_base_displ(rs, base + 8 * k as i64);
-                self.push(Instruction::with2(Code::Mov_r64_rm64, r, m).map_err(enc)?);
-            }
-            let m = MemoryOperand::with_base_displ(rs, i64::from(ST_SAVED_RS));
-            self.push(Instruction::with2(Code::Mov_r64_rm64, rs, m).map_err(enc)?);
+        for i in self.restore_rs_seq()? {
+            self.push(i);
         }
         Ok(())
+    }
+
+    /// Count-only plans (fast path): the reserved register that counts back-edges down
+    /// from `backedges_per_flush` (accesses are verbatim, so no reserved register is
+    /// otherwise in use): no memory read-modify-write per iteration, so the trial's native
+    /// baseline stays close to the untouched loop.
+    pub(super) fn trial_reg(&self) -> Option<Register> {
+        self.rs?;
+        self.count_only
+            .then(|| self.reserved.first().copied())
+            .flatten()
+    }
+
+    /// At an exit of a count-only region: add the back-edges of the unfinished period to
+    /// the counter (`period - countdown`). pushfq/popfq below the red zone: flags may be
+    /// live here, and exits are rare next to iterations.
+    fn trial_count_flush(&self, rs: Register) -> Result<Vec<Instruction>, RefusalReason> {
+        let Some(tc) = self.trial_reg() else {
+            return Ok(Vec::new());
+        };
+        let period = self.rt.config.backedges_per_flush as i32;
+        let iters = MemoryOperand::with_base_displ(rs, i64::from(iters_offset(&self.rt.config)));
+        Ok(vec![
+            self.lea_rsp_at(-RED_ZONE)?,
+            Instruction::with(Code::Pushfq),
+            Instruction::with1(Code::Neg_rm64, tc).map_err(enc)?,
+            Instruction::with2(Code::Add_rm64_imm32, tc, period).map_err(enc)?,
+            Instruction::with2(Code::Add_rm64_r64, iters, tc).map_err(enc)?,
+            Instruction::with(Code::Popfq),
+            self.lea_rsp_at(RED_ZONE)?,
+        ])
+    }
+
+    fn lea_rsp_at(&self, delta: i64) -> Result<Instruction, RefusalReason> {
+        Instruction::with2(
+            Code::Lea_r64_m,
+            Register::RSP,
+            MemoryOperand::with_base_displ(Register::RSP, delta),
+        )
+        .map_err(enc)
+    }
+
+    /// The instructions of [`Self::restore_rs`], for code emitted out of line.
+    pub(super) fn restore_rs_seq(&self) -> Result<Vec<Instruction>, RefusalReason> {
+        let mut out = Vec::new();
+        if let Some(rs) = self.rs {
+            out.extend(self.trial_count_flush(rs)?);
+            let base = i64::from(saved_regs_offset(&self.rt.config));
+            for (k, &r) in self.reserved.iter().enumerate() {
+                let m = MemoryOperand::with_base_displ(rs, base + 8 * k as i64);
+                out.push(Instruction::with2(Code::Mov_r64_rm64, r, m).map_err(enc)?);
+            }
+            let m = MemoryOperand::with_base_displ(rs, i64::from(ST_SAVED_RS));
+            out.push(Instruction::with2(Code::Mov_r64_rm64, rs, m).map_err(enc)?);
+        }
+        Ok(out)
     }
 
     /// After the trampoline loaded the state: save the reserved registers in it.
@@ -255,6 +307,9 @@ fn operand_key(i: &Instruction) -> (Register, Register, u32, u64, usize) {
     )
 }
 
+/// `count_only` (`PlanOptions::count_only`): memory accesses stay verbatim (no log), the
+/// rest (state register, trampolines, back-edge counting, exits) is generated as usual.
+#[allow(clippy::too_many_arguments)]
 pub fn rewrite(
     cfg: &Cfg,
     tr: &[Treatment],
@@ -263,12 +318,24 @@ pub fn rewrite(
     rt: &RuntimeInfo,
     addr: u64,
     fast: bool,
+    count_only: bool,
 ) -> Result<Rewritten, RefusalReason> {
     // A fixed region needs every store on the fast path (a helper store would append an
     // entry no slot knows about): if one cannot be, rewrite the region the general way.
-    match rewrite_with(cfg, tr, region, live, rt, addr, fast, true)? {
+    let fixed_first = !count_only;
+    match rewrite_with(
+        cfg,
+        tr,
+        region,
+        live,
+        rt,
+        addr,
+        fast,
+        fixed_first,
+        count_only,
+    )? {
         Some(rw) => Ok(rw),
-        None => rewrite_with(cfg, tr, region, live, rt, addr, fast, false)?
+        None => rewrite_with(cfg, tr, region, live, rt, addr, fast, false, count_only)?
             .ok_or_else(|| RefusalReason::Encoding("region rewrite fell back twice".into())),
     }
 }
@@ -283,6 +350,7 @@ fn rewrite_with(
     addr: u64,
     fast: bool,
     fixed_allowed: bool,
+    count_only: bool,
 ) -> Result<Option<Rewritten>, RefusalReason> {
     if cfg.start < LABEL_LIMIT {
         return Err(RefusalReason::Encoding(format!(
@@ -316,6 +384,7 @@ fn rewrite_with(
         reserved,
         fixed,
         count_reg,
+        count_only,
         cold: Vec::new(),
         rs,
         live: Some(live),
@@ -352,6 +421,7 @@ fn rewrite_with(
             falls_through = true;
             match tr[k] {
                 Treatment::Verbatim => e.push_at(i, label),
+                Treatment::Ssb { .. } if count_only => e.push_at(i, label),
                 Treatment::Ssb {
                     size,
                     read,
@@ -451,7 +521,7 @@ fn rewrite_with(
             let tk = cfg.insns.iter().position(|i| i.ip() == target).unwrap_or(0);
             let flags_live = live.live_in[tk] & FLAGS != 0;
             let rax_live = live.live_in[tk] & 1 != 0;
-            if !e.emit_backedge_fast(label, l, flags_live, rax_live)? {
+            if !e.emit_backedge_fast(label, l, target, flags_live, rax_live)? {
                 e.helper_call(rt.backedge, Some(label))?;
                 let j = e.jmp(l)?;
                 e.push(j);
@@ -497,6 +567,10 @@ fn rewrite_with(
                 e.push(Instruction::with1(Code::Pop_r64, rs).map_err(enc)?);
                 if !native {
                     e.save_reserved(rs)?;
+                    if let Some(tc) = e.trial_reg() {
+                        let period = rt.config.backedges_per_flush as i32;
+                        e.push(Instruction::with2(Code::Mov_rm64_imm32, tc, period).map_err(enc)?);
+                    }
                     // The log is empty on entry: the count register starts from memory (0).
                     let load = e.count_sync()?.1;
                     for i in load {

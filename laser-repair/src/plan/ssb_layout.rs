@@ -58,6 +58,11 @@ impl SsbMode {
 
 pub const MODE_OFF: u64 = 0;
 pub const NO_SLOT_OFF: u64 = 8;
+/// Kill switch: laser writes non-zero here (a plain /proc/PID/mem write, no stop) to send
+/// threads to the uninstrumented copy of the region: `ssb_enter` stops loading states and
+/// the every-N back-edge flush leaves for the copy's loop header. Used when a trial shows
+/// the repair is slower than native, so the slow code stops before the undo's pause.
+pub const KILL_OFF: u64 = 16;
 pub const KEYS_OFF: u64 = 64;
 pub const ST_COUNT: i32 = 0;
 /// Back-edges left before a forced flush (`sub 1` per back-edge, flush on borrow; a flush
@@ -108,15 +113,23 @@ pub fn index_offset(cfg: &RuntimeConfig) -> i32 {
 /// Bytes of one thread's state block (a multiple of [`SCRATCH_ALIGN`], so every block, and
 /// its scratch area, stays aligned).
 pub fn state_size(cfg: &RuntimeConfig) -> u64 {
+    // Slots and their shadow values, the iteration counter on its own line, the scratch area.
     scratch_offset(cfg) as u64 + SCRATCH_SIZE
+}
+
+/// Offset of the thread's iteration counter: loop back-edges taken in the rewritten region
+/// (inline, fixed and helper paths; not in the uninstrumented copy), cumulative, never
+/// reset. laser sums it over the slots from outside to measure a repair's progress rate.
+pub fn iters_offset(cfg: &RuntimeConfig) -> i32 {
+    fixed_slots_offset(cfg) + 16 * MAX_FIXED_SLOTS as i32
 }
 
 /// The scratch area of a state block: an SSE/AVX instruction whose memory operand goes
 /// through the SSB (`wide.rs`) runs on this copy of its operand bytes. 32-aligned, so
 /// `movaps`/`vmovdqa` and legacy-SSE ALU operands (which must be 16-aligned) never fault on it.
 pub fn scratch_offset(cfg: &RuntimeConfig) -> i32 {
-    // After the fixed slots and their shadow values.
-    let end = fixed_slots_offset(cfg) as u64 + 16 * u64::from(MAX_FIXED_SLOTS);
+    // After the iteration counter's 64 bytes.
+    let end = iters_offset(cfg) as u64 + 64;
     round_up(end, SCRATCH_ALIGN) as i32
 }
 
@@ -173,6 +186,16 @@ impl RuntimeInfo {
     /// Address of slot `k`'s state block.
     pub fn state_addr(&self, k: u32) -> u64 {
         self.states_addr + u64::from(k) * self.state_size
+    }
+
+    /// Address of slot `k`'s iteration counter ([`iters_offset`]).
+    pub fn iters_addr(&self, k: u32) -> u64 {
+        self.state_addr(k) + iters_offset(&self.config) as u64
+    }
+
+    /// Address of the kill switch word ([`KILL_OFF`]).
+    pub fn kill_addr(&self) -> u64 {
+        self.data_addr + KILL_OFF
     }
 }
 

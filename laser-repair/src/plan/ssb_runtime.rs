@@ -428,11 +428,14 @@ impl Gen {
 
     fn backedge_helper(&mut self, get_state: CodeLabel, flush_state: CodeLabel) -> R {
         let mut done = self.a.create_label();
+        let iters = iters_offset(&self.cfg);
         self.prologue()?;
         let a = &mut self.a;
         a.call(get_state)?;
         a.test(rcx, rcx)?;
         a.jz(done)?;
+        // The trial's progress counter (`iters_offset`).
+        a.add(qword_ptr(rcx + iters), 1)?;
         a.sub(qword_ptr(rcx + ST_BACKEDGES), 1)?;
         a.jae(done)?;
         a.call(flush_state)?;

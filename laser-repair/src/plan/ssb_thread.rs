@@ -1,7 +1,7 @@
 //! Per-thread state lookup in the generated runtime: hashing the thread pointer, the
 //! lock-free claim of a slot, the entry-trampoline helper, and the one-time CPUID probe.
 
-use super::ssb_layout::{ENTRY_SIZE, ST_BACKEDGES, ST_LIMIT, ST_SAVED_RS};
+use super::ssb_layout::{ENTRY_SIZE, KILL_OFF, MODE_OFF, ST_BACKEDGES, ST_LIMIT, ST_SAVED_RS};
 use super::ssb_runtime::{Gen, ADDR_SLOT, R, VALUE_SLOT};
 use iced_x86::code_asm::*;
 use iced_x86::Register;
@@ -11,12 +11,19 @@ impl Gen {
     /// continuation, `[rsp+16]` = the state register's original value. With a state: save
     /// that value in the state and put the state pointer in its slot. Without one (no slot
     /// free, or `%fs:0` == 0): return to the native continuation instead, which runs an
-    /// uninstrumented copy of the region (no log, so native TSO behaviour).
+    /// uninstrumented copy of the region (no log, so native TSO behaviour). With the kill
+    /// switch set ([`KILL_OFF`]), every thread takes the native continuation.
     pub(super) fn enter_helper(&mut self, get_state: CodeLabel) -> R {
         let mut bypass = self.a.create_label();
+        let mut native = self.a.create_label();
         let mut done = self.a.create_label();
         self.prologue()?;
+        // Kill switch set (the repair lost its trial): every entry runs the native copy.
+        let kill = self.mode_addr - MODE_OFF + KILL_OFF;
+        self.lea_abs(Register::RAX, kill)?;
         let a = &mut self.a;
+        a.cmp(qword_ptr(rax), 0)?;
+        a.jne(native)?;
         a.call(get_state)?;
         a.test(rcx, rcx)?;
         a.jz(bypass)?;
@@ -30,6 +37,7 @@ impl Gen {
         let a = &mut self.a;
         // ATOMICS: statistics shared by slot-less threads; lock keeps the count exact.
         a.lock().inc(qword_ptr(rax))?;
+        a.set_label(&mut native)?;
         a.mov(rax, qword_ptr(rsp + VALUE_SLOT))?;
         // Our own return address sits just below the caller's slots.
         a.mov(qword_ptr(rsp + (VALUE_SLOT - 8)), rax)?;

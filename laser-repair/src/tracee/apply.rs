@@ -75,6 +75,14 @@ pub struct ApplyOptions {
     /// Test hook: fail right after this step (then everything must be undone).
     #[doc(hidden)]
     pub fail_at: Option<FailPoint>,
+    /// Refuse ([`TraceeError::ThreadInRetiredCache`], retry shortly) while a thread runs in
+    /// a retired cache of an earlier repair of the same bytes. An undo moves a thread with a
+    /// buffered log to a flush stub ending in a jump back to the original instruction; if
+    /// the same bytes are patched again before it gets there (an undo followed at once by a
+    /// new apply, as the trial does), it jumps into the middle of the new entry jmp. Off by
+    /// default: a thread can also stay in a retired cache for good (a loop with no safe
+    /// point), and then the apply would never go through.
+    pub wait_for_retired: bool,
 }
 
 pub(crate) fn hook(opts: &ApplyOptions, at: FailPoint) -> Result<()> {
@@ -137,6 +145,23 @@ pub fn apply(pid: i32, src: &dyn RepairSource, opts: &ApplyOptions) -> Result<Ap
             span.start, span.end
         )));
     }
+    // Caches of earlier repairs that undo retired (a thread was still inside, e.g. moved to
+    // a flush stub that ends in a jump back to original code) and that patched bytes this
+    // repair patches again: a thread still there would jump into the middle of the new entry
+    // jmp. Read before the hold; checked against thread positions inside it.
+    let retired: Vec<RepairRecord> = if !opts.wait_for_retired {
+        Vec::new()
+    } else {
+        super::undo::find_repairs(pid)?
+    }
+    .into_iter()
+    .filter(|r| {
+        r.state == RecordState::Retired
+            && r.patches
+                .iter()
+                .any(|p| p.range().start < span.end && span.start < p.range().end)
+    })
+    .collect();
     let mut txn = Txn::begin(pid, opts.syscall_thread)?;
     hook(opts, FailPoint::AfterSeize)?;
 
@@ -180,7 +205,20 @@ pub fn apply(pid: i32, src: &dyn RepairSource, opts: &ApplyOptions) -> Result<Ap
     hook(opts, FailPoint::AfterCodeWrite)?;
 
     // Decide every move before the first byte of code changes: a refusal leaves no trace.
-    let moves = patch::plan_moves(&txn.positions()?, &set.patches, &set.pc_map)?;
+    let positions = txn.positions()?;
+    for t in &positions {
+        if let Some(r) = retired
+            .iter()
+            .find(|r| (r.map_base..r.map_base + r.map_len).contains(&t.rip))
+        {
+            return Err(TraceeError::ThreadInRetiredCache {
+                tid: t.tid,
+                rip: t.rip,
+                map_base: r.map_base,
+            });
+        }
+    }
+    let moves = patch::plan_moves(&positions, &set.patches, &set.pc_map)?;
     for (i, p) in set.patches.iter().enumerate() {
         txn.patch(p.addr, &p.old_bytes, &p.new_bytes)?;
         if i == 0 {

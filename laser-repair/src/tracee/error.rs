@@ -91,6 +91,11 @@ pub enum TraceeError {
     )]
     ThreadInSyscall { tid: i32, rip: u64 },
     #[error(
+        "thread {tid} is at {rip:#x} in the retired code cache at {map_base:#x}, whose exits \
+         jump into bytes this repair patches; it leaves within microseconds"
+    )]
+    ThreadInRetiredCache { tid: i32, rip: u64, map_base: u64 },
+    #[error(
         "no safe point for undo after {attempts} tries: thread {tid} keeps stopping at {rip:#x}, \
          inside patched bytes"
     )]

@@ -1,0 +1,262 @@
+//! The trial: a repair stays in only if it makes the loop faster.
+//!
+//! The detector can call a line false sharing when it is not (or not enough to pay for the
+//! store buffer's ~40 instructions per access): a forced repair of a padded loop ran 6.3x
+//! slower. So after planning, laser measures before it commits:
+//!
+//! ```text
+//!  apply count-only plan ─ window ─ Σ iterations → native rate ─ undo
+//!  apply the repair      ─ window ─ Σ iterations → repaired rate
+//!      repaired ≥ native × (1 + margin): keep          else: kill switch, undo
+//! ```
+//!
+//! Both plans cover the same region with the same trampolines and the same per-thread
+//! back-edge counter (`plan::ssb_layout::iters_offset`), read from outside through
+//! /proc/PID/mem without stopping the target; the count-only plan runs every access
+//! natively, so the comparison is the repair's effect alone. The kill switch
+//! (`ssb_layout::KILL_OFF`) sends threads to the uninstrumented copy within one flush period,
+//! before the undo's pause. A loop that never iterates in either window is not measured, and
+//! an unmeasured repair is not kept (it could be the 6x slower kind).
+
+use std::time::{Duration, Instant};
+
+use laser_repair::plan::ssb_layout::{self, RuntimeConfig, KEYS_OFF, KILL_OFF};
+use laser_repair::tracee::{ProcMem, TraceeError};
+
+/// How to run a trial (`--trial-ms`, `--no-trial`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TrialSettings {
+    /// How long each of the two plans runs while it is measured.
+    pub window: Duration,
+    /// The repair must beat native by this fraction (0.05: 5%) to be kept.
+    pub margin: f64,
+}
+
+impl Default for TrialSettings {
+    fn default() -> Self {
+        TrialSettings {
+            window: Duration::from_millis(DEFAULT_TRIAL_MS),
+            margin: 0.05,
+        }
+    }
+}
+
+/// `--trial-ms` default: long enough for ~10^5 iterations of a slow loop, short next to a
+/// run worth repairing.
+pub const DEFAULT_TRIAL_MS: u64 = 50;
+
+/// Iterations counted over one window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Window {
+    pub iterations: u64,
+    pub elapsed: Duration,
+}
+
+impl Window {
+    /// Iterations per second.
+    pub fn rate(&self) -> f64 {
+        self.iterations as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Faster by at least the margin: the repair stays.
+    Kept,
+    /// Not faster enough: taken out.
+    Undone,
+    /// The loop did not iterate in one of the windows: nothing to compare, taken out.
+    Idle,
+}
+
+/// What a trial measured and decided.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrialOutcome {
+    pub native: Window,
+    pub repaired: Window,
+    pub verdict: Verdict,
+    /// Target pauses the trial added, in order: count-only apply, count-only undo, and the
+    /// undo of a repair that lost; on top of the repair's own apply.
+    pub extra_pauses: Vec<Duration>,
+    /// Wall time the trial added to the repair (windows, pauses, planning).
+    pub cost: Duration,
+}
+
+/// Keep, undo, or "not measured".
+pub fn decide(native: &Window, repaired: &Window, margin: f64) -> Verdict {
+    if native.iterations == 0 || repaired.iterations == 0 {
+        return Verdict::Idle;
+    }
+    if repaired.rate() >= native.rate() * (1.0 + margin) {
+        Verdict::Kept
+    } else {
+        Verdict::Undone
+    }
+}
+
+impl TrialOutcome {
+    /// Repaired rate over native rate.
+    pub fn speedup(&self) -> f64 {
+        self.repaired.rate() / self.native.rate().max(1e-9)
+    }
+
+    pub fn kept(&self) -> bool {
+        self.verdict == Verdict::Kept
+    }
+
+    pub fn extra_pause(&self) -> Duration {
+        self.extra_pauses.iter().sum()
+    }
+
+    /// `trial: region 0x401130 kept: 1.62x native (repaired 1.20e7 it/s over 50 ms, native
+    /// 7.40e6 it/s over 50 ms; …)`.
+    pub fn line(&self, region: u64) -> String {
+        format!("trial: region {region:#x} {}", self.describe())
+    }
+
+    /// The verdict with both rates (the line without its region).
+    pub fn describe(&self) -> String {
+        let what = match self.verdict {
+            Verdict::Kept => format!("kept: {:.2}x native", self.speedup()),
+            Verdict::Undone => format!("undone: {:.2}x native", self.speedup()),
+            Verdict::Idle => "undone: the loop did not iterate in a window (not measured, so \
+                 not kept)"
+                .to_string(),
+        };
+        format!(
+            "{what} (repaired {:.2e} it/s over {:.0} ms, native {:.2e} it/s over {:.0} ms; \
+             trial cost {:.0} ms, extra pause {:.2} ms: {})",
+            self.repaired.rate(),
+            self.repaired.elapsed.as_secs_f64() * 1e3,
+            self.native.rate(),
+            self.native.elapsed.as_secs_f64() * 1e3,
+            self.cost.as_secs_f64() * 1e3,
+            self.extra_pause().as_secs_f64() * 1e3,
+            self.extra_pauses
+                .iter()
+                .map(|d| format!("{:.2}", d.as_secs_f64() * 1e3))
+                .collect::<Vec<_>>()
+                .join(" + "),
+        )
+    }
+}
+
+/// Σ of the iteration counters of every claimed slot of the cache whose data starts at
+/// `data_base`, read without stopping the target. A slot is claimed when its key is set.
+pub fn read_iterations(mem: &ProcMem, data_base: u64, cfg: &RuntimeConfig) -> u64 {
+    let keys = mem.read_partial(data_base + KEYS_OFF, 8 * cfg.thread_slots as usize);
+    let states = data_base + ssb_layout::states_offset(cfg);
+    let size = ssb_layout::state_size(cfg);
+    let off = ssb_layout::iters_offset(cfg) as u64;
+    keys.chunks_exact(8)
+        .enumerate()
+        .filter(|(_, k)| k.iter().any(|&b| b != 0))
+        .map(|(n, _)| {
+            let w = mem.read_partial(states + n as u64 * size + off, 8);
+            w.try_into().map(u64::from_le_bytes).unwrap_or(0)
+        })
+        .sum()
+}
+
+/// Counts iterations for `window` from now, or less: every fifth of it, `enough` sees the
+/// count so far and may end the window early.
+pub fn measure(
+    mem: &ProcMem,
+    data_base: u64,
+    cfg: &RuntimeConfig,
+    window: Duration,
+    enough: impl Fn(&Window) -> bool,
+) -> Window {
+    let c0 = read_iterations(mem, data_base, cfg);
+    let t0 = Instant::now();
+    let step = (window / 5).max(Duration::from_millis(1));
+    loop {
+        let left = window.saturating_sub(t0.elapsed());
+        std::thread::sleep(step.min(left));
+        let w = Window {
+            iterations: read_iterations(mem, data_base, cfg).saturating_sub(c0),
+            elapsed: t0.elapsed(),
+        };
+        if w.elapsed >= window || enough(&w) {
+            return w;
+        }
+    }
+}
+
+/// Ends the repaired window early once the repair is clearly losing: at under half the
+/// native rate over 2/5 of the window (the caller's bound), noise would not change the
+/// verdict, and every further millisecond runs the target at that speed.
+pub fn clearly_losing(native: &Window, so_far: &Window) -> bool {
+    native.iterations > 0 && so_far.rate() < 0.5 * native.rate()
+}
+
+/// Sets the kill switch of the cache at `data_base` (a plain write: no stop).
+pub fn kill(mem: &ProcMem, data_base: u64) -> Result<(), TraceeError> {
+    mem.write_verified(data_base + KILL_OFF, &1u64.to_le_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(iterations: u64, ms: u64) -> Window {
+        Window {
+            iterations,
+            elapsed: Duration::from_millis(ms),
+        }
+    }
+
+    #[test]
+    fn decide_keeps_only_a_repair_faster_by_the_margin() {
+        assert_eq!(decide(&w(1000, 50), &w(1600, 50), 0.05), Verdict::Kept);
+        assert_eq!(decide(&w(1000, 50), &w(1040, 50), 0.05), Verdict::Undone);
+        assert_eq!(decide(&w(1000, 50), &w(160, 50), 0.05), Verdict::Undone);
+        // Rates, not counts: the repaired window ran twice as long.
+        assert_eq!(decide(&w(1000, 50), &w(1600, 100), 0.05), Verdict::Undone);
+        assert_eq!(decide(&w(0, 50), &w(0, 50), 0.05), Verdict::Idle);
+        assert_eq!(decide(&w(0, 50), &w(10, 50), 0.05), Verdict::Idle);
+        assert_eq!(decide(&w(10, 50), &w(0, 50), 0.05), Verdict::Idle);
+    }
+
+    #[test]
+    fn a_repair_at_under_half_native_is_clearly_losing() {
+        assert!(clearly_losing(&w(1000, 50), &w(40, 10)));
+        assert!(!clearly_losing(&w(1000, 50), &w(150, 10)));
+        assert!(
+            !clearly_losing(&w(0, 50), &w(0, 10)),
+            "nothing to compare with"
+        );
+    }
+
+    #[test]
+    fn line_says_kept_or_undone_with_both_rates() {
+        let o = TrialOutcome {
+            native: w(370_000, 50),
+            repaired: w(600_000, 50),
+            verdict: Verdict::Kept,
+            extra_pauses: vec![Duration::from_millis(4), Duration::from_millis(6)],
+            cost: Duration::from_millis(130),
+        };
+        let l = o.line(0x401130);
+        assert!(
+            l.starts_with("trial: region 0x401130 kept: 1.62x native"),
+            "{l}"
+        );
+        assert!(
+            l.contains("repaired 1.20e7 it/s over 50 ms, native 7.40e6 it/s over 50 ms"),
+            "{l}"
+        );
+        assert!(l.contains("extra pause 10.00 ms: 4.00 + 6.00"), "{l}");
+        let u = TrialOutcome {
+            verdict: Verdict::Undone,
+            repaired: w(59_200, 50),
+            ..o.clone()
+        };
+        assert!(u.line(1).contains("undone: 0.16x native"), "{}", u.line(1));
+        let i = TrialOutcome {
+            verdict: Verdict::Idle,
+            ..o
+        };
+        assert!(i.line(1).contains("did not iterate"));
+    }
+}
