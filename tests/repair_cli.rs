@@ -95,9 +95,11 @@ fn avx_store_is_refused_with_a_reason_and_the_process_is_untouched() {
     assert_eq!(o.status.code(), Some(4), "REPAIR_REFUSED");
     let out = stdout(&o);
     assert!(out.contains("refused"), "{out}");
+    // SSE/AVX stores are rewritten now (laser-repair plan/wide.rs); this loop's store address
+    // moves (rax), so the default profitability rule refuses it as a general-path region.
     assert!(
-        out.contains("vmovdqu"),
-        "the reason names the instruction: {out}"
+        out.contains("store addresses change inside the loop"),
+        "the reason says why: {out}"
     );
     assert_eq!(t.read(b.avx_store - 2, 24), avx);
     assert_eq!(t.read(b.bump.0, bump.len()), bump);
