@@ -435,7 +435,13 @@ impl<C: CodeSource> Detector<C> {
     pub fn finish(&self) -> Analysis {
         let duration = self.duration_s();
         let estimates = self.estimator.estimates();
-        let est_of = |line: u64| estimates.iter().find(|e| e.line_addr == line);
+        // A line whose windows never saw two threads keeps its sampled count: "0 transfers
+        // in windows that could not have seen one" would drop real contention.
+        let est_of = |line: u64| {
+            estimates
+                .iter()
+                .find(|e| e.line_addr == line && e.informative())
+        };
         let mut findings: Vec<LineFinding> = self
             .model
             .contended()
@@ -498,7 +504,19 @@ impl<C: CodeSource> Detector<C> {
         let mut notes = Vec::new();
         let rated = findings
             .iter()
-            .filter(|f| estimates.iter().any(|e| e.line_addr == f.line_addr))
+            .filter(|f| {
+                estimates
+                    .iter()
+                    .any(|e| e.line_addr == f.line_addr && e.informative())
+            })
+            .count();
+        let one_thread = findings
+            .iter()
+            .filter(|f| {
+                estimates
+                    .iter()
+                    .any(|e| e.line_addr == f.line_addr && !e.informative())
+            })
             .count();
         if backend == BackendKind::Soft && rated < findings.len() {
             notes.push(format!(
@@ -508,9 +526,18 @@ impl<C: CodeSource> Detector<C> {
                 findings.len() - rated
             ));
         }
+        if one_thread > 0 {
+            notes.push(format!(
+                "{one_thread} watched line(s) showed one thread per watch window (each thread's \
+                 burst of accesses used up a window's trap budget before another thread came \
+                 by): their windows cannot count transfers, so they keep the sampled count, a \
+                 lower bound"
+            ));
+        }
         if rated > 0 {
-            let armed: f64 = estimates.iter().map(|e| e.armed_s).sum();
-            let transfers: u64 = estimates.iter().map(|e| e.transfers).sum();
+            let informative = || estimates.iter().filter(|e| e.informative());
+            let armed: f64 = informative().map(|e| e.armed_s).sum();
+            let transfers: u64 = informative().map(|e| e.transfers).sum();
             let err = if transfers > 0 {
                 100.0 / (transfers as f64).sqrt()
             } else {

@@ -80,6 +80,9 @@ struct LineEst {
     false_transfers: u64,
     per_pc: Vec<(u64, u64)>,
     hits: Vec<(u32, u64)>,
+    /// Threads seen in the current window, and windows in which two or more were seen.
+    window_tids: Vec<u32>,
+    shared_windows: u32,
     /// No window was ever announced for this line (a replayed recording): the window is
     /// inferred as first..last observed access.
     implicit: Option<(u64, u64)>,
@@ -90,6 +93,11 @@ struct LineEst {
 pub struct LineEstimate {
     pub line_addr: u64,
     pub transfers: u64,
+    /// Windows in which two or more threads accessed the line. With none, every window saw
+    /// one thread only (a thread's burst of accesses filled the window's trap budget before
+    /// another thread came by), so "no transfers" says nothing: the estimate is not informative
+    /// ([`LineEstimate::informative`]).
+    pub shared_windows: u32,
     pub true_transfers: u64,
     pub false_transfers: u64,
     /// Accesses seen inside windows, and outside any window (ignored).
@@ -110,6 +118,13 @@ pub struct LineEstimate {
     pub rel_error: f64,
     /// Transfers per causing PC, most first.
     pub per_pc: Vec<(u64, u64)>,
+}
+
+impl LineEstimate {
+    /// Whether the windows could have seen a transfer: some window saw two threads.
+    pub fn informative(&self) -> bool {
+        self.shared_windows > 0
+    }
 }
 
 pub struct Estimator {
@@ -200,6 +215,7 @@ impl Estimator {
             };
             if l.cur != Some(w) {
                 l.cur = Some(w);
+                l.window_tids.clear();
                 l.holders.clear();
                 l.dirty = false;
                 l.recent.clear();
@@ -209,6 +225,12 @@ impl Estimator {
             }
         }
         l.accesses += 1;
+        if !l.window_tids.contains(&a.tid) {
+            l.window_tids.push(a.tid);
+            if l.window_tids.len() == 2 {
+                l.shared_windows += 1;
+            }
+        }
         match l.hits.iter_mut().find(|h| h.0 == a.tid) {
             Some(h) => h.1 += 1,
             None => l.hits.push((a.tid, 1)),
@@ -295,6 +317,7 @@ impl Estimator {
                 LineEstimate {
                     line_addr: line,
                     transfers: l.transfers,
+                    shared_windows: l.shared_windows,
                     true_transfers: l.true_transfers,
                     false_transfers: l.false_transfers,
                     accesses: l.accesses,
@@ -446,6 +469,32 @@ mod tests {
             "uncorrected: the whole armed time"
         );
         assert!((r.rate_per_s - 1000.0).abs() < 1e-6, "{}", r.rate_per_s);
+    }
+
+    #[test]
+    fn windows_that_see_one_thread_each_are_not_informative() {
+        // Thread 1 fills window 1, thread 2 fills window 2: each alone, no transfer can be
+        // seen, which is not the same as "no contention".
+        let mut e = Estimator::new(64).with_trap_cost(0);
+        for (w, tid) in [(0u64, 1u32), (1, 2)] {
+            let t0 = w * 10_000_000;
+            e.begin_window(L, t0);
+            for i in 0..5 {
+                e.observe(&a(tid, Op::Store, 8 * u64::from(tid - 1), t0 + 1 + i));
+            }
+            e.end_window(L, t0 + 1_000_000);
+        }
+        let r = est(&e);
+        assert_eq!((r.transfers, r.shared_windows), (0, 0));
+        assert!(!r.informative());
+        // One window in which both threads show up makes it informative, transfers or not.
+        e.begin_window(L, 30_000_000);
+        e.observe(&a(1, Op::Load, 0, 30_000_001));
+        e.observe(&a(2, Op::Load, 8, 30_000_002));
+        e.end_window(L, 31_000_000);
+        let r = est(&e);
+        assert_eq!((r.transfers, r.shared_windows), (0, 1));
+        assert!(r.informative());
     }
 
     #[test]

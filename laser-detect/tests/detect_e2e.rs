@@ -276,6 +276,56 @@ fn the_recorded_hit_cost_corrects_the_armed_time() {
 }
 
 #[test]
+fn watch_windows_that_saw_one_thread_each_keep_the_sampled_count() {
+    // Soft samples found false sharing on LINE; then two windows, each filled by one
+    // thread's burst (its trap budget spent before the other came by): they saw no transfer
+    // because they could not, and the line must not vanish from the report.
+    let (code, c, r) = program();
+    let cfg = Config {
+        trap_cost_ns: 0,
+        ..Config::default()
+    };
+    let mut d = Detector::new(cfg, code);
+    d.add_maps(PID, MAPS);
+    for e in stream(&c, &r, 100) {
+        d.feed(&e);
+    }
+    let sampled = d
+        .finish()
+        .findings
+        .iter()
+        .find(|f| f.line_addr == LINE)
+        .map(|f| f.events)
+        .expect("soft samples find the line");
+    let mut t = 3_000_000_000u64;
+    for (tid, off) in [(1, 0), (2, 8)] {
+        d.watch_window_begin(LINE, t);
+        for _ in 0..50 {
+            t += 1_000;
+            d.feed(&watch(tid, t, c[3], LINE + off));
+        }
+        t += 1_000;
+        d.watch_window_end(LINE, t);
+    }
+    let a = d.finish();
+    let f = a.findings.iter().find(|f| f.line_addr == LINE).unwrap();
+    // The watched accesses also pass through the line model (one event where the second
+    // window's thread follows the first's), so the sampled count is a floor.
+    assert!(
+        f.events >= sampled && f.events < sampled + 5,
+        "the sampled count stands: {} vs {sampled}",
+        f.events
+    );
+    assert!(
+        a.notes
+            .iter()
+            .any(|n| n.contains("one thread per watch window")),
+        "{:?}",
+        a.notes
+    );
+}
+
+#[test]
 fn line_128_merges_adjacent_lines() {
     let (code, c, _) = program();
     let mut d = Detector::new(
