@@ -64,6 +64,12 @@ pub struct MonitorArgs {
     /// Refine soft-backend estimates with hardware watchpoints on candidate lines.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub watch: bool,
+    /// Also point the watchpoints at this word, ADDR[:LEN] (hex address as the program sees
+    /// it, LEN 1, 2, 4 or 8, default 8), in turn with the candidate lines: an exact transfer
+    /// rate for a variable you suspect, even when timer samples never land on its accesses.
+    /// Repeatable; words of one line share its turn (4 debug registers).
+    #[arg(long = "watch-addr", value_name = "ADDR[:LEN]", value_parser = parse_watch_addr)]
+    pub watch_addr: Vec<(u64, u32)>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -278,6 +284,22 @@ fn parse_path_map(s: &str) -> Result<(String, String), String> {
         Some((from, to)) if !from.is_empty() => Ok((from.to_owned(), to.to_owned())),
         _ => Err(format!("expected FROM=TO, got {s:?}")),
     }
+}
+
+fn parse_watch_addr(s: &str) -> Result<(u64, u32), String> {
+    let (a, l) = s.split_once(':').unwrap_or((s, "8"));
+    let addr = u64::from_str_radix(a.trim_start_matches("0x"), 16)
+        .map_err(|e| format!("watch address {a:?} is not hex: {e}"))?;
+    let len: u32 = l
+        .parse()
+        .map_err(|_| format!("watch length {l:?} is not a number"))?;
+    if !matches!(len, 1 | 2 | 4 | 8) || addr % u64::from(len) != 0 {
+        return Err(format!(
+            "watch {addr:#x}:{len}: a debug register watches 1, 2, 4 or 8 bytes aligned to \
+             their length"
+        ));
+    }
+    Ok((addr, len))
 }
 
 fn parse_line_size(s: &str) -> Result<u32, String> {

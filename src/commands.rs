@@ -73,6 +73,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         stop_on_interrupt: false,
         steer_watchpoints: config.watch,
         skip_pcs: Vec::new(),
+        forced_watch: monitor::forced_watch(&args.monitor.watch_addr),
     };
     let mut monitor = |session: &mut Session, detector: &mut _, opts: &LoopOptions| {
         monitor::run_loop(
@@ -169,6 +170,7 @@ pub fn record(args: RecordArgs) -> Result<i32> {
         stop_on_interrupt: false,
         steer_watchpoints: config.watch,
         skip_pcs: Vec::new(),
+        forced_watch: monitor::forced_watch(&args.monitor.watch_addr),
     };
     let outcome = monitor::run_loop(
         &mut session,
@@ -254,6 +256,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
         stop_on_interrupt: true,
         steer_watchpoints: config.watch,
         skip_pcs: Vec::new(),
+        forced_watch: monitor::forced_watch(&args.monitor.watch_addr),
     };
     let mut heap = heap_naming().then(|| LiveHeap::new(pid, args.analysis.line));
     let outcome = monitor::run_loop(

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use laser_detect::Detector;
+use laser_detect::{Detector, WatchCandidate};
 use laser_driver::{Event, ExitStatus, Session, Status};
 
 use crate::live_heap::LiveHeap;
@@ -54,6 +54,27 @@ pub struct LoopOptions {
     /// Samples whose IP falls here are counted, not analysed: laser's code caches (repaired
     /// code lives in anonymous memory, in no ELF file, and its accesses go through the SSB).
     pub skip_pcs: Vec<Range<u64>>,
+    /// Lines to watch in turn with the detector's candidates (`--watch-addr`).
+    pub forced_watch: Vec<WatchCandidate>,
+}
+
+/// `--watch-addr` words grouped by 64-byte line, at most 4 words per line (debug registers).
+pub fn forced_watch(words: &[(u64, u32)]) -> Vec<WatchCandidate> {
+    let mut out: Vec<WatchCandidate> = Vec::new();
+    for &(addr, len) in words {
+        let line = addr & !63;
+        match out.iter_mut().find(|c| c.line_addr == line) {
+            Some(c) if c.words.len() < laser_detect::candidates::MAX_WORDS => {
+                c.words.push((addr, len))
+            }
+            Some(_) => {}
+            None => out.push(WatchCandidate {
+                line_addr: line,
+                words: vec![(addr, len)],
+            }),
+        }
+    }
+    out
 }
 
 /// What ended the loop.
@@ -123,7 +144,7 @@ pub fn run_loop(
         }
         if opts.steer_watchpoints {
             if let Some(d) = detector.as_deref() {
-                steering.step(session, d)?;
+                steering.step(session, d, &opts.forced_watch)?;
             }
         }
         if let Some(d) = detector.as_deref() {

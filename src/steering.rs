@@ -47,15 +47,20 @@ impl Steering {
         &mut self,
         session: &mut Session,
         detector: &Detector<crate::analyze::Code>,
+        forced: &[WatchCandidate],
     ) -> Result<()> {
         if self.turn_started.is_some_and(|t| t.elapsed() < TURN) {
             return Ok(());
         }
-        let due = self.due(
-            &detector.estimates(),
-            detector.candidates(4),
-            Instant::now(),
-        );
+        // Lines the user named come first; a detector candidate on the same line is dropped
+        // (the user's words are the ones to watch there).
+        let mut candidates = forced.to_vec();
+        for c in detector.candidates(4) {
+            if !candidates.iter().any(|f| f.line_addr == c.line_addr) {
+                candidates.push(c);
+            }
+        }
+        let due = self.due(&detector.estimates(), candidates, Instant::now());
         let Ok(watcher) = session.watch_mut() else {
             return Ok(());
         };
@@ -144,6 +149,7 @@ mod tests {
             armed_s,
             effective_s: armed_s,
             clamped: false,
+            shared_windows: 1,
             rate_per_s: transfers as f64 / armed_s.max(1e-9),
             rel_error: 0.1,
             per_pc: Vec::new(),

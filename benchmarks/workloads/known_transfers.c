@@ -2,64 +2,78 @@
  * known_transfers: two threads whose cache-line transfers are known exactly, so the watch
  * estimator's rates can be checked against the truth (scripts/estimator-check).
  *
- * Not a manifest workload. Two threads take strict turns, handing over through `turn` (its own
- * line). On its turn a thread writes its own word of `slots` (one line, disjoint words) WORK
- * times, then passes the turn. A coherent cache therefore moves each line exactly once per
- * turn:
- *   slots: the first write of a turn finds the line dirty in the other thread's cache
- *          (false sharing; the later writes of the turn hit);
- *   turn:  the waiting thread's first read after the hand-over finds it dirty in the other
- *          thread's cache (true sharing; its spinning re-reads until then hit, and the write
- *          that hands the turn back finds the line shared, an upgrade, not a data transfer).
- * So both lines see TURNS transfers (less one) in the program's own run time: the true rate
- * is `turns / seconds`, printed at the end.
+ * Not a manifest workload. The clock, not shared memory, sets the pace: thread k (0 or 1)
+ * writes at times start + n·PERIOD + k·PERIOD/2, n = 0, 1, …, waiting for each on
+ * CLOCK_MONOTONIC (the vDSO: no shared line is touched while waiting). At each of those times
+ * it increments its own word of `slots` (one line, disjoint words: false sharing) and the one
+ * word `shared` (true sharing). The updates of the two threads strictly alternate, so each
+ * line changes owner once per update: 2 / PERIOD ownership changes per second on each line,
+ * whether or not anyone watches, as long as every update happens before the other thread's
+ * next one (the program checks, and prints how late the latest was). An update is a load and a
+ * store: the load misses on the line the other thread dirtied (a data transfer) and the store
+ * then takes ownership (an invalidation); a model that counts both sees 4 / PERIOD.
  *
- * usage: known_transfers [TURNS] [WORK]   defaults 200000 and 64
- * Output: `turns: N`, `seconds: S`, `true_rate_per_line: R` (transfers/s on each line) and a
- * checksum (the slots' final values; deterministic).
+ * Timer samples hardly ever land on these updates (the threads spend their time in the vDSO
+ * clock), so laser's soft backend does not find the lines by itself: scripts/estimator-check
+ * builds this without PIE and names the words with `laser run --watch-addr`.
+ *
+ * usage: known_transfers [PERIOD_NS] [SECONDS]   defaults 100000 (20,000 transfers/s) and 1
+ * Output: `writes: N`, `seconds: S`, `true_rate_per_line: R` (2·N / S), `max_late_ns: L`
+ * (writes later than PERIOD/2 may break the alternation) and a checksum.
  */
 #include "common.h"
 
-static volatile long turn __attribute__((aligned(CACHE_LINE)));
 static volatile long slots[CACHE_LINE / sizeof(long)] __attribute__((aligned(CACHE_LINE)));
-static long turns = 200000, work = 64;
+static volatile long shared __attribute__((aligned(CACHE_LINE)));
+static long period_ns = 100000, writes_per_thread;
+static double start_s;
+static long max_late_ns[2];
 
-static NOINLINE void write_slot(long me)
+static NOINLINE void write_both(long me, long n)
 {
-    for (long k = 0; k < work; k++)
-        slots[me] = slots[me] + 1; /* false sharing: one transfer per turn */
+    slots[me] += n; /* false sharing: the line changes owner once per call */
+    shared += n;    /* true sharing: the same */
 }
 
 static void *player(void *arg)
 {
     long me = (long)(intptr_t)arg;
-    for (long i = me; i < turns; i += 2) {
-        while (turn != i) /* true sharing: one transfer per turn */
-            cpu_relax();
-        write_slot(me);
-        turn = i + 1;
+    for (long n = 0; n < writes_per_thread; n++) {
+        double due = start_s + ((double)n * period_ns + (double)me * period_ns / 2) * 1e-9;
+        double now;
+        while ((now = bench_now_s()) < due)
+            ;
+        long late = (long)((now - due) * 1e9);
+        if (late > max_late_ns[me])
+            max_late_ns[me] = late;
+        write_both(me, n);
     }
     return NULL;
 }
 
 int main(int argc, char **argv)
 {
+    double seconds = 1.0;
     if (argc > 1)
-        turns = bench_parse_long("turns", argv[1]);
+        period_ns = bench_parse_long("period_ns", argv[1]);
     if (argc > 2)
-        work = bench_parse_long("work", argv[2]);
-    if (turns < 2 || work < 1) {
-        fprintf(stderr, "known_transfers: TURNS must be >= 2 and WORK >= 1\n");
+        seconds = (double)bench_parse_long("seconds", argv[2]);
+    writes_per_thread = (long)(seconds * 1e9 / (double)period_ns);
+    if (writes_per_thread < 2) {
+        fprintf(stderr, "known_transfers: SECONDS must hold at least two periods\n");
         return 2;
     }
     pthread_t a, b;
-    double s = bench_now_s();
+    start_s = bench_now_s() + 0.01; /* both threads start on the same schedule */
     pthread_create(&a, NULL, player, (void *)0);
     pthread_create(&b, NULL, player, (void *)1);
     pthread_join(a, NULL);
     pthread_join(b, NULL);
-    double secs = bench_now_s() - s;
-    printf("turns: %ld\nseconds: %.6f\ntrue_rate_per_line: %.0f\n", turns, secs, turns / secs);
-    printf("checksum: %016llx\n", (unsigned long long)mix64((uint64_t)slots[0] * 31 + slots[1]));
+    double secs = bench_now_s() - start_s;
+    long late = max_late_ns[0] > max_late_ns[1] ? max_late_ns[0] : max_late_ns[1];
+    printf("writes: %ld\nseconds: %.6f\ntrue_rate_per_line: %.0f\nmax_late_ns: %ld\n",
+           2 * writes_per_thread, secs, 2.0 * (double)writes_per_thread / secs, late);
+    printf("checksum: %016llx\n",
+           (unsigned long long)mix64((uint64_t)slots[0] * 31 + (uint64_t)slots[1] + (uint64_t)shared));
     return 0;
 }
