@@ -3,23 +3,24 @@
  * estimator's rates can be checked against the truth (scripts/estimator-check).
  *
  * Not a manifest workload. The clock, not shared memory, sets the pace: thread k (0 or 1)
- * writes at times start + n·PERIOD + k·PERIOD/2, n = 0, 1, …, waiting for each on
+ * updates at times start + n·PERIOD + k·PERIOD/2, n = 0, 1, …, waiting for each on
  * CLOCK_MONOTONIC (the vDSO: no shared line is touched while waiting). At each of those times
  * it increments its own word of `slots` (one line, disjoint words: false sharing) and the one
- * word `shared` (true sharing). The updates of the two threads strictly alternate, so each
- * line changes owner once per update: 2 / PERIOD ownership changes per second on each line,
- * whether or not anyone watches, as long as every update happens before the other thread's
- * next one (the program checks, and prints how late the latest was). An update is a load and a
- * store: the load misses on the line the other thread dirtied (a data transfer) and the store
- * then takes ownership (an invalidation); a model that counts both sees 4 / PERIOD.
+ * word `shared` (true sharing). The updates of the two threads strictly alternate, 2 / PERIOD
+ * per second, whether or not anyone watches, as long as every update happens before the other
+ * thread's next one (the program checks, and prints how late the latest was). An update is a
+ * load and a store: the load misses on the line the other thread dirtied (a cross-core data
+ * transfer) and the store then upgrades the shared copy (a cross-core invalidation), so each
+ * line sees 4 / PERIOD coherence transfers per second: what laser's estimator counts.
  *
  * Timer samples hardly ever land on these updates (the threads spend their time in the vDSO
  * clock), so laser's soft backend does not find the lines by itself: scripts/estimator-check
  * builds this without PIE and names the words with `laser run --watch-addr`.
  *
  * usage: known_transfers [PERIOD_NS] [SECONDS]   defaults 100000 (20,000 transfers/s) and 1
- * Output: `writes: N`, `seconds: S`, `true_rate_per_line: R` (2·N / S), `max_late_ns: L`
- * (writes later than PERIOD/2 may break the alternation) and a checksum.
+ * Output: `updates: N`, `seconds: S`, `true_rate_per_line: R` (coherence transfers per second
+ * on each line, 2·N / S), `max_late_ns: L` (updates later than PERIOD/2 may break the
+ * alternation) and a checksum.
  */
 #include "common.h"
 
@@ -71,8 +72,9 @@ int main(int argc, char **argv)
     pthread_join(b, NULL);
     double secs = bench_now_s() - start_s;
     long late = max_late_ns[0] > max_late_ns[1] ? max_late_ns[0] : max_late_ns[1];
-    printf("writes: %ld\nseconds: %.6f\ntrue_rate_per_line: %.0f\nmax_late_ns: %ld\n",
-           2 * writes_per_thread, secs, 2.0 * (double)writes_per_thread / secs, late);
+    /* 2 transfers per update (read miss + upgrade), 2 updates per period */
+    printf("updates: %ld\nseconds: %.6f\ntrue_rate_per_line: %.0f\nmax_late_ns: %ld\n",
+           2 * writes_per_thread, secs, 4.0 * (double)writes_per_thread / secs, late);
     printf("checksum: %016llx\n",
            (unsigned long long)mix64((uint64_t)slots[0] * 31 + (uint64_t)slots[1] + (uint64_t)shared));
     return 0;

@@ -220,10 +220,9 @@ fn real_watch_samples_give_exact_transfers() {
 
     // Bounds on the transfers of the exact history, computed here independently of the
     // estimator. Trap IPs (after the access) in `fs`: 0x11e3/0x120f follow the loads,
-    // 0x11ea/0x121a the stores (objdump -d tests/fixtures/detect/fs). The estimator counts
-    // ownership changes: a switch to a thread whose first access is a store always takes the
-    // line from the previous thread (lower bound); a run of one thread's accesses takes it at
-    // most once, at its first store (upper bound: one per switch).
+    // 0x11ea/0x121a the stores (objdump -d tests/fixtures/detect/fs). A thread switch where
+    // either access is a store always moves the line (lower bound); no more than two transfers
+    // can happen per switch (a load, then the store upgrading the shared copy: upper bound).
     let bias = 0x5555_5555_4000u64;
     let hist: Vec<(u32, bool)> = evs
         .iter()
@@ -239,21 +238,21 @@ fn real_watch_samples_give_exact_transfers() {
     let switches = hist.windows(2).filter(|w| w[0].0 != w[1].0).count() as u64;
     let with_store = hist
         .windows(2)
-        .filter(|w| w[0].0 != w[1].0 && w[1].1)
+        .filter(|w| w[0].0 != w[1].0 && (w[0].1 || w[1].1))
         .count() as u64;
     let est = d.estimates();
     assert_eq!(est.len(), 1);
     let e = &est[0];
     assert!(e.inferred, "the recording kept no window boundaries");
     assert!(
-        with_store <= e.transfers && e.transfers <= switches,
-        "{} transfers; {with_store} switches to a store, {switches} switches",
+        with_store <= e.transfers && e.transfers <= 2 * switches,
+        "{} transfers; {with_store} switches with a store, {switches} switches",
         e.transfers
     );
     assert_eq!(f.events, e.transfers);
     assert!(f.rate_per_s > 0.0);
     eprintln!(
-        "{} accesses, {switches} switches ({with_store} to a store), {} transfers, \
+        "{} accesses, {switches} switches ({with_store} with a store), {} transfers, \
          {:.0}/s over {:.1} ms armed ({:.1} ms effective, clamped {})",
         e.accesses,
         e.transfers,
