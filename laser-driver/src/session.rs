@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ffi::OsString;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use perf_event_open_sys::bindings::perf_event_attr;
@@ -150,6 +150,10 @@ pub struct Session {
     maps_snapshot: String,
     start_unix_ns: u64,
     start_perf_ns: u64,
+    /// Readable once the target has exited (`pidfd_open`, Linux ≥ 5.3): the poll wakes at the
+    /// exit instead of on the next timer tick, so `laser run` ends as soon as the program does.
+    /// `None` on older kernels.
+    pidfd: Option<OwnedFd>,
 }
 
 impl Session {
@@ -261,6 +265,7 @@ impl Session {
             maps_snapshot: String::new(),
             start_unix_ns: clock_ns(libc::CLOCK_REALTIME),
             start_perf_ns: clock_ns(libc::CLOCK_MONOTONIC),
+            pidfd: pidfd_open(pid),
         })
     }
 
@@ -415,12 +420,6 @@ impl Session {
             .filter(|&i| !self.leaders[i].hup)
             .collect();
         let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        if live.is_empty() {
-            // Every leader hung up (launch: the main thread exited, other threads may still
-            // write through inherited events). Poll the rings on a short timer instead.
-            std::thread::sleep(timeout.min(Duration::from_millis(10)));
-            return Ok(());
-        }
         let mut pfds: Vec<libc::pollfd> = live
             .iter()
             .map(|&i| libc::pollfd {
@@ -429,6 +428,24 @@ impl Session {
                 revents: 0,
             })
             .collect();
+        let ms = if live.is_empty() {
+            // Every leader hung up (launch: the main thread exited, other threads may still
+            // write through inherited events). Poll the rings on a short timer instead.
+            ms.min(10)
+        } else {
+            ms
+        };
+        if let Some(fd) = &self.pidfd {
+            pfds.push(libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        if pfds.is_empty() {
+            std::thread::sleep(Duration::from_millis(ms.max(0) as u64));
+            return Ok(());
+        }
         // SAFETY: pfds is a live, correctly sized array of pollfd for the duration of the
         // call; the descriptors stay open (owned by self.leaders).
         let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
@@ -625,6 +642,18 @@ pub(crate) fn clock_ns(clock: libc::clockid_t) -> u64 {
 
 fn read_maps(pid: i32) -> io::Result<String> {
     std::fs::read_to_string(format!("/proc/{pid}/maps"))
+}
+
+/// A pidfd for `pid`, or `None` where the kernel has no `pidfd_open` (before 5.3).
+fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; nothing
+    // else is read or written.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Some(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 #[cfg(test)]

@@ -28,8 +28,9 @@ use crate::Event;
 pub const MAX_WATCHES: usize = 4;
 
 /// Traps the hit-cost calibration takes (see `Watcher::add`): enough for a stable mean on
-/// the thread's CPU clock, few enough to keep a launched program's start quick.
-const CALIBRATION_TRAPS: u32 = 100;
+/// the thread's CPU clock (6 runs here gave 26–35 µs, as 100 traps did), few enough
+/// to keep a launched program's start quick (each trap delays its exec).
+const CALIBRATION_TRAPS: u32 = 40;
 
 /// Largest user-space address + 1 on x86-64 (47-bit user half).
 const USER_END: u64 = 0x0000_8000_0000_0000;
@@ -179,7 +180,7 @@ impl Watcher {
         if self.duty.calibrate && !self.calibrated {
             // Before opening events, so their wake-up threshold matches the real cap. This
             // runs while a launched target waits for its exec: every trap here delays the
-            // program's start, so it is short (CALIBRATION_TRAPS: ≈ 0.5 ms idle, 1–4 ms loaded).
+            // program's start, so it is short (CALIBRATION_TRAPS: ≈ 1–1.5 ms).
             let measured = measure_hit_cost(CALIBRATION_TRAPS)?;
             if measured > self.duty.hit_cost {
                 self.duty = self.duty.with_hit_cost(measured);
