@@ -6,7 +6,6 @@ use super::refusal::RefusalReason;
 use super::rewrite::{enc, sized, Emitter, RED_ZONE, SCRATCH};
 use super::ssb_runtime::size_index;
 use iced_x86::{Code, Encoder, Instruction, MemoryOperand, OpKind, Register};
-use std::collections::HashSet;
 
 impl Emitter<'_> {
     pub(super) fn emit_ssb(
@@ -27,13 +26,7 @@ impl Emitter<'_> {
         if base != Register::None && base != Register::RIP && !base.is_gpr64() {
             return Err(unsupported("32-bit address size"));
         }
-        let used: HashSet<Register> = self
-            .info
-            .info(i)
-            .used_registers()
-            .iter()
-            .map(|r| r.register().full_register())
-            .collect();
+        let used = self.used_regs(i);
         let mut chosen = None;
         let mut encoder = Encoder::new(64);
         for &t in SCRATCH.iter().filter(|t| !used.contains(t)) {

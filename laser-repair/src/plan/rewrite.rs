@@ -129,6 +129,16 @@ pub(super) fn sized(r: Register, size: u32) -> Register {
 }
 
 impl<'a> Emitter<'a> {
+    /// The 64-bit registers `i` reads or writes (a scratch register must be none of them).
+    pub(super) fn used_regs(&mut self, i: &Instruction) -> std::collections::HashSet<Register> {
+        self.info
+            .info(i)
+            .used_registers()
+            .iter()
+            .map(|r| r.register().full_register())
+            .collect()
+    }
+
     pub(super) fn label(&mut self) -> u64 {
         self.next_label += 1;
         self.next_label

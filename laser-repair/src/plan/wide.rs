@@ -43,7 +43,6 @@ use super::refusal::RefusalReason;
 use super::rewrite::{enc, Emitter, RED_ZONE, SCRATCH};
 use super::ssb_layout::{scratch_offset, size_index};
 use iced_x86::{Code, Encoder, Instruction, MemoryOperand, Register};
-use std::collections::HashSet;
 
 /// Bytes per piece: the whole operand up to 8 bytes, else 8-byte words.
 pub fn piece_size(size: u32) -> u32 {
@@ -199,13 +198,7 @@ impl Emitter<'_> {
         let rs = self
             .rs
             .ok_or_else(|| RefusalReason::Encoding("vector piece without state".into()))?;
-        let used: HashSet<Register> = self
-            .info
-            .info(i)
-            .used_registers()
-            .iter()
-            .map(|r| r.register().full_register())
-            .collect();
+        let used = self.used_regs(i);
         let t = SCRATCH
             .iter()
             .copied()
