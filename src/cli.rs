@@ -338,6 +338,24 @@ mod tests {
     use clap::CommandFactory;
 
     #[test]
+    fn watch_addr_takes_aligned_words_of_debug_register_sizes() {
+        assert_eq!(parse_watch_addr("0x404040:4"), Ok((0x404040, 4)));
+        assert_eq!(
+            parse_watch_addr("404048"),
+            Ok((0x404048, 8)),
+            "8 bytes by default"
+        );
+        let e = parse_watch_addr("0x404044:8").unwrap_err();
+        assert!(e.contains("aligned"), "{e}");
+        let e = parse_watch_addr("0x404040:16").unwrap_err();
+        assert!(e.contains("1, 2, 4 or 8"), "{e}");
+        assert!(parse_watch_addr("slots").unwrap_err().contains("not hex"));
+        assert!(parse_watch_addr("0x10:x")
+            .unwrap_err()
+            .contains("not a number"));
+    }
+
+    #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
     }
