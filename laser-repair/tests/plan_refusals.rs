@@ -131,17 +131,16 @@ fn pc_inside_an_instruction_is_refused() {
 }
 
 #[test]
-fn call_under_the_entry_patch_is_refused() {
+fn indirect_call_under_the_entry_patch_is_refused() {
+    // A direct call there is imitated in the cache (plan_entry_call.rs); an indirect one
+    // would need its operand evaluated with the return address already pushed.
     let code = asm(|a| {
         let mut top = a.create_label();
-        let mut f = a.create_label();
         a.set_label(&mut top).unwrap();
-        a.call(f).unwrap();
+        a.call(rdx).unwrap();
         a.mov(qword_ptr(rdi), rax).unwrap();
         a.dec(rsi).unwrap();
         a.jnz(top).unwrap();
-        a.ret().unwrap();
-        a.set_label(&mut f).unwrap();
         a.ret().unwrap();
     });
     let pc = nth_ip(&code, 1);

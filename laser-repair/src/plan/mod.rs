@@ -31,7 +31,8 @@
 //! Refused ([`RefusalReason`]): x87, MMX, EVEX (AVX-512) memory operands, gathers and masked
 //! vector moves, SSE/AVX operands when no register is free for the state, bit-string `bt*` with a register offset, conditional memory writes, instructions using rsp
 //! as data, 32-bit address size, indirect jumps and transactional instructions in the
-//! region, entry blocks shorter than the 5-byte jmp, calls under the entry jmp, a code cache
+//! region, entry blocks shorter than the 5-byte jmp, indirect calls under the entry jmp (a direct
+//! one there is imitated: push its return address, jump to the callee), a code cache
 //! out of rel32 reach, and regions estimated to store too little per flush.
 //!
 //! Two code paths. When a register is mentioned by no instruction of the region (r11 first),
@@ -280,6 +281,26 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<RepairPlan, Refusal> {
     let (rt_code, rt) = ssb_runtime::generate(req.cache_addr, &rt_cfg)?;
     let region_addr = (rt.code_addr + rt.code_len).div_ceil(16) * 16;
     let live = liveness::analyze(&g, &tr);
+    // Calls under an entry jmp: direct ones are imitated in the cache (`exit_at_call`); an
+    // indirect one would need its operand re-evaluated with a pushed return address: refused.
+    let mut imitate = Vec::new();
+    for &b in &region.entries {
+        let blk = &g.blocks[b];
+        let end = cover_end(&g, blk);
+        for k in blk.insns.clone() {
+            let i = &g.insns[k];
+            if i.ip() < end && tr[k] == classify::Treatment::ExitToOriginal {
+                if i.flow_control() != iced_x86::FlowControl::Call {
+                    return Err(RefusalReason::CallUnderPatch {
+                        pc: i.ip(),
+                        entry: blk.start,
+                    }
+                    .into());
+                }
+                imitate.push(i.ip());
+            }
+        }
+    }
     let rw = rewrite::rewrite(
         &g,
         &tr,
@@ -289,6 +310,7 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<RepairPlan, Refusal> {
         region_addr,
         req.options.inline_fast_path,
         req.options.count_only,
+        &imitate,
     )?;
     if req.options.refuse_general_path && rw.fixed_locations == 0 && !req.options.count_only {
         return Err(RefusalReason::GeneralPath.into());
@@ -315,12 +337,7 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<RepairPlan, Refusal> {
             pc: blk.start,
             cache: req.cache_addr,
         })?;
-        // Cover whole instructions: the bytes after the jmp up to the next boundary become int3.
-        let cover_end = g.insns[blk.insns.clone()]
-            .iter()
-            .map(|i| i.next_ip())
-            .find(|&e| e >= blk.start + JMP_LEN)
-            .unwrap_or(blk.end);
+        let cover_end = cover_end(&g, blk);
         let old_bytes = source::read_range(req.code, blk.start, cover_end).ok_or(
             RefusalReason::CodeUnreadable {
                 addr: blk.start,
@@ -330,17 +347,6 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<RepairPlan, Refusal> {
         let mut new_bytes = vec![0xe9];
         new_bytes.extend_from_slice(&rel.to_le_bytes());
         new_bytes.resize(old_bytes.len(), 0xcc);
-        // Exits jump to original call instructions; none may sit under the jmp.
-        for (k, i) in g.insns[blk.insns.clone()].iter().enumerate() {
-            let idx = blk.insns.start + k;
-            if i.ip() < cover_end && tr[idx] == classify::Treatment::ExitToOriginal {
-                return Err(RefusalReason::CallUnderPatch {
-                    pc: i.ip(),
-                    entry: blk.start,
-                }
-                .into());
-            }
-        }
         patches.push(Patch {
             addr: blk.start,
             old_bytes,
@@ -363,4 +369,14 @@ pub fn plan(req: &PlanRequest<'_>) -> Result<RepairPlan, Refusal> {
         undo_map: rw.undo_map,
         fixed_locations: rw.fixed_locations,
     })
+}
+
+/// End of the bytes an entry patch covers: the 5-byte jmp, then up to the next instruction
+/// boundary (those bytes become int3), so no instruction is cut in two.
+fn cover_end(g: &cfg::Cfg, blk: &cfg::Block) -> u64 {
+    g.insns[blk.insns.clone()]
+        .iter()
+        .map(|i| i.next_ip())
+        .find(|&e| e >= blk.start + JMP_LEN)
+        .unwrap_or(blk.end)
 }

@@ -35,8 +35,9 @@ pub(super) fn emit_native_copy(
                     falls_through = i.flow_control() == FlowControl::ConditionalBranch;
                 }
                 Treatment::ExitToOriginal => {
-                    c = e.jmp(i.ip())?;
+                    e.exit_at_call(&i, Some(label))?;
                     falls_through = false;
+                    continue;
                 }
                 _ => falls_through = i.flow_control() != FlowControl::Return,
             }

@@ -91,6 +91,9 @@ pub(super) struct Emitter<'a> {
     pub(super) live: Option<&'a Liveness>,
     /// Set while `emit_ssb_fast` emits one piece of a vector access (`wide.rs`).
     pub(super) piece: Option<super::wide::Piece>,
+    /// Direct calls under an entry jmp: the region leaves through an imitation of the call
+    /// ([`Self::exit_at_call`]), since their original bytes are the jmp now.
+    pub(super) imitate: Vec<u64>,
     /// For each original instruction address: index in `out` of its first instruction.
     pub(super) first: Vec<(u64, usize)>,
     labels: HashMap<u64, u64>,
@@ -246,6 +249,44 @@ impl<'a> Emitter<'a> {
         self.out.push(i);
     }
 
+    /// Leaves the region at the original call `i` (the first instruction emitted gets
+    /// `label`). A call under an entry jmp cannot be jumped to, its bytes being the jmp now: it
+    /// is imitated, pushing the return address the original pushes (the instruction after it,
+    /// past the jmp, so the callee returns into original code) and jumping to the callee. No
+    /// flags or registers change; the stack below the return address is scratch at a call.
+    pub(super) fn exit_at_call(
+        &mut self,
+        i: &Instruction,
+        label: Option<u64>,
+    ) -> Result<(), RefusalReason> {
+        let mut seq = Vec::new();
+        if self.imitate.contains(&i.ip()) {
+            let rax = Register::RAX;
+            seq.push(self.lea_rsp(-8)?);
+            seq.push(Instruction::with1(Code::Push_r64, rax).map_err(enc)?);
+            seq.push(Instruction::with2(Code::Mov_r64_imm64, rax, i.next_ip()).map_err(enc)?);
+            seq.push(
+                Instruction::with2(
+                    Code::Mov_rm64_r64,
+                    MemoryOperand::with_base_displ(Register::RSP, 8),
+                    rax,
+                )
+                .map_err(enc)?,
+            );
+            seq.push(Instruction::with1(Code::Pop_r64, rax).map_err(enc)?);
+            seq.push(self.jmp(i.near_branch_target())?);
+        } else {
+            seq.push(self.jmp(i.ip())?);
+        }
+        for (n, c) in seq.into_iter().enumerate() {
+            match label {
+                Some(l) if n == 0 => self.push_at(c, l),
+                _ => self.push(c),
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn lea_rsp(&mut self, delta: i64) -> Result<Instruction, RefusalReason> {
         Instruction::with2(
             Code::Lea_r64_m,
@@ -329,6 +370,7 @@ pub fn rewrite(
     addr: u64,
     fast: bool,
     count_only: bool,
+    imitate: &[u64],
 ) -> Result<Rewritten, RefusalReason> {
     // A fixed region needs every store on the fast path (a helper store would append an
     // entry no slot knows about): if one cannot be, rewrite the region the general way.
@@ -343,10 +385,13 @@ pub fn rewrite(
         fast,
         fixed_first,
         count_only,
+        imitate,
     )? {
         Some(rw) => Ok(rw),
-        None => rewrite_with(cfg, tr, region, live, rt, addr, fast, false, count_only)?
-            .ok_or_else(|| RefusalReason::Encoding("region rewrite fell back twice".into())),
+        None => rewrite_with(
+            cfg, tr, region, live, rt, addr, fast, false, count_only, imitate,
+        )?
+        .ok_or_else(|| RefusalReason::Encoding("region rewrite fell back twice".into())),
     }
 }
 
@@ -361,6 +406,7 @@ fn rewrite_with(
     fast: bool,
     fixed_allowed: bool,
     count_only: bool,
+    imitate: &[u64],
 ) -> Result<Option<Rewritten>, RefusalReason> {
     if cfg.start < LABEL_LIMIT {
         return Err(RefusalReason::Encoding(format!(
@@ -399,6 +445,7 @@ fn rewrite_with(
         rs,
         live: Some(live),
         piece: None,
+        imitate: imitate.to_vec(),
         out: Vec::new(),
         first: Vec::new(),
         labels: HashMap::new(),
@@ -472,8 +519,7 @@ fn rewrite_with(
                 Treatment::ExitToOriginal => {
                     e.helper_call(rt.flush, Some(label))?;
                     e.restore_rs()?;
-                    let j = e.jmp(i.ip())?;
-                    e.push(j);
+                    e.exit_at_call(&i, None)?;
                     falls_through = false;
                 }
                 Treatment::DirectBranch => {
