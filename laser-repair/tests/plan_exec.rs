@@ -6,19 +6,6 @@ use iced_x86::code_asm::*;
 use plan_support::*;
 use std::time::Instant;
 
-/// `fn(counter: *mut u64, n: u64)`: n times `*counter += 1` through a register, the
-/// false-sharing loop of DESIGN.md.
-fn counter_loop(a: &mut CodeAssembler) {
-    let mut top = a.create_label();
-    a.set_label(&mut top).unwrap();
-    a.mov(rax, qword_ptr(rdi)).unwrap();
-    a.add(rax, 1).unwrap();
-    a.mov(qword_ptr(rdi), rax).unwrap();
-    a.dec(rsi).unwrap();
-    a.jnz(top).unwrap();
-    a.ret().unwrap();
-}
-
 #[test]
 fn counter_loop_single_thread_counts_exactly() {
     let t = twin(&counter_loop, &store_pcs, Default::default()).unwrap();
@@ -203,18 +190,6 @@ fn run_kernel(f: u64, buf: &mut [u8], n: u64) -> (u64, u64) {
     let mut out = 0u64;
     let r = fn3(f)(buf.as_mut_ptr() as u64, n, &mut out as *mut u64 as u64);
     (r, out)
-}
-
-fn seeded(len: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed;
-    (0..len)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (s >> 56) as u8
-        })
-        .collect()
 }
 
 #[test]

@@ -10,19 +10,6 @@ use laser_repair::plan::{PlanOptions, RepairPlan};
 use plan_support::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// `fn(counter: *mut u64, n: u64)`: n times `*counter += 1`. One store location that the
-/// loop never moves: a fixed-address region.
-fn counter_loop(a: &mut CodeAssembler) {
-    let mut top = a.create_label();
-    a.set_label(&mut top).unwrap();
-    a.mov(rax, qword_ptr(rdi)).unwrap();
-    a.add(rax, 1).unwrap();
-    a.mov(qword_ptr(rdi), rax).unwrap();
-    a.dec(rsi).unwrap();
-    a.jnz(top).unwrap();
-    a.ret().unwrap();
-}
-
 /// `fn(buf: *mut [u64; 8], n: u64)`: n increments spread round-robin over 8 words. The store
 /// address changes every iteration: the general (log lookup) path.
 fn rotating_loop(a: &mut CodeAssembler) {

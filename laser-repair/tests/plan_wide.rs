@@ -16,18 +16,6 @@ fn has_avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
 }
 
-fn seeded(len: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed;
-    (0..len)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (s >> 56) as u8
-        })
-        .collect()
-}
-
 /// Runs `f` on a seeded 256-byte buffer; returns (buffer, 32 output bytes, return value).
 fn run(f: u64, seed: u64, n: u64) -> (Vec<u8>, [u8; 32], u64) {
     let mut buf = seeded(256, seed);

@@ -179,15 +179,7 @@ pub fn repair_group(
             let (a, _, _) = put.apply(counting, say)?;
             extra_pauses.push(a.pause.paused);
             let w = trial::measure(&mem, a.cache.data_base, &opts.runtime, t.window, |_| false);
-            // Threads leave for the native copy first, whose pcs all map straight back to
-            // the original code: the undo finds its safe point in one hold.
-            trial::kill(&mem, a.cache.data_base).map_err(|e| Outcome::Failed(e.into()))?;
-            let u = a.undo(&UndoOptions::default()).map_err(|e| {
-                Outcome::Failed(
-                    anyhow::Error::new(e).context("undoing the trial's count-only plan"),
-                )
-            })?;
-            extra_pauses.push(u.pause.paused);
+            extra_pauses.push(kill_and_undo(&mem, &a, "the trial's count-only plan")?);
             Some(w)
         }
         None => None,
@@ -227,14 +219,11 @@ pub fn repair_group(
             });
             let verdict = trial::decide(&native, &repaired, t.margin);
             if verdict != Verdict::Kept {
-                // Threads leave the slow code within one flush period, before the pause.
-                trial::kill(&mem, c.data_base).map_err(|e| Outcome::Failed(e.into()))?;
-                let u = applied.undo(&UndoOptions::default()).map_err(|e| {
-                    Outcome::Failed(
-                        anyhow::Error::new(e).context("undoing a repair that lost its trial"),
-                    )
-                })?;
-                extra_pauses.push(u.pause.paused);
+                extra_pauses.push(kill_and_undo(
+                    &mem,
+                    &applied,
+                    "a repair that lost its trial",
+                )?);
             }
             let out = TrialOutcome {
                 native,
@@ -536,4 +525,19 @@ mod tests {
         assert_eq!(s.patches[0].old_bytes, p.patches[0].old_bytes);
         assert!(s.data.is_empty(), "the runtime's data starts zeroed");
     }
+}
+
+/// Sets the cache's kill switch, then undoes the repair; returns the undo's pause. Threads
+/// leave for the native copy within one flush period, whose pcs all map straight back to the
+/// original code, so the undo finds its safe point in one hold.
+fn kill_and_undo(
+    mem: &tracee::ProcMem,
+    applied: &tracee::AppliedRepair,
+    what: &str,
+) -> Result<Duration, Outcome> {
+    trial::kill(mem, applied.cache.data_base).map_err(|e| Outcome::Failed(e.into()))?;
+    let u = applied
+        .undo(&UndoOptions::default())
+        .map_err(|e| Outcome::Failed(anyhow::Error::new(e).context(format!("undoing {what}"))))?;
+    Ok(u.pause.paused)
 }

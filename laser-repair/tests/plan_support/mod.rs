@@ -170,3 +170,31 @@ pub fn start_line(ready: &std::sync::atomic::AtomicU32, n: u32) {
         std::hint::spin_loop();
     }
 }
+
+/// `fn(counter: *mut u64, n: u64)`: n times `*counter += 1` through a register, the
+/// false-sharing loop of DESIGN.md. One store location the loop never moves: a
+/// fixed-address region.
+pub fn counter_loop(a: &mut CodeAssembler) {
+    use iced_x86::code_asm::*;
+    let mut top = a.create_label();
+    a.set_label(&mut top).unwrap();
+    a.mov(rax, qword_ptr(rdi)).unwrap();
+    a.add(rax, 1).unwrap();
+    a.mov(qword_ptr(rdi), rax).unwrap();
+    a.dec(rsi).unwrap();
+    a.jnz(top).unwrap();
+    a.ret().unwrap();
+}
+
+/// `len` pseudo-random bytes from `seed` (an LCG: the same on every run).
+pub fn seeded(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed;
+    (0..len)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 56) as u8
+        })
+        .collect()
+}
