@@ -450,6 +450,21 @@ pub fn ssb_mode_line(mode: Option<SsbMode>) -> String {
     }
 }
 
+/// Sets the cache's kill switch, then undoes the repair; returns the undo's pause. Threads
+/// leave for the native copy within one flush period, whose pcs all map straight back to the
+/// original code, so the undo finds its safe point in one hold.
+fn kill_and_undo(
+    mem: &tracee::ProcMem,
+    applied: &tracee::AppliedRepair,
+    what: &str,
+) -> Result<Duration, Outcome> {
+    trial::kill(mem, applied.cache.data_base).map_err(|e| Outcome::Failed(e.into()))?;
+    let u = applied
+        .undo(&UndoOptions::default())
+        .map_err(|e| Outcome::Failed(anyhow::Error::new(e).context(format!("undoing {what}"))))?;
+    Ok(u.pause.paused)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -525,19 +540,4 @@ mod tests {
         assert_eq!(s.patches[0].old_bytes, p.patches[0].old_bytes);
         assert!(s.data.is_empty(), "the runtime's data starts zeroed");
     }
-}
-
-/// Sets the cache's kill switch, then undoes the repair; returns the undo's pause. Threads
-/// leave for the native copy within one flush period, whose pcs all map straight back to the
-/// original code, so the undo finds its safe point in one hold.
-fn kill_and_undo(
-    mem: &tracee::ProcMem,
-    applied: &tracee::AppliedRepair,
-    what: &str,
-) -> Result<Duration, Outcome> {
-    trial::kill(mem, applied.cache.data_base).map_err(|e| Outcome::Failed(e.into()))?;
-    let u = applied
-        .undo(&UndoOptions::default())
-        .map_err(|e| Outcome::Failed(anyhow::Error::new(e).context(format!("undoing {what}"))))?;
-    Ok(u.pause.paused)
 }
