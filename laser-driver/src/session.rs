@@ -253,7 +253,7 @@ impl Session {
             config: config.clone(),
             leader_attr,
             leaders: Vec::new(),
-            watcher: watch.then(|| Watcher::new(binding, config.duty_cycle)),
+            watcher: watch.then(|| Watcher::new(binding, config.duty_cycle, Some(pid))),
             decoder: Decoder::new(info, source),
             scratch: Vec::new(),
             batch: Vec::new(),

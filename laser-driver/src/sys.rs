@@ -3,6 +3,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
 
 use perf_event_open_sys::bindings as b;
 use perf_event_open_sys::ioctls;
@@ -106,19 +107,30 @@ pub fn event_id(fd: &OwnedFd) -> Result<u64, DriverError> {
     Ok(id)
 }
 
-/// Reads an event's count (default read_format: one u64). For an inherited event the kernel
-/// adds the counts of all its children, live and exited.
-pub fn read_count(fd: &OwnedFd) -> Result<u64, DriverError> {
-    let mut v = 0u64;
-    // SAFETY: reads at most 8 bytes into a live local u64.
-    let n = unsafe { libc::read(fd.as_raw_fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
-    if n != 8 {
+/// CPU time used so far by the whole process `pid` (every thread, live or exited), read from
+/// its kernel CPU clock (`clock_getcpuclockid`; any process's clock is readable).
+pub fn process_cpu_time(pid: libc::pid_t) -> Result<Duration, DriverError> {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: writes one clockid_t into a live local.
+    let r = unsafe { libc::clock_getcpuclockid(pid, &mut clock) };
+    if r != 0 {
         return Err(DriverError::io(
-            "reading a perf event count",
+            "finding the target's CPU clock",
+            io::Error::from_raw_os_error(r),
+        ));
+    }
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes one timespec into a live local.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return Err(DriverError::io(
+            "reading the target's CPU clock",
             io::Error::last_os_error(),
         ));
     }
-    Ok(v)
+    Ok(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
 /// Parses a kernel CPU list such as `/sys/devices/system/cpu/online` ("0-3,6,8-9").
@@ -154,6 +166,29 @@ pub fn online_cpus() -> Result<Vec<u32>, DriverError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn process_cpu_time_counts_every_thread_and_refuses_a_missing_pid() {
+        let me = std::process::id() as libc::pid_t;
+        let before = process_cpu_time(me).unwrap();
+        // Burn CPU on another thread: the process clock must see it.
+        std::thread::spawn(|| {
+            let t = std::time::Instant::now();
+            let mut x = 0u64;
+            while t.elapsed() < Duration::from_millis(30) {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+            }
+        })
+        .join()
+        .unwrap();
+        let after = process_cpu_time(me).unwrap();
+        assert!(
+            after >= before + Duration::from_millis(20),
+            "{before:?} -> {after:?}"
+        );
+        // pid_max is at most 2^22: this pid cannot exist.
+        assert!(process_cpu_time(1 << 23).is_err());
+    }
 
     #[test]
     fn cpu_lists() {
