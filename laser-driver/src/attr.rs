@@ -96,8 +96,9 @@ pub fn soft(binding: Binding, freq: u64, wakeup_bytes: u32) -> b::perf_event_att
 }
 
 /// A counting (never sampling) cpu-clock event that carries the tracking records and owns
-/// the ring buffer when the session does not sample (watch-only sessions). Its count is the
-/// target's CPU time, which the watchpoint duty cycle budgets against.
+/// the ring buffer when the session does not sample (watch-only sessions). (The watchpoint
+/// duty cycle reads the target's CPU time from its process clock, not from this count:
+/// reading an inherited counter interrupts every CPU the target runs on.)
 pub fn tracking(binding: Binding, wakeup_bytes: u32) -> b::perf_event_attr {
     let mut a = base(binding);
     a.type_ = b::PERF_TYPE_SOFTWARE;
