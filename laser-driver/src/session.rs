@@ -507,9 +507,19 @@ impl Session {
         // cross-CPU accesses in time order (stable: same-time records keep ring order).
         batch.sort_by_key(Event::time);
         let mut watch_hits = 0;
+        // A launched target's watchpoints are inherited into the processes it forks, so
+        // their CPU time joins the trap budget (an attached target's are not: per-thread).
+        let follow_forks = matches!(self.mode, Mode::Launched);
         for e in batch.drain(..) {
-            if let Event::Sample(s) = &e {
-                watch_hits += s.watch_slot.is_some() as u64;
+            match (&e, self.watcher.as_mut()) {
+                (Event::Sample(s), _) => watch_hits += s.watch_slot.is_some() as u64,
+                (Event::Fork { pid, ppid, .. }, Some(w)) if follow_forks && pid != ppid => {
+                    w.add_process(*pid as libc::pid_t)
+                }
+                (Event::Exit { pid, tid, .. }, Some(w)) if pid == tid => {
+                    w.retire_process(*pid as libc::pid_t)
+                }
+                _ => {}
             }
             self.stats.account(&e);
             sink(e);

@@ -112,6 +112,26 @@ impl WatchSpec {
     }
 }
 
+/// One process of the target and the CPU time last read from its clock, which stands for it
+/// once it has exited (the clock of a reaped process cannot be read), so the sum over the
+/// target's processes never goes back.
+struct TargetProcess {
+    pid: libc::pid_t,
+    last: Cell<Duration>,
+    live: bool,
+}
+
+impl TargetProcess {
+    fn cpu(&self) -> Duration {
+        if self.live {
+            if let Ok(t) = sys::process_cpu_time(self.pid) {
+                self.last.set(t.max(self.last.get()));
+            }
+        }
+        self.last.get()
+    }
+}
+
 struct WatchEvent {
     key: i64,
     slot: u8,
@@ -127,11 +147,11 @@ pub struct Watcher {
     duty: DutyCycle,
     state: DutyState,
     calibrated: bool,
-    /// The target process, whose CPU time the duty cycle budgets against (`None`: a
-    /// watcher with no target, whose clock stands still; the state-machine tests).
-    target: Option<libc::pid_t>,
-    /// The last CPU time read, returned when the process can no longer be read (it exited).
-    last_cpu: Cell<Duration>,
+    /// The target's processes, whose CPU time the duty cycle budgets against: the one laser
+    /// launched or attached to, and (launch) every process it forks, since the watchpoints
+    /// are inherited into those too. Empty: a watcher whose clock stands still (the
+    /// state-machine tests).
+    procs: Vec<TargetProcess>,
     /// `WatchSet` events not yet handed to the session.
     markers: Vec<Event>,
     /// The last marker said "nothing watched" (or none was sent yet).
@@ -143,37 +163,54 @@ pub struct Watcher {
 
 impl Watcher {
     pub(crate) fn new(binding: Binding, duty: DutyCycle, target: Option<libc::pid_t>) -> Self {
-        Watcher {
+        let mut w = Watcher {
             binding,
             events: Vec::new(),
             specs: Vec::new(),
             duty,
             state: DutyState::default(),
             calibrated: false,
-            target,
-            last_cpu: Cell::new(Duration::ZERO),
+            procs: Vec::new(),
             markers: Vec::new(),
             last_marked_empty: true,
             cpus: crate::sys::online_cpus().map_or(1, |c| c.len().max(1) as u32),
+        };
+        if let Some(pid) = target {
+            w.add_process(pid);
+        }
+        w
+    }
+
+    /// CPU time the target has used so far: the sum over its processes (all their threads,
+    /// live and exited) of the kernel's per-process CPU clock. Not from the leaders'
+    /// cpu-clock counters: reading an inherited counter sends an IPI to every CPU a thread of
+    /// the target runs on, to bring each child event's count up to date, and the duty cycle
+    /// reads it on every poll while a line is watched (measured: 2% of a `laser run`'s
+    /// samples spent in `smp_call_function_single` on rw_false_sharing). A process clock sums
+    /// the threads' runtimes under their run-queue locks: no interrupt to the target.
+    pub fn target_cpu(&self) -> Duration {
+        self.procs.iter().map(TargetProcess::cpu).sum()
+    }
+
+    /// A process the target forked (launch: the watchpoints are inherited into it, so its
+    /// traps count against the budget and so does its CPU time).
+    pub(crate) fn add_process(&mut self, pid: libc::pid_t) {
+        if !self.procs.iter().any(|p| p.pid == pid) {
+            self.procs.push(TargetProcess {
+                pid,
+                last: Cell::new(Duration::ZERO),
+                live: true,
+            });
         }
     }
 
-    /// CPU time the target process has used so far (all its threads, live and exited), from
-    /// the kernel's per-process CPU clock. Not from the leaders' cpu-clock counters: reading
-    /// an inherited counter sends an IPI to every CPU a thread of the target runs on, to
-    /// bring each child event's count up to date, and the duty cycle reads it on every
-    /// poll while a line is watched (measured: 2% of a `laser run`'s samples spent in
-    /// `smp_call_function_single` on rw_false_sharing). The process clock sums the threads'
-    /// runtimes under their run-queue locks: no interrupt to the target.
-    pub fn target_cpu(&self) -> Duration {
-        let Some(pid) = self.target else {
-            return Duration::ZERO;
-        };
-        let now = sys::process_cpu_time(pid)
-            .unwrap_or(Duration::ZERO)
-            .max(self.last_cpu.get());
-        self.last_cpu.set(now);
-        now
+    /// A process of the target exited: its clock is read a last time and then kept, and its
+    /// pid is never read again (the kernel may give it to an unrelated process).
+    pub(crate) fn retire_process(&mut self, pid: libc::pid_t) {
+        if let Some(p) = self.procs.iter_mut().find(|p| p.pid == pid && p.live) {
+            p.cpu();
+            p.live = false;
+        }
     }
 
     /// Opens the parked events for one CPU (`cpu >= 0`, launch) or one thread (`pid` = tid,
@@ -462,6 +499,45 @@ mod tests {
         assert_eq!(w.armed(), &[s]);
         w.disarm().unwrap();
         assert!(!w.is_counting());
+    }
+
+    /// The budget's clock covers every process of a launched target (a shell script's
+    /// children do the work), and keeps what a process used after it is gone.
+    #[test]
+    fn target_cpu_sums_the_processes_and_keeps_what_exited_ones_used() {
+        let mut w = Watcher::new(Binding::Launch, DutyCycle::default(), None);
+        assert_eq!(
+            w.target_cpu(),
+            Duration::ZERO,
+            "no process: a clock that stands still"
+        );
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap();
+        let pid = child.id() as libc::pid_t;
+        w.add_process(pid);
+        w.add_process(pid); // a repeated fork record changes nothing
+        let t0 = std::time::Instant::now();
+        while sys::process_cpu_time(pid).unwrap() < Duration::from_millis(30)
+            && t0.elapsed() < Duration::from_secs(20)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let seen = w.target_cpu();
+        assert!(seen >= Duration::from_millis(30), "{seen:?}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(
+            sys::process_cpu_time(pid).is_err(),
+            "reaped: its clock is gone"
+        );
+        assert!(
+            w.target_cpu() >= seen,
+            "an exited process's CPU stays counted"
+        );
+        w.retire_process(pid);
+        assert!(w.target_cpu() >= seen);
     }
 
     fn spec(addr: u64) -> WatchSpec {

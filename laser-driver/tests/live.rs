@@ -628,6 +628,37 @@ fn duty_cycle_bounds_trap_time_on_a_hot_word() {
     assert_within_budget(&stats, &duty);
 }
 
+/// The work runs in a process the launched one forks (`sh -c`, make, a wrapper script): the
+/// trap budget must grow with that process's CPU time, or the first cooldown would never end
+/// (the shell itself only waits).
+#[test]
+fn duty_cycle_budgets_the_cpu_of_processes_the_target_forks() {
+    let t = target();
+    let cfg = Config {
+        backend: BackendKind::Watch,
+        ..Config::default()
+    };
+    let script = format!("{} 0.5 0 hot; true", t.path.display());
+    let cmd: Vec<OsString> = ["sh", "-c", &script].iter().map(OsString::from).collect();
+    let mut s = Session::launch(&cmd, &cfg).unwrap();
+    let spec = WatchSpec {
+        addr: t.shared_word,
+        len: 8,
+        kind: WatchKind::Write,
+    };
+    s.watch_mut().unwrap().arm(&[spec]).unwrap();
+    let (events, status) = run_to_exit(&mut s);
+    assert_eq!(status, ExitStatus::Code(0));
+    let w = s.watch_mut().unwrap();
+    let (stats, duty) = (w.stats(), w.duty_cycle());
+    eprintln!("via sh: {} hits, {stats:?}", samples(&events).count());
+    // A hot word cools down within the first window; more windows mean cooldowns ended,
+    // paid for by the child's CPU time.
+    assert!(stats.windows >= 2, "{stats:?}");
+    assert!(stats.target_cpu > Duration::from_millis(200), "{stats:?}");
+    assert_within_budget(&stats, &duty);
+}
+
 /// Trap time of every paid-for window (hits × the calibrated hit cost) ≤ s/(1+s) of the
 /// target's CPU time over the watched cycles. The last window may be unpaid when the target
 /// exits mid-cooldown; under load the reader wakes late and a window overshoots its cap, but
