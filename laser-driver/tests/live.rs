@@ -76,6 +76,15 @@ fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// A watchpoint on the stores to the fixture's shared word.
+fn shared_word_writes(t: &Target) -> WatchSpec {
+    WatchSpec {
+        addr: t.shared_word,
+        len: 8,
+        kind: WatchKind::Write,
+    }
+}
+
 fn argv(t: &Target, args: &[&str]) -> Vec<OsString> {
     std::iter::once(t.path.clone().into_os_string())
         .chain(args.iter().map(OsString::from))
@@ -304,11 +313,7 @@ fn watchpoints_hit_in_both_threads_at_the_watched_address() {
     };
     let mut s = Session::launch(&argv(t, &["0.6", "0"]), &cfg).unwrap();
     let pid = s.pid() as u32;
-    let spec = WatchSpec {
-        addr: t.shared_word,
-        len: 8,
-        kind: WatchKind::Write,
-    };
+    let spec = shared_word_writes(t);
     s.watch_mut().unwrap().arm(&[spec]).unwrap();
     let (events, status) = run_to_exit(&mut s);
     assert_eq!(status, ExitStatus::Code(0));
@@ -526,11 +531,7 @@ fn attach_arms_watchpoints_in_every_thread() {
         ..Config::default()
     };
     let mut s = Session::attach(pid, &cfg).unwrap();
-    let spec = WatchSpec {
-        addr: t.shared_word,
-        len: 8,
-        kind: WatchKind::Write,
-    };
+    let spec = shared_word_writes(t);
     s.watch_mut().unwrap().arm(&[spec]).unwrap();
     let (events, status) = run_to_exit(&mut s);
     child.wait().unwrap();
@@ -609,11 +610,7 @@ fn duty_cycle_bounds_trap_time_on_a_hot_word() {
         ..Config::default()
     };
     let mut s = Session::launch(&argv(t, &["0.5", "0", "hot"]), &cfg).unwrap();
-    let spec = WatchSpec {
-        addr: t.shared_word,
-        len: 8,
-        kind: WatchKind::Write,
-    };
+    let spec = shared_word_writes(t);
     s.watch_mut().unwrap().arm(&[spec]).unwrap();
     let (events, _) = run_to_exit(&mut s);
     let w = s.watch_mut().unwrap();
@@ -641,11 +638,7 @@ fn duty_cycle_budgets_the_cpu_of_processes_the_target_forks() {
     let script = format!("{} 0.5 0 hot; true", t.path.display());
     let cmd: Vec<OsString> = ["sh", "-c", &script].iter().map(OsString::from).collect();
     let mut s = Session::launch(&cmd, &cfg).unwrap();
-    let spec = WatchSpec {
-        addr: t.shared_word,
-        len: 8,
-        kind: WatchKind::Write,
-    };
+    let spec = shared_word_writes(t);
     s.watch_mut().unwrap().arm(&[spec]).unwrap();
     let (events, status) = run_to_exit(&mut s);
     assert_eq!(status, ExitStatus::Code(0));
