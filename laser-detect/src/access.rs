@@ -320,6 +320,7 @@ mod tests {
             weight: 100_000,
             regs: Some(r),
             watch_slot: None,
+            callers: Default::default(),
         }
     }
 

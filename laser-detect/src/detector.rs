@@ -27,13 +27,14 @@ use hashbrown::HashMap;
 use laser_driver::{BackendKind, Event, Mmap, Sample, StreamStats};
 
 use crate::access::{resolve, Accesses, DropReason};
+use crate::call_sites::{is_shared_library, CallSites};
 use crate::code::{CodeSource, FileMapping};
 use crate::estimate::{Estimator, LineEstimate, DEFAULT_TRAP_COST_NS};
-use crate::findings::{Analysis, LineFinding, Location, ModuleInfo, SourceAccess};
+use crate::findings::{Analysis, CallSite, LineFinding, Location, ModuleInfo, SourceAccess};
 use crate::line_kind::line_kind;
 use crate::line_model::{LineModel, LineStat};
 use crate::maps::{self, AddressSpace, Class, KERNEL_START};
-use crate::pccache::PcCache;
+use crate::pccache::{PcCache, Where};
 
 pub use crate::candidates::WatchCandidate;
 
@@ -117,6 +118,7 @@ pub struct Detector<C: CodeSource> {
     /// stack lookup runs only when a thread's sp leaves it.
     stacks: [(u32, u64, u64); STACK_SLOTS],
     out: Accesses,
+    call_sites: CallSites,
 }
 
 const STACK_SLOTS: usize = 64;
@@ -151,6 +153,7 @@ impl<C: CodeSource> Detector<C> {
             backends: [0; 4],
             stacks: [(0, 0, 0); STACK_SLOTS],
             out: Accesses::default(),
+            call_sites: CallSites::default(),
         }
     }
 
@@ -250,6 +253,7 @@ impl<C: CodeSource> Detector<C> {
                 // New program image: old mappings and decoded code are gone.
                 self.spaces.insert(*pid, AddressSpace::new());
                 self.pcs.clear();
+                self.call_sites.clear_checks();
             }
             Event::Fork { pid, ppid, .. } if pid != ppid => {
                 if let Some(parent) = self.spaces.get(ppid).cloned() {
@@ -293,7 +297,17 @@ impl<C: CodeSource> Detector<C> {
         let space = self.spaces.entry(s.pid).or_default();
         let info = self
             .pcs
-            .get_with(s.ip, &self.code, || space.classify(s.ip) == Class::Special);
+            .get_with(s.ip, &self.code, || match space.classify(s.ip) {
+                Class::Special => Where {
+                    special: true,
+                    library: false,
+                },
+                Class::Module { module, .. } => Where {
+                    special: false,
+                    library: is_shared_library(&space.modules[module as usize].path),
+                },
+                _ => Where::default(),
+            });
         if info.special {
             self.filter.special_pc += 1;
             return;
@@ -316,6 +330,25 @@ impl<C: CodeSource> Detector<C> {
             }
             return;
         }
+        // A sample inside a shared library: where the program called it (the stack's
+        // candidates, checked against this process's maps and the code before them).
+        let ip_class = if info.library && !s.callers.is_empty() {
+            space.classify(s.ip)
+        } else {
+            Class::Unknown // program code, or no candidates: nothing to look up
+        };
+        let caller = match ip_class {
+            Class::Module { module, .. } => {
+                self.call_sites.pick(&self.code, s.callers.as_slice(), |c| {
+                    match space.classify(c) {
+                        Class::Module { module: m, .. } => m != module,
+                        _ => false,
+                    }
+                })
+            }
+            _ => None,
+        };
+        let line_mask = !(u64::from(self.model.line_size().max(1)) - 1);
         for a in self.out.iter() {
             match space.classify(a.addr) {
                 Class::Stack | Class::Special => {
@@ -324,12 +357,43 @@ impl<C: CodeSource> Detector<C> {
                 }
                 _ => {}
             }
+            if let Some(ret) = caller {
+                self.call_sites.note(a.addr & line_mask, a.pc, ret);
+            }
             self.filter.accesses += 1;
             self.model.access(a);
             if s.backend == BackendKind::Watch {
                 self.estimator.observe(a);
             }
         }
+    }
+
+    /// `addr` as a place in a module's code, else `Unknown`.
+    fn code_location(&self, addr: u64) -> Location {
+        match self.location(addr) {
+            m @ Location::Module { .. } => m,
+            _ => Location::Unknown,
+        }
+    }
+
+    /// The call sites seen for instruction `pc` on the line, most samples first.
+    fn called_from(&self, line_addr: u64, pc: u64) -> Vec<CallSite> {
+        let Some(c) = self.call_sites.get(line_addr, pc) else {
+            return Vec::new();
+        };
+        let total = c.total().max(1) as f64;
+        let mut out: Vec<CallSite> = c
+            .sites
+            .iter()
+            .map(|&(ret, samples)| CallSite {
+                ret,
+                code: self.code_location(ret),
+                samples,
+                share: samples as f64 / total,
+            })
+            .collect();
+        out.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.ret.cmp(&b.ret)));
+        out
     }
 
     fn location(&self, addr: u64) -> Location {
@@ -402,14 +466,12 @@ impl<C: CodeSource> Detector<C> {
                 };
                 SourceAccess {
                     pc: s.pc,
-                    code: match self.location(s.pc) {
-                        m @ Location::Module { .. } => m,
-                        _ => Location::Unknown,
-                    },
+                    code: self.code_location(s.pc),
                     op: s.op,
                     offsets: s.offsets,
                     events: ev,
                     threads,
+                    called_from: self.called_from(l.line_addr, s.pc),
                 }
             })
             .collect();

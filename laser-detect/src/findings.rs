@@ -82,6 +82,22 @@ pub struct SourceAccess {
     pub events: u64,
     /// Threads that executed it against this line.
     pub threads: Vec<u32>,
+    /// For an instruction in a shared library: where the program called into the library,
+    /// most samples first (see [`crate::call_sites`]). Empty when unknown.
+    pub called_from: Vec<CallSite>,
+}
+
+/// A call into a library, found on the sampled stacks of one contending instruction.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallSite {
+    /// Run-time return address (the instruction after the call).
+    pub ret: u64,
+    /// Its module and ELF vaddr, else `Unknown`.
+    pub code: Location,
+    /// Samples of the instruction on this line called from here.
+    pub samples: u64,
+    /// `samples` over all of the instruction's samples with a known call site on this line.
+    pub share: f64,
 }
 
 /// One contended cache line.

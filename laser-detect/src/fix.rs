@@ -409,6 +409,7 @@ mod tests {
             fields: vec![],
             events: 10,
             threads: vec![thread],
+            called_from: vec![],
         }
     }
 

@@ -7,6 +7,7 @@
 //! and [`estimate`] turn soft-sample findings into watchpoint windows and honest rates.
 
 pub mod access;
+pub mod call_sites;
 pub mod candidates;
 pub mod classify;
 pub mod code;
@@ -35,7 +36,7 @@ pub mod symbolize;
 pub use code::{CodeSource, ElfCode, Fallback, MemoryCode, ProcessCode};
 pub use detector::{Config, Detector, FilterStats, WatchCandidate};
 pub use estimate::{Estimator, LineEstimate};
-pub use findings::{Analysis, Kind, LineFinding, Location, ModuleInfo, Op, SourceAccess};
+pub use findings::{Analysis, CallSite, Kind, LineFinding, Location, ModuleInfo, Op, SourceAccess};
 
 pub use render_text::render_text;
 pub use report::{Report, ReportError, SCHEMA};

@@ -87,6 +87,7 @@ mod tests {
                 weight: 1,
                 regs: Some(regs),
                 watch_slot: None,
+                callers: Default::default(),
             })
         };
         let mut t = 1_000_000_000u64;

@@ -38,6 +38,15 @@ pub struct PcInfo {
     pub guard: Option<iced_x86::ConditionCode>,
     /// The PC lies in vdso/vvar/vsyscall (decided by the caller at first sight).
     pub special: bool,
+    /// The PC lies in a shared library's code (decided by the caller at first sight).
+    pub library: bool,
+}
+
+/// What the caller of [`PcCache::get_with`] knows about where a new PC lies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Where {
+    pub special: bool,
+    pub library: bool,
 }
 
 struct Sweep {
@@ -88,28 +97,32 @@ impl PcCache {
     /// The decoded facts for `pc`, decoding on first sight.
     #[inline]
     pub fn get<C: CodeSource + ?Sized>(&mut self, pc: u64, code: &C) -> PcInfo {
-        self.get_with(pc, code, || false)
+        self.get_with(pc, code, Where::default)
     }
 
-    /// As [`Self::get`]; on first sight `special` decides whether the PC is in kernel-provided
-    /// pages (then it is not decoded).
+    /// As [`Self::get`]; on first sight `place` says whether the PC is in kernel-provided
+    /// pages (then it is not decoded) or in a shared library.
     #[inline]
     pub fn get_with<C: CodeSource + ?Sized>(
         &mut self,
         pc: u64,
         code: &C,
-        special: impl FnOnce() -> bool,
+        place: impl FnOnce() -> Where,
     ) -> PcInfo {
         if let Some(p) = self.pcs.get(&pc) {
             return *p;
         }
-        let info = if special() {
+        let w = place();
+        let info = if w.special {
             PcInfo {
                 special: true,
                 ..PcInfo::default()
             }
         } else {
-            self.decode(pc, code)
+            PcInfo {
+                library: w.library,
+                ..self.decode(pc, code)
+            }
         };
         self.pcs.insert(pc, info);
         info

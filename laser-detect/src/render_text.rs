@@ -20,7 +20,7 @@ use std::fmt::Write;
 
 use crate::findings::{Kind, Op};
 use crate::fix::byte_ranges;
-use crate::report::{Finding, Report, Source};
+use crate::report::{CalledFrom, Finding, Report, Source};
 
 const WRAP: usize = 100;
 /// Sources listed per finding in text.
@@ -444,6 +444,33 @@ fn source(out: &mut String, label: &str, s: &Source, f: &Finding) {
             "{pad}inlined into {}{at}",
             frame.function.as_deref().unwrap_or("?")
         );
+    }
+    if !s.called_from.is_empty() {
+        let sites: Vec<String> = s
+            .called_from
+            .iter()
+            .map(|c| format!("{} ({})", call_site(c), percent(c.share)))
+            .collect();
+        let first = format!("{pad}called from");
+        wrap(out, &first, &sites.join(", "), first.len() + 1);
+    }
+}
+
+/// Where a call site is: `file:line in function`, else symbol or module+offset.
+fn call_site(c: &CalledFrom) -> String {
+    match (&c.file, c.line, &c.function) {
+        (Some(file), Some(line), f) => {
+            let base = file.rsplit('/').next().unwrap_or(file);
+            match f {
+                Some(fun) => format!("{base}:{line} in {fun}"),
+                None => format!("{base}:{line}"),
+            }
+        }
+        _ => match (&c.symbol, &c.module, c.offset) {
+            (Some(sym), _, _) => sym.clone(),
+            (None, Some(m), Some(o)) => format!("{}+{o:#x}", m.rsplit('/').next().unwrap_or(m)),
+            _ => format!("{:#x}", c.ret),
+        },
     }
 }
 

@@ -211,6 +211,37 @@ pub struct Source {
     pub events: u64,
     #[serde(default)]
     pub threads: Vec<u32>,
+    /// For an instruction in a shared library: where the program called into it, most
+    /// samples first (from return addresses on the sampled stacks).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub called_from: Vec<CalledFrom>,
+}
+
+/// A call site in the program that led to a library instruction.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CalledFrom {
+    /// Run-time return address (the instruction after the call; that run only).
+    #[serde(with = "hex")]
+    pub ret: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
+    /// ELF vaddr of the return address in `module`.
+    #[serde(default, with = "opt_hex", skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    /// Source position and function of the call instruction itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+    /// ELF symbol + offset of the return address, e.g. `push+0x1c`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symbol: Option<String>,
+    /// Samples of the instruction on this line that came from here, and their share of
+    /// those with a known call site.
+    pub samples: u64,
+    pub share: f64,
 }
 
 fn yes() -> bool {
@@ -411,6 +442,17 @@ mod tests {
                     fields: vec![],
                     events: 5,
                     threads: vec![11],
+                    called_from: vec![CalledFrom {
+                        ret: 0x5555_5555_5301,
+                        module: Some("/src/lr".into()),
+                        offset: Some(0x1301),
+                        file: Some("lr.c".into()),
+                        line: Some(40),
+                        function: Some("main".into()),
+                        symbol: Some("main+0x21".into()),
+                        samples: 7,
+                        share: 1.0,
+                    }],
                 }],
                 fix: "pad".into(),
             }],
@@ -424,6 +466,13 @@ mod tests {
         assert_eq!(back, r);
         assert!(r.to_json().contains("\"line_addr\": \"0x555555558080\""));
         assert!(r.to_json().contains("\"op\": \"rmw\""));
+        assert!(r.to_json().contains("\"ret\": \"0x555555555301\""));
+        // A source without call sites writes no `called_from`, and an older report without
+        // the field reads back with none.
+        let mut none = r.clone();
+        none.findings[0].sources[0].called_from.clear();
+        assert!(!none.to_json().contains("called_from"));
+        assert_eq!(Report::from_json(&none.to_json()).unwrap(), none);
     }
 
     #[test]

@@ -3,12 +3,12 @@
 use std::collections::BTreeSet;
 
 use crate::dataname::LineData;
-use crate::findings::{Analysis, LineFinding, Location, SourceAccess};
+use crate::findings::{Analysis, CallSite, LineFinding, Location, SourceAccess};
 use crate::fix;
 use crate::heap_names::HeapBlocks;
 use crate::report::{
-    mask_offsets, ranges, BelowThreshold, Data, DataObject, Finding, HeapBlock, Inlined, Report,
-    Source, SCHEMA,
+    mask_offsets, ranges, BelowThreshold, CalledFrom, Data, DataObject, Finding, HeapBlock,
+    Inlined, Report, Source, SCHEMA,
 };
 use crate::symbolize::Symbolizer;
 
@@ -142,6 +142,11 @@ fn remap_paths(r: &mut Report, map: &[(String, String)]) {
             }
             for i in &mut s.inlined {
                 if let Some(p) = &mut i.file {
+                    remap(p, map);
+                }
+            }
+            for c in &mut s.called_from {
+                for p in [&mut c.module, &mut c.file].into_iter().flatten() {
                     remap(p, map);
                 }
             }
@@ -414,6 +419,11 @@ fn source(
             .unwrap_or_default(),
         events: s.events,
         threads,
+        called_from: s
+            .called_from
+            .iter()
+            .map(|c| called_from(c, sym, modules))
+            .collect(),
     };
     if let Location::Module { path, vaddr } = &s.code {
         modules.insert(path.clone());
@@ -436,6 +446,34 @@ fn source(
         if let (Some(file), Some(line), true) = (&loc.file, loc.line, opts.source_text) {
             out.text = sym.source_line(file, line);
         }
+        out.file = loc.file;
+        out.line = loc.line;
+    }
+    out
+}
+
+/// A call site, symbolized at the call instruction (the byte before the return address: the
+/// return address itself may already belong to the next source line).
+fn called_from(c: &CallSite, sym: &mut Symbolizer, modules: &mut BTreeSet<String>) -> CalledFrom {
+    let mut out = CalledFrom {
+        ret: c.ret,
+        module: None,
+        offset: None,
+        file: None,
+        line: None,
+        function: None,
+        symbol: None,
+        samples: c.samples,
+        share: c.share,
+    };
+    if let Location::Module { path, vaddr } = &c.code {
+        modules.insert(path.clone());
+        let loc = sym.symbolize(path, vaddr.saturating_sub(1));
+        out.module = Some(path.clone());
+        out.offset = Some(*vaddr);
+        out.symbol = sym.symbolize(path, *vaddr).symbol;
+        // Innermost, as for the sources: the line the call is written on.
+        out.function = loc.function;
         out.file = loc.file;
         out.line = loc.line;
     }

@@ -79,6 +79,7 @@ fn soft(tid: u32, time: u64, ip: u64, cx: u64) -> Event {
         weight: 100_000,
         regs: Some(regs),
         watch_slot: None,
+        callers: Default::default(),
     })
 }
 
@@ -209,6 +210,7 @@ fn watch(tid: u32, time: u64, ip_after: u64, addr: u64) -> Event {
         weight: 1,
         regs: None,
         watch_slot: Some(0),
+        callers: Default::default(),
     })
 }
 
@@ -470,6 +472,7 @@ fn precise_samples_are_weighted_by_their_period() {
                 weight: 1000,
                 regs: None,
                 watch_slot: None,
+                callers: Default::default(),
             }));
         }
     }
@@ -483,4 +486,105 @@ fn precise_samples_are_weighted_by_their_period() {
     assert!(!a.notes.iter().any(|n| n.contains("lower bound")));
     let ops: Vec<Op> = f.sources.iter().map(|s| s.op).collect();
     assert!(ops.contains(&Op::Load) && ops.contains(&Op::Store));
+}
+
+/// Contention sampled inside a shared library (a lock routine's loop) is shown with the
+/// program's call sites: the first stack candidate in another module that follows a call.
+/// Candidates in the library itself, or after no call, are passed over; samples in the
+/// program's own code get no call sites.
+#[test]
+fn library_samples_name_the_programs_call_sites() {
+    const LIB: u64 = 0x7f00_0000_1000;
+    let maps = format!(
+        "{MAPS}7f0000000000-7f0000001000 r--p 00000000 08:01 2 /lib/libc.so.6\n\
+         7f0000001000-7f0000002000 r-xp 00001000 08:01 2 /lib/libc.so.6\n"
+    );
+    // The library: the counter loop. The program: `call rel32` (to a PLT-like stub) at
+    // 0x401800 and at 0x401900, and a `nop` at 0x401a00 (a code pointer that is no return
+    // address).
+    let mut a = CodeAssembler::new(64).unwrap();
+    let mut top = a.create_label();
+    a.set_label(&mut top).unwrap();
+    a.mov(rsi, qword_ptr(rcx)).unwrap();
+    a.add(rsi, 1).unwrap();
+    a.mov(qword_ptr(rcx), rsi).unwrap();
+    a.dec(rax).unwrap();
+    a.jnz(top).unwrap();
+    a.ret().unwrap();
+    let lib = a.assemble(LIB).unwrap();
+    let lib_pcs = laser_test_starts(LIB, &lib);
+    let (mut code, c, _) = program();
+    code.add_function(LIB, lib);
+    for at in [0x40_1800u64, 0x40_1900] {
+        let mut b = CodeAssembler::new(64).unwrap();
+        b.call(CODE).unwrap();
+        b.nop().unwrap();
+        code.add(at, b.assemble(at).unwrap());
+    }
+    code.add(0x40_19f8, vec![0x90; 16]);
+    let (from_a, from_b, not_ret) = (0x40_1805u64, 0x40_1905u64, 0x40_1a00u64);
+
+    let mut d = Detector::new(Config::default(), code);
+    d.add_maps(PID, &maps);
+    let mut t = 1_000_000_000u64;
+    for i in 0..200u64 {
+        let ip = if i % 2 == 0 { lib_pcs[1] } else { lib_pcs[3] };
+        for (tid, off, stack) in [
+            (1, 0, vec![LIB + 0x40, from_a]),
+            (2, 8, vec![not_ret, LIB + 0x44, from_b]),
+        ] {
+            t += 100_000;
+            let mut e = soft(tid, t, ip, LINE + off);
+            if let Event::Sample(s) = &mut e {
+                s.callers = stack.iter().collect();
+            }
+            d.feed(&e);
+        }
+        // The program's own counter, with a candidate into the library: no call site.
+        for (tid, off) in [(3, 32), (4, 40)] {
+            t += 100_000;
+            let mut e = soft(tid, t, c[if i % 2 == 0 { 1 } else { 3 }], LINE + 0x40 + off);
+            if let Event::Sample(s) = &mut e {
+                s.callers = [LIB + 0x20].iter().collect();
+            }
+            d.feed(&e);
+        }
+    }
+    let a = d.finish();
+    assert_eq!(a.findings.len(), 2, "{:#?}", a.findings);
+    let lib_line = a.findings.iter().find(|f| f.line_addr == LINE).unwrap();
+    for s in &lib_line.sources {
+        assert!(
+            matches!(&s.code, Location::Module { path, .. } if path == "/lib/libc.so.6"),
+            "{s:?}"
+        );
+        let sites: Vec<(u64, u64)> = s.called_from.iter().map(|c| (c.ret, c.samples)).collect();
+        assert_eq!(sites.len(), 2, "{sites:x?}");
+        assert!(sites
+            .iter()
+            .all(|&(r, n)| (r == from_a || r == from_b) && n > 0));
+        let share: f64 = s.called_from.iter().map(|c| c.share).sum();
+        assert!((share - 1.0).abs() < 1e-9);
+        assert!(matches!(
+            &s.called_from[0].code,
+            // ELF vaddr: the run-time address less /app's load bias (0x400000).
+            Location::Module { path, vaddr }
+                if path == "/app" && [from_a, from_b].contains(&(vaddr + 0x40_0000))
+        ));
+    }
+    let app_line = a
+        .findings
+        .iter()
+        .find(|f| f.line_addr == LINE + 0x40)
+        .unwrap();
+    assert!(app_line.sources.iter().all(|s| s.called_from.is_empty()));
+}
+
+fn laser_test_starts(ip: u64, bytes: &[u8]) -> Vec<u64> {
+    let mut d = iced_x86::Decoder::with_ip(64, bytes, ip, iced_x86::DecoderOptions::NONE);
+    let mut v = Vec::new();
+    while d.can_decode() {
+        v.push(d.decode().ip());
+    }
+    v
 }

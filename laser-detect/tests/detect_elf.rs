@@ -171,6 +171,7 @@ fn run(seed: Seed) {
                 weight: 1,
                 regs: Some(regs),
                 watch_slot: None,
+                callers: Default::default(),
             }));
         }
     }

@@ -80,6 +80,7 @@ fn events(text: &str, exe: &str) -> Vec<Event> {
                     weight: 250_000,
                     regs: Some(regs),
                     watch_slot: None,
+                    callers: Default::default(),
                 }))
             }
             "W" => v.push(Event::Sample(Sample {
@@ -94,6 +95,7 @@ fn events(text: &str, exe: &str) -> Vec<Event> {
                 weight: 1,
                 regs: None,
                 watch_slot: Some(0),
+                callers: Default::default(),
             })),
             other => panic!("bad record kind {other}"),
         }

@@ -22,6 +22,7 @@ fn analysis(t1: std::ops::Range<u32>, t2: std::ops::Range<u32>) -> Analysis {
         offsets,
         events: 5000,
         threads: vec![t],
+        called_from: vec![],
     };
     Analysis {
         backend: BackendKind::Soft,

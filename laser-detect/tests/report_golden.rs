@@ -12,7 +12,9 @@ mod report_common;
 
 use std::collections::HashMap;
 
-use laser_detect::findings::{Analysis, Kind, LineFinding, Location, ModuleInfo, Op, SourceAccess};
+use laser_detect::findings::{
+    Analysis, CallSite, Kind, LineFinding, Location, ModuleInfo, Op, SourceAccess,
+};
 use laser_detect::{build_report, render_text, Report, ReportOptions};
 use laser_driver::BackendKind;
 use report_common::{build, fixture, marker, Built, BIAS, MODULE};
@@ -120,6 +122,7 @@ impl Addrs {
             offsets,
             events,
             threads: threads.to_vec(),
+            called_from: vec![],
         }
     }
 }
@@ -296,7 +299,7 @@ fn analysis(b: &Built) -> (Analysis, Addrs) {
     ));
 
     let data = global(&mut a, "lock_word");
-    let s = vec![
+    let mut s = vec![
         a.src(
             "lock",
             at("lock", 0),
@@ -314,6 +317,19 @@ fn analysis(b: &Built) -> (Analysis, Addrs) {
             &[t1, t2],
         ),
     ];
+    // spin_lock is a real call at -O0: its return address is the first instruction of the
+    // next line (@total), and the report names the call's own line (@call_lock).
+    // (Its addresses are those of the @total source below, and normalize to its names.)
+    let ret = at("total", 0);
+    s[0].called_from = vec![CallSite {
+        ret: BIAS + ret,
+        code: Location::Module {
+            path: MODULE.into(),
+            vaddr: ret,
+        },
+        samples: 40,
+        share: 1.0,
+    }];
     findings.push(line(
         &mut a,
         "lock",
@@ -388,6 +404,7 @@ fn analysis(b: &Built) -> (Analysis, Addrs) {
         offsets: 0xff << 32,
         events: 2_100,
         threads: vec![t1, t2],
+        called_from: vec![],
     };
     findings.push(line(
         &mut a,
@@ -486,6 +503,14 @@ fn golden_text_and_json_with_debug_info() {
         "{}",
         acc.fix
     );
+    let lock = report
+        .findings
+        .iter()
+        .find(|f| f.data.name == "lock_word")
+        .unwrap();
+    let call = &lock.sources[0].called_from[0];
+    assert_eq!(call.line, Some(marker("call_lock")));
+    assert_eq!(call.function.as_deref(), Some("worker"));
     let hits = &report.findings[1];
     assert_eq!(hits.data.name, "hits_a, hits_b");
     assert_eq!(hits.sources[1].inlined[0].line, Some(marker("bump_b")));

@@ -12,9 +12,11 @@ use perf_event_open_sys::bindings as b;
 
 use crate::event::SOFT_REGS_MASK;
 
-/// IDENTIFIER | IP | TID | TIME | ADDR | CPU | PERIOD | REGS_USER. `ADDR` is 0 for cpu-clock
-/// and the watched address for breakpoints; regs on watch hits let the detector see the
-/// registers after the access too.
+/// IDENTIFIER | IP | TID | TIME | ADDR | CPU | PERIOD | REGS_USER | STACK_USER. `ADDR` is 0
+/// for cpu-clock and the watched address for breakpoints; regs on watch hits let the detector
+/// see the registers after the access too. The top of the user stack
+/// ([`STACK_USER_BYTES`]) is scanned by the decoder for return addresses (`Sample::callers`)
+/// and not kept.
 pub const SAMPLE_TYPE: u64 = (b::PERF_SAMPLE_IDENTIFIER
     | b::PERF_SAMPLE_IP
     | b::PERF_SAMPLE_TID
@@ -22,7 +24,13 @@ pub const SAMPLE_TYPE: u64 = (b::PERF_SAMPLE_IDENTIFIER
     | b::PERF_SAMPLE_ADDR
     | b::PERF_SAMPLE_CPU
     | b::PERF_SAMPLE_PERIOD
-    | b::PERF_SAMPLE_REGS_USER) as u64;
+    | b::PERF_SAMPLE_REGS_USER
+    | b::PERF_SAMPLE_STACK_USER) as u64;
+
+/// Bytes of user stack copied into each sample, from the stack pointer up: enough for a few
+/// library frames (glibc's mutex lock and its futex wait keep ~100 bytes each) above the
+/// program's call site. The kernel copies them with the sample (≈ 0.1 µs); a multiple of 8.
+pub const STACK_USER_BYTES: u32 = 512;
 
 /// Where a watchpoint points while it is not armed. Page 0 is never mapped in a user process,
 /// is 8-aligned (valid for every length) and lies in user space (no privilege needed).
@@ -48,6 +56,7 @@ fn base(binding: Binding) -> b::perf_event_attr {
         size: std::mem::size_of::<b::perf_event_attr>() as u32,
         sample_type: SAMPLE_TYPE,
         sample_regs_user: SOFT_REGS_MASK,
+        sample_stack_user: STACK_USER_BYTES,
         ..Default::default()
     };
     a.set_exclude_kernel(1);
@@ -218,6 +227,8 @@ mod tests {
         let info = parse_info(&bytes).unwrap();
         assert!(info.sample_format.contains(SampleFormat::REGS_USER));
         assert!(info.sample_format.contains(SampleFormat::IDENTIFIER));
+        assert!(info.sample_format.contains(SampleFormat::STACK_USER));
+        assert_eq!(a.sample_stack_user, STACK_USER_BYTES);
         assert_eq!(info.sample_regs_user, SOFT_REGS_MASK);
         assert_eq!(info.user_regs_count as u32, SOFT_REGS_MASK.count_ones());
         assert_eq!(a.inherit(), 1);

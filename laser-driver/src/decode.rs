@@ -8,7 +8,8 @@ use linux_perf_event_reader::{
     RecordParseInfo, RecordType,
 };
 
-use crate::event::{BackendKind, Event, Mmap, Sample, UserRegs, NUM_REGS};
+use crate::event::{BackendKind, Callers, Event, Mmap, Sample, UserRegs, NUM_REGS};
+use crate::exec_ranges::ExecRanges;
 use crate::ring::RawRecord;
 
 /// Which of laser's events an id belongs to.
@@ -21,12 +22,14 @@ pub enum Source {
     Tracking,
 }
 
-/// Decoder state: the record layout and the id → source map.
+/// Decoder state: the record layout, the id → source map and the executable mappings seen
+/// (for the return addresses on a sample's stack).
 #[derive(Debug, Clone)]
 pub struct Decoder {
     info: RecordParseInfo,
     sources: HashMap<u64, Source>,
     default_source: Source,
+    exec: ExecRanges,
     /// Records that failed to parse (kernel/parser mismatch or corruption).
     pub malformed: u64,
 }
@@ -38,6 +41,7 @@ impl Decoder {
             info,
             sources: HashMap::new(),
             default_source,
+            exec: ExecRanges::default(),
             malformed: 0,
         }
     }
@@ -46,12 +50,22 @@ impl Decoder {
         self.sources.insert(id, source);
     }
 
+    /// A mapping that exists without a record in the rings (attach: read from
+    /// `/proc/PID/maps`), so return addresses into it are recognised.
+    pub fn note_mmap(&mut self, m: &Mmap) {
+        let exec = m.prot & libc::PROT_EXEC as u32 != 0;
+        self.exec
+            .note(m.addr, m.addr.saturating_add(m.len), exec, &m.path);
+    }
+
     /// Decodes one record; `None` for record types laser does not use, or malformed ones
     /// (counted in `malformed`).
     pub fn decode(&mut self, raw: RawRecord<'_>) -> Option<Event> {
         let r = self.decode_inner(raw);
-        if r.is_err() {
-            self.malformed += 1;
+        match &r {
+            Err(()) => self.malformed += 1,
+            Ok(Some(Event::Mmap(m))) => self.note_mmap(m),
+            Ok(_) => {}
         }
         r.ok().flatten()
     }
@@ -88,13 +102,23 @@ impl Decoder {
                     }
                     u
                 });
+                let ip = s.ip.unwrap_or(0);
+                let mut callers = Callers::default();
+                if let Some((stack, dyn_size)) = &s.user_stack {
+                    // `dyn_size`: how much of the copy is real stack (the rest is zeros
+                    // when the stack top is closer than the requested size).
+                    let n = (*dyn_size as usize).min(stack.len());
+                    if let Some(top) = stack.get(0..n) {
+                        self.exec.callers(ip, &top.as_slice(), &mut callers);
+                    }
+                }
                 Event::Sample(Sample {
                     backend,
                     pid: s.pid.unwrap_or(-1) as u32,
                     tid: s.tid.unwrap_or(-1) as u32,
                     cpu: s.cpu.unwrap_or(0),
                     time: s.timestamp.unwrap_or(time),
-                    ip: s.ip.unwrap_or(0),
+                    ip,
                     addr: if backend == BackendKind::Watch {
                         s.addr
                     } else {
@@ -107,6 +131,7 @@ impl Decoder {
                     },
                     regs,
                     watch_slot: slot,
+                    callers,
                 })
             }
             EventRecord::Mmap2(m) => Event::Mmap(Mmap {

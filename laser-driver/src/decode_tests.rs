@@ -48,6 +48,26 @@ impl Body {
 }
 
 fn sample_body(id: u64, ip: u64, pid: u32, tid: u32, time: u64, addr: u64, cpu: u32) -> Vec<u8> {
+    let mut b = regs_part(id, ip, pid, tid, time, addr, cpu);
+    // PERF_SAMPLE_STACK_USER with nothing copied: size 0 and no dyn_size.
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b
+}
+
+/// A sample whose stack copy holds `words` (the kernel's `size` = STACK_USER_BYTES, the rest
+/// zero) of which the first `dyn_size` bytes are real.
+fn sample_with_stack(ip: u64, words: &[u64], dyn_size: u64) -> Vec<u8> {
+    let mut b = regs_part(ID_SOFT, ip, 10, 11, 200, 0, 0);
+    let size = attr::STACK_USER_BYTES as usize;
+    b.extend_from_slice(&(size as u64).to_le_bytes());
+    let mut stack: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    stack.resize(size, 0);
+    b.extend_from_slice(&stack);
+    b.extend_from_slice(&dyn_size.to_le_bytes());
+    b
+}
+
+fn regs_part(id: u64, ip: u64, pid: u32, tid: u32, time: u64, addr: u64, cpu: u32) -> Vec<u8> {
     let mut b = Body::default()
         .u64(id)
         .u64(ip)
@@ -396,4 +416,60 @@ proptest::proptest! {
         let mut d = decoder();
         let _ = d.decode(RawRecord { kind, misc, body: &body });
     }
+}
+
+/// Return addresses into other modules are picked from the stack copy, within `dyn_size`,
+/// using the executable mappings decoded before the sample (the stack itself is not kept).
+#[test]
+fn sampled_stacks_yield_return_addresses_into_other_modules() {
+    let mmap2 = |addr: u64, len: u64, prot: u32, path: &str, time: u64| {
+        Body::default()
+            .u32(10)
+            .u32(10)
+            .u64(addr)
+            .u64(len)
+            .u64(0)
+            .u32(8)
+            .u32(1)
+            .u64(1234)
+            .u64(0)
+            .u32(prot)
+            .u32(2)
+            .cstr(path)
+            .trailer(10, 10, time, 0, ID_SOFT)
+    };
+    let libc_ip = 0x7f00_0000_0100;
+    let records = vec![
+        // A sample before any code is known: no candidates.
+        (9, 0, sample_with_stack(libc_ip, &[0x401010], 512)),
+        (10, 0, mmap2(0x400000, 0x2000, 5, "/usr/bin/app", 1)),
+        (10, 0, mmap2(0x402000, 0x1000, 3, "/usr/bin/app", 2)),
+        (
+            10,
+            0,
+            mmap2(0x7f00_0000_0000, 0x1000, 5, "/lib/libc.so.6", 3),
+        ),
+        (
+            9,
+            0,
+            sample_with_stack(
+                libc_ip,
+                // libc frame, app data, the app's return address, then past dyn_size
+                // another app address that is not real stack.
+                &[0x7f00_0000_0200, 0x402010, 0x401010, 0x401020],
+                24,
+            ),
+        ),
+        (9, 0, sample_body(ID_SOFT, libc_ip, 10, 11, 300, 0, 0)),
+    ];
+    let (events, d) = decode_all(&records, 0);
+    assert_eq!(d.malformed, 0);
+    let callers: Vec<Vec<u64>> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Sample(s) => Some(s.callers.as_slice().to_vec()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(callers, vec![vec![], vec![0x401010], vec![]]);
 }

@@ -130,6 +130,70 @@ impl fmt::Debug for UserRegs {
     }
 }
 
+/// Most candidate return addresses a sample carries (see [`Callers`]).
+pub const MAX_CALLERS: usize = 4;
+
+/// Candidate return addresses found on a sample's user stack: words, lowest address (innermost
+/// frame) first, that point into executable code of a module other than the one the sample's
+/// IP is in. The detector keeps the first that follows a call instruction: the call site in
+/// the program of a sample taken inside a library (glibc's mutex code has no frame pointers,
+/// so a frame-pointer walk would skip exactly that caller). Empty when the stack was not
+/// recorded or held no such word.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct Callers {
+    len: u8,
+    pcs: [u64; MAX_CALLERS],
+}
+
+impl Callers {
+    /// Adds `pc` unless it is already there; returns false (and adds nothing) when full.
+    pub fn push(&mut self, pc: u64) -> bool {
+        if self.as_slice().contains(&pc) {
+            return true;
+        }
+        let Some(slot) = self.pcs.get_mut(self.len as usize) else {
+            return false;
+        };
+        *slot = pc;
+        self.len += 1;
+        true
+    }
+
+    pub fn as_slice(&self) -> &[u64] {
+        &self.pcs[..self.len as usize]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
+impl<'a> FromIterator<&'a u64> for Callers {
+    fn from_iter<I: IntoIterator<Item = &'a u64>>(it: I) -> Self {
+        let mut c = Callers::default();
+        for &pc in it {
+            if !c.push(pc) {
+                break;
+            }
+        }
+        c
+    }
+}
+
+impl fmt::Debug for Callers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut l = f.debug_list();
+        for pc in self.as_slice() {
+            l.entry(&format_args!("{pc:#x}"));
+        }
+        l.finish()
+    }
+}
+
 /// One sample: an instruction observed in a thread, possibly with the data address it touched.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sample {
@@ -152,6 +216,8 @@ pub struct Sample {
     pub regs: Option<UserRegs>,
     /// For `watch`: which armed watchpoint slot fired (index into the armed set).
     pub watch_slot: Option<u8>,
+    /// Candidate return addresses into other modules, from the sampled user stack.
+    pub callers: Callers,
 }
 
 /// A new executable or data mapping in the target (`PERF_RECORD_MMAP2`).
@@ -173,6 +239,9 @@ pub struct Mmap {
 }
 
 /// Everything the detector consumes.
+// Samples are nearly every event and the largest: boxing them would allocate per sample,
+// while the rare small variants only waste the difference.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     Sample(Sample),

@@ -12,6 +12,7 @@ pub mod attr;
 pub mod decode;
 pub mod duty;
 pub mod error;
+pub mod exec_ranges;
 pub mod launch;
 pub mod mmap_ring;
 pub mod probe;
@@ -26,7 +27,8 @@ pub use attr::WatchKind;
 pub use duty::{DutyCycle, WatchStats};
 pub use error::DriverError;
 pub use event::{
-    BackendKind, Event, Mmap, Reg, Sample, StreamStats, UserRegs, NUM_REGS, SOFT_REGS_MASK,
+    BackendKind, Callers, Event, Mmap, Reg, Sample, StreamStats, UserRegs, MAX_CALLERS, NUM_REGS,
+    SOFT_REGS_MASK,
 };
 pub use launch::ExitStatus;
 pub use session::{

@@ -207,11 +207,9 @@ impl Session {
         })?;
         let maps = procinfo::parse_maps(&s.maps_snapshot);
         let ids = procinfo::read_build_ids(&maps);
-        s.pending.extend(
-            procinfo::mmap_events(pid as u32, &maps, &ids)
-                .into_iter()
-                .map(Event::Mmap),
-        );
+        let mmaps = procinfo::mmap_events(pid as u32, &maps, &ids);
+        mmaps.iter().for_each(|m| s.decoder.note_mmap(m));
+        s.pending.extend(mmaps.into_iter().map(Event::Mmap));
         for &tid in &s.known_tids {
             if let Ok(name) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")) {
                 s.pending.push_back(Event::Comm {

@@ -19,6 +19,8 @@ struct Target {
     path: PathBuf,
     shared_word: u64,
     store_insn_end: u64,
+    /// The fixture's `worker` function: [start, next symbol).
+    worker: (u64, u64),
 }
 
 /// Compiles the fixture once per test binary into a private temp directory.
@@ -58,9 +60,18 @@ fn target() -> &'static Target {
                 Some((f.next()?.to_string(), a))
             })
             .collect();
+        let start = syms["worker"];
+        // The next symbol other than the label inside worker.
+        let end = syms
+            .iter()
+            .filter(|&(n, &a)| a > start && n != "store_insn_end")
+            .map(|(_, &a)| a)
+            .min()
+            .unwrap();
         Target {
             shared_word: syms["shared_word"],
             store_insn_end: syms["store_insn_end"],
+            worker: (start, end),
             path,
         }
     })
@@ -728,5 +739,49 @@ fn main_thread_exiting_first_does_not_end_observation() {
     assert!(
         samples(&events).any(|x| x.tid as i32 != cpid),
         "workers sampled after attaching behind a zombie leader"
+    );
+}
+
+/// Samples taken inside libc carry the program's call site: the return address into `worker`
+/// found on the sampled stack (memset is a leaf without a frame pointer, so a frame-pointer
+/// walk would miss it).
+#[test]
+fn samples_in_a_library_carry_the_programs_return_address() {
+    let t = target();
+    let mut s = Session::launch(&argv(t, &["0.4", "0", "libc"]), &Config::default()).unwrap();
+    let (events, _) = run_to_exit(&mut s);
+    let libc: Vec<(u64, u64)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Mmap(m) if m.prot & libc::PROT_EXEC as u32 != 0 && m.path.contains("libc") => {
+                Some((m.addr, m.addr + m.len))
+            }
+            _ => None,
+        })
+        .collect();
+    let in_libc: Vec<&Sample> = samples(&events)
+        .filter(|s| libc.iter().any(|&(a, b)| a <= s.ip && s.ip < b))
+        .collect();
+    let (start, end) = t.worker;
+    let from_worker = in_libc
+        .iter()
+        .filter(|s| {
+            s.callers
+                .as_slice()
+                .first()
+                .is_some_and(|&c| start < c && c < end)
+        })
+        .count();
+    eprintln!(
+        "{} samples, {} in libc, {from_worker} with worker as first caller",
+        samples(&events).count(),
+        in_libc.len()
+    );
+    assert!(in_libc.len() >= 50, "{}", in_libc.len());
+    // Not every one: a sample in the PLT stub or between call and frame set-up differs.
+    assert!(
+        from_worker * 10 >= in_libc.len() * 9,
+        "{from_worker} of {}",
+        in_libc.len()
     );
 }

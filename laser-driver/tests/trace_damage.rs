@@ -67,6 +67,7 @@ fn events() -> Vec<Event> {
             weight: 250_000,
             regs: (i % 4 != 1).then_some(regs),
             watch_slot: (backend == BackendKind::Watch).then_some(i as u8 % 4),
+            callers: Default::default(),
         }));
     }
     v.extend([

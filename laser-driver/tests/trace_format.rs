@@ -36,9 +36,19 @@ fn sample() -> impl Strategy<Value = Sample> {
         any::<Option<u64>>(),
         prop::option::of(regs()),
         any::<Option<u8>>(),
+        prop::collection::vec(any::<u64>(), 0..=laser_driver::MAX_CALLERS),
     )
         .prop_map(
-            |(backend, (pid, tid, cpu), (time, ip, weight), addr, data_src, regs, watch_slot)| {
+            |(
+                backend,
+                (pid, tid, cpu),
+                (time, ip, weight),
+                addr,
+                data_src,
+                regs,
+                watch_slot,
+                callers,
+            )| {
                 Sample {
                     backend,
                     pid,
@@ -51,6 +61,7 @@ fn sample() -> impl Strategy<Value = Sample> {
                     weight,
                     regs,
                     watch_slot,
+                    callers: callers.iter().collect(),
                 }
             },
         )
@@ -214,10 +225,11 @@ fn documented_layout_of_a_soft_sample() {
         weight: 3,
         regs: Some(regs),
         watch_slot: Some(2),
+        callers: Default::default(),
     };
     let bytes = write(
         &TraceHeader::new(BackendKind::Watch),
-        &[Event::Sample(s)],
+        &[Event::Sample(s.clone())],
         0,
     );
     let (_, first) = header_span(&bytes);
@@ -238,6 +250,36 @@ fn documented_layout_of_a_soft_sample() {
     assert_eq!(&bytes[first..first + f.len()], &f[..]);
     // Without addr and watch_slot this is the document's 199-byte soft sample frame.
     assert_eq!(f.len() - 9, 199);
+
+    // Callers follow the registers: a count byte, then the addresses.
+    let with_callers = Sample {
+        regs: None,
+        watch_slot: None,
+        addr: None,
+        callers: [0x401234u64, 0x7f00_0000_0010].iter().collect(),
+        ..s
+    };
+    let bytes = write(
+        &TraceHeader::new(BackendKind::Watch),
+        &[Event::Sample(with_callers.clone())],
+        0,
+    );
+    let (_, first) = header_span(&bytes);
+    let mut p = vec![4u8, 0b1_0000];
+    for v in [11u32, 12, 1] {
+        p.extend_from_slice(&v.to_le_bytes());
+    }
+    for v in [99u64, 0x401000, 3] {
+        p.extend_from_slice(&v.to_le_bytes());
+    }
+    p.push(2);
+    for v in [0x401234u64, 0x7f00_0000_0010] {
+        p.extend_from_slice(&v.to_le_bytes());
+    }
+    let f = frame(1, &p);
+    assert_eq!(&bytes[first..first + f.len()], &f[..]);
+    let back: Vec<Event> = Reader::new(&bytes).unwrap().map(Result::unwrap).collect();
+    assert_eq!(back, vec![Event::Sample(with_callers)]);
 }
 
 #[test]
@@ -462,6 +504,7 @@ fn full_disk_leaves_a_readable_prefix() {
             values: [7; NUM_REGS],
         }),
         watch_slot: None,
+        callers: Default::default(),
     });
     let sink = Rc::new(RefCell::new(Vec::new()));
     let h = TraceHeader::new(BackendKind::Soft);

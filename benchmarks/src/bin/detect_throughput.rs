@@ -109,6 +109,7 @@ fn main() {
         weight: 1,
         regs: Some(regs),
         watch_slot: None,
+        callers: Default::default(),
     });
 
     // Baseline: generate every sample, touch it, do not analyse it.

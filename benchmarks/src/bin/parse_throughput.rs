@@ -80,6 +80,7 @@ fn sample(rng: &mut Rng, i: u64) -> Event {
         weight: 250_000,
         regs: Some(regs),
         watch_slot: None,
+        callers: Default::default(),
     })
 }
 

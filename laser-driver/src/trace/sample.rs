@@ -3,13 +3,16 @@
 
 use super::codec::{Why, SHORT};
 use super::cursor::Cur;
-use crate::event::{BackendKind, Event, Sample, UserRegs, NUM_REGS};
+use crate::event::{BackendKind, Callers, Event, Sample, UserRegs, MAX_CALLERS, NUM_REGS};
 
 /// Sample flag bits: which optional fields follow the fixed part.
 const F_ADDR: u8 = 1;
 const F_DATA_SRC: u8 = 2;
 const F_REGS: u8 = 4;
 const F_WATCH: u8 = 8;
+/// Candidate return addresses (`Sample::callers`): a count byte, then that many u64. After
+/// the registers, so a reader that predates them skips them as trailing bytes.
+const F_CALLERS: u8 = 16;
 
 /// Register slots that carry a value in the file: those `UserRegs` can hold.
 const REG_SLOTS: u64 = (1 << NUM_REGS) - 1;
@@ -30,6 +33,9 @@ pub(crate) fn encode_sample(s: &Sample, out: &mut Vec<u8>) {
     }
     if s.watch_slot.is_some() {
         flags |= F_WATCH;
+    }
+    if !s.callers.is_empty() {
+        flags |= F_CALLERS;
     }
     out.push(s.backend.code());
     out.push(flags);
@@ -59,6 +65,12 @@ pub(crate) fn encode_sample(s: &Sample, out: &mut Vec<u8>) {
             m &= m - 1;
         }
     }
+    if !s.callers.is_empty() {
+        let pcs = s.callers.as_slice();
+        out.push(pcs.len() as u8);
+        pcs.iter()
+            .for_each(|pc| out.extend_from_slice(&pc.to_le_bytes()));
+    }
 }
 
 /// A sample's fields, parsed and checked but not yet placed in an `Event` (which is 280
@@ -77,6 +89,7 @@ struct RawSample<'a> {
     mask: Option<u64>,
     /// One LE u64 per bit of `mask & REG_SLOTS`, ascending.
     vals: &'a [u8],
+    callers: Callers,
 }
 
 #[inline(always)]
@@ -127,6 +140,16 @@ fn parse_sample(p: &[u8]) -> Result<RawSample<'_>, Why> {
     } else {
         (None, &[][..])
     };
+    let mut callers = Callers::default();
+    if flags & F_CALLERS != 0 {
+        let n = c.u8().ok_or(SHORT)? as usize;
+        if n > MAX_CALLERS {
+            return Err("more callers than a sample holds");
+        }
+        for _ in 0..n {
+            callers.push(c.u64().ok_or(SHORT)?);
+        }
+    }
     Ok(RawSample {
         backend,
         pid: le32(2),
@@ -140,6 +163,7 @@ fn parse_sample(p: &[u8]) -> Result<RawSample<'_>, Why> {
         watch_slot,
         mask,
         vals,
+        callers,
     })
 }
 
@@ -183,6 +207,7 @@ pub(crate) fn decode_sample_into(p: &[u8], slot: &mut Event) -> Result<(), Why> 
             weight: 0,
             regs: None,
             watch_slot: None,
+            callers: Callers::default(),
         });
     }
     if let Event::Sample(s) = slot {
@@ -196,6 +221,7 @@ pub(crate) fn decode_sample_into(p: &[u8], slot: &mut Event) -> Result<(), Why> 
         s.addr = r.addr;
         s.data_src = r.data_src;
         s.watch_slot = r.watch_slot;
+        s.callers = r.callers;
         match (r.mask, &mut s.regs) {
             (None, regs) => *regs = None,
             (Some(mask), Some(regs)) => {
