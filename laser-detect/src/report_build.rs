@@ -419,11 +419,12 @@ fn source(
             .unwrap_or_default(),
         events: s.events,
         threads,
-        called_from: s
-            .called_from
-            .iter()
-            .map(|c| called_from(c, sym, modules))
-            .collect(),
+        called_from: merge_sites(
+            s.called_from
+                .iter()
+                .map(|c| called_from(c, sym, modules))
+                .collect(),
+        ),
     };
     if let Location::Module { path, vaddr } = &s.code {
         modules.insert(path.clone());
@@ -449,6 +450,29 @@ fn source(
         out.file = loc.file;
         out.line = loc.line;
     }
+    out
+}
+
+/// Call sites on the same source line of the same function are one site for a reader (two
+/// calls on one line, or calls of two functions that tail-call the library from one line):
+/// their samples and shares add up, the first return address stays. Most samples first.
+fn merge_sites(sites: Vec<CalledFrom>) -> Vec<CalledFrom> {
+    let mut out: Vec<CalledFrom> = Vec::with_capacity(sites.len());
+    for c in sites {
+        let same = |o: &&mut CalledFrom| {
+            o.line.is_some()
+                && (&o.module, &o.file, o.line, &o.function)
+                    == (&c.module, &c.file, c.line, &c.function)
+        };
+        match out.iter_mut().find(same) {
+            Some(o) => {
+                o.samples += c.samples;
+                o.share += c.share;
+            }
+            None => out.push(c),
+        }
+    }
+    out.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.ret.cmp(&b.ret)));
     out
 }
 
@@ -478,4 +502,47 @@ fn called_from(c: &CallSite, sym: &mut Symbolizer, modules: &mut BTreeSet<String
         out.line = loc.line;
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn site(ret: u64, line: Option<u32>, function: &str, samples: u64) -> CalledFrom {
+        CalledFrom {
+            ret,
+            module: Some("/app".into()),
+            offset: Some(ret),
+            file: Some("app.c".into()),
+            line,
+            function: Some(function.into()),
+            symbol: None,
+            samples,
+            share: samples as f64 / 10.0,
+        }
+    }
+
+    #[test]
+    fn call_sites_on_one_source_line_merge_and_the_rest_stay_apart() {
+        let merged = merge_sites(vec![
+            site(0x10, Some(30), "worker", 3),
+            site(0x20, Some(15), "from_a", 2),
+            site(0x30, Some(30), "worker", 4),
+            site(0x40, None, "worker", 1),
+            site(0x50, None, "worker", 1),
+        ]);
+        let got: Vec<(u64, Option<u32>, u64)> =
+            merged.iter().map(|c| (c.ret, c.line, c.samples)).collect();
+        // Lines unknown are never merged: two return addresses may be two different calls.
+        assert_eq!(
+            got,
+            vec![
+                (0x10, Some(30), 7),
+                (0x20, Some(15), 2),
+                (0x40, None, 1),
+                (0x50, None, 1)
+            ]
+        );
+        assert!((merged[0].share - 0.7).abs() < 1e-12);
+    }
 }
