@@ -271,6 +271,34 @@ fn false_sharing_global(f: &Finding, align: u32, prefetch: &str, attr: &str, who
 }
 
 /// The pattern of a truly shared line and its remedy.
+/// ", taken at app.c:15 (from_a), app.c:21 (from_b)": the program's lines that called into
+/// the library code contending on the line (most samples first, at most 3), or nothing.
+fn taken_at(f: &Finding) -> String {
+    let mut sites: BTreeMap<(String, u32, String), u64> = BTreeMap::new();
+    for c in f.sources.iter().flat_map(|s| &s.called_from) {
+        if let (Some(file), Some(line)) = (&c.file, c.line) {
+            let base = file.rsplit('/').next().unwrap_or(file).to_string();
+            let func = c.function.clone().unwrap_or_default();
+            *sites.entry((base, line, func)).or_default() += c.samples;
+        }
+    }
+    let mut sites: Vec<_> = sites.into_iter().collect();
+    sites.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let shown: Vec<String> = sites
+        .iter()
+        .take(3)
+        .map(|((file, line, func), _)| match func.as_str() {
+            "" => format!("{file}:{line}"),
+            _ => format!("{file}:{line} ({func})"),
+        })
+        .collect();
+    if shown.is_empty() {
+        String::new()
+    } else {
+        format!(", taken at {}", shown.join(", "))
+    }
+}
+
 fn true_sharing(f: &Finding) -> String {
     // `label` reads in a sentence; `var` stands for the data in a code snippet.
     let (label, var) = if f.data.kind == "heap" && !f.data.blocks.is_empty() {
@@ -343,11 +371,12 @@ fn true_sharing(f: &Finding) -> String {
     };
     if lockish && !writers.is_empty() {
         return format!(
-            "{label} is a lock word contended by {}: reduce lock contention — finer-grained \
+            "{label} is a lock word contended by {}{}: reduce lock contention — finer-grained \
              locks (one per data item), per-thread batching of the protected updates, or \
              shorter critical sections; keep the lock alone on its line so the data it guards \
              does not add false sharing.",
-            list(&all)
+            list(&all),
+            taken_at(f)
         );
     }
     if rmw.len() >= 2 || (plain_update && writers.len() >= 2) {
@@ -550,7 +579,31 @@ mod tests {
             vec![],
             vec![src(Op::Rmw, 0..4, 1, 45), src(Op::Rmw, 0..4, 2, 45)],
         );
-        assert!(suggest(&f, 64).contains("lock word"));
+        let fix = suggest(&f, 64);
+        assert!(
+            fix.contains("lock word") && !fix.contains("taken at"),
+            "{fix}"
+        );
+        // A lock taken in library code: the program's calling lines, most samples first.
+        let mut f = f;
+        let site = |line: u32, func: &str, samples: u64| crate::report::CalledFrom {
+            ret: 0x1000,
+            module: None,
+            offset: None,
+            file: Some("/src/app.c".into()),
+            line: Some(line),
+            function: Some(func.into()),
+            symbol: None,
+            samples,
+            share: 0.5,
+        };
+        f.sources[0].called_from = vec![site(15, "from_a", 3), site(21, "from_b", 5)];
+        f.sources[1].called_from = vec![site(15, "from_a", 4)];
+        let fix = suggest(&f, 64);
+        assert!(
+            fix.contains("contended by T1, T2, taken at app.c:15 (from_a), app.c:21 (from_b):"),
+            "{fix}"
+        );
         // One writer, one reader.
         let f = finding(
             Kind::TrueSharing,
