@@ -3,10 +3,9 @@
 //! block (the pointer the program printed, its usable size) with the contended bytes as
 //! offsets inside it.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod c_run;
 
-const LASER: &str = env!("CARGO_BIN_EXE_laser");
+use c_run::Run;
 
 const PROGRAM: &str = r#"
 #include <malloc.h>
@@ -43,43 +42,15 @@ int main(void) {
 }
 "#;
 
-fn build(dir: &Path) -> Option<PathBuf> {
-    let src = dir.join("heapfs.c");
-    let exe = dir.join("heapfs");
-    std::fs::write(&src, PROGRAM).unwrap();
-    let out = Command::new("gcc")
-        .args(["-O2", "-g", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .ok()?;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(exe)
-}
-
 #[test]
 fn run_names_the_malloc_block_and_offsets_inside_it() {
-    let dir = std::env::temp_dir().join(format!("laser-heap-naming-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let Some(exe) = build(&dir) else {
-        eprintln!("SKIPPED: gcc not found; this test needs it to build its C program");
-        return;
-    };
-    let json = dir.join("report.json");
-    let out = Command::new(LASER)
-        .args(["run", "--threshold", "1", "--json"])
-        .arg(&json)
-        .arg("--")
-        .arg(&exe)
-        .output()
-        .expect("laser runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let ctx = format!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{ctx}");
+    let dir = c_run::temp_dir("heap-naming");
+    let exe = c_run::compile(&dir, "heapfs", PROGRAM);
+    let Run {
+        stdout,
+        ctx,
+        report,
+    } = c_run::laser_run(&exe);
     let line = stdout
         .lines()
         .find_map(|l| l.strip_prefix("block "))
@@ -89,8 +60,6 @@ fn run_names_the_malloc_block_and_offsets_inside_it() {
     let usable: u64 = usable.parse().unwrap();
     assert_eq!(usable, 40, "glibc's usable size for a 40-byte request");
 
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let findings = report["findings"].as_array().unwrap();
     let f = findings
         .iter()

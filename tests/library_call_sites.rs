@@ -3,10 +3,9 @@
 //! report must name both of the program's calling lines (JSON `called_from`, text "called
 //! from"), found from return addresses on the sampled stacks.
 
-use std::path::Path;
-use std::process::Command;
+mod c_run;
 
-const LASER: &str = env!("CARGO_BIN_EXE_laser");
+use c_run::Run;
 
 const PROGRAM: &str = r#"
 #include <pthread.h>
@@ -61,37 +60,15 @@ fn marker_line(tag: &str) -> u64 {
 
 #[test]
 fn run_names_the_programs_lines_that_called_the_contended_library_code() {
-    let dir = std::env::temp_dir().join(format!("laser-call-sites-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("callsites.c");
-    let exe = dir.join("callsites");
-    std::fs::write(&src, PROGRAM.strip_prefix('\n').unwrap()).unwrap();
-    let out = Command::new("gcc")
-        .args(["-O2", "-g", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("gcc runs (this test builds its C program)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json = dir.join("report.json");
-    let out = Command::new(LASER)
-        .args(["run", "--threshold", "1", "--json"])
-        .arg(&json)
-        .arg("--")
-        .arg(&exe)
-        .output()
-        .expect("laser runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let ctx = format!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{ctx}");
+    let dir = c_run::temp_dir("call-sites");
+    let exe = c_run::compile(&dir, "callsites", PROGRAM.strip_prefix('\n').unwrap());
+    let Run {
+        stdout,
+        ctx,
+        report,
+    } = c_run::laser_run(&exe);
 
     let (line_a, line_b) = (marker_line("@call_a"), marker_line("@call_b"));
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let mut lib_sources = 0;
     let mut sites = std::collections::BTreeSet::new();
     for f in report["findings"].as_array().unwrap() {
@@ -129,5 +106,5 @@ fn run_names_the_programs_lines_that_called_the_contended_library_code() {
             || stdout.contains(&format!("callsites.c:{line_a} in from_a (")),
         "{ctx}"
     );
-    let _ = std::fs::remove_dir_all(Path::new(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
 }

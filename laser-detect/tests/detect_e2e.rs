@@ -24,16 +24,7 @@ const MAPS: &str = "\
 /// ```
 /// Returns the code and the instruction addresses of each function.
 fn program() -> (MemoryCode, Vec<u64>, Vec<u64>) {
-    let mut a = CodeAssembler::new(64).unwrap();
-    let mut top = a.create_label();
-    a.set_label(&mut top).unwrap();
-    a.mov(rsi, qword_ptr(rcx)).unwrap();
-    a.add(rsi, 1).unwrap();
-    a.mov(qword_ptr(rcx), rsi).unwrap();
-    a.dec(rax).unwrap();
-    a.jnz(top).unwrap();
-    a.ret().unwrap();
-    let counter = a.assemble(CODE).unwrap();
+    let counter = counter_at(CODE);
     let mut b = CodeAssembler::new(64).unwrap();
     let mut top = b.create_label();
     b.set_label(&mut top).unwrap();
@@ -44,20 +35,36 @@ fn program() -> (MemoryCode, Vec<u64>, Vec<u64>) {
     b.ret().unwrap();
     let reader_at = CODE + 0x100;
     let reader = b.assemble(reader_at).unwrap();
-    let starts = |ip, bytes: &[u8]| {
-        let mut d = iced_x86::Decoder::with_ip(64, bytes, ip, iced_x86::DecoderOptions::NONE);
-        let mut v = Vec::new();
-        while d.can_decode() {
-            v.push(d.decode().ip());
-        }
-        v
-    };
     let c = starts(CODE, &counter);
     let r = starts(reader_at, &reader);
     let mut m = MemoryCode::new();
     m.add_function(CODE, counter);
     m.add_function(reader_at, reader);
     (m, c, r)
+}
+
+/// The counter loop (see [`program`]) assembled at `at`.
+fn counter_at(at: u64) -> Vec<u8> {
+    let mut a = CodeAssembler::new(64).unwrap();
+    let mut top = a.create_label();
+    a.set_label(&mut top).unwrap();
+    a.mov(rsi, qword_ptr(rcx)).unwrap();
+    a.add(rsi, 1).unwrap();
+    a.mov(qword_ptr(rcx), rsi).unwrap();
+    a.dec(rax).unwrap();
+    a.jnz(top).unwrap();
+    a.ret().unwrap();
+    a.assemble(at).unwrap()
+}
+
+/// Start addresses of the instructions in `bytes` (assembled at `ip`).
+fn starts(ip: u64, bytes: &[u8]) -> Vec<u64> {
+    let mut d = iced_x86::Decoder::with_ip(64, bytes, ip, iced_x86::DecoderOptions::NONE);
+    let mut v = Vec::new();
+    while d.can_decode() {
+        v.push(d.decode().ip());
+    }
+    v
 }
 
 fn soft(tid: u32, time: u64, ip: u64, cx: u64) -> Event {
@@ -502,17 +509,8 @@ fn library_samples_name_the_programs_call_sites() {
     // The library: the counter loop. The program: `call rel32` (to a PLT-like stub) at
     // 0x401800 and at 0x401900, and a `nop` at 0x401a00 (a code pointer that is no return
     // address).
-    let mut a = CodeAssembler::new(64).unwrap();
-    let mut top = a.create_label();
-    a.set_label(&mut top).unwrap();
-    a.mov(rsi, qword_ptr(rcx)).unwrap();
-    a.add(rsi, 1).unwrap();
-    a.mov(qword_ptr(rcx), rsi).unwrap();
-    a.dec(rax).unwrap();
-    a.jnz(top).unwrap();
-    a.ret().unwrap();
-    let lib = a.assemble(LIB).unwrap();
-    let lib_pcs = laser_test_starts(LIB, &lib);
+    let lib = counter_at(LIB);
+    let lib_pcs = starts(LIB, &lib);
     let (mut code, c, _) = program();
     code.add_function(LIB, lib);
     for at in [0x40_1800u64, 0x40_1900] {
@@ -578,13 +576,4 @@ fn library_samples_name_the_programs_call_sites() {
         .find(|f| f.line_addr == LINE + 0x40)
         .unwrap();
     assert!(app_line.sources.iter().all(|s| s.called_from.is_empty()));
-}
-
-fn laser_test_starts(ip: u64, bytes: &[u8]) -> Vec<u64> {
-    let mut d = iced_x86::Decoder::with_ip(64, bytes, ip, iced_x86::DecoderOptions::NONE);
-    let mut v = Vec::new();
-    while d.can_decode() {
-        v.push(d.decode().ip());
-    }
-    v
 }
