@@ -131,6 +131,11 @@ pub fn watch(binding: Binding, wakeup_events: u32) -> b::perf_event_attr {
     a.__bindgen_anon_3.bp_addr = PARKED_ADDR;
     a.__bindgen_anon_4.bp_len = b::HW_BREAKPOINT_LEN_8 as u64;
     a.__bindgen_anon_2.wakeup_events = wakeup_events.max(1);
+    // No stack copy: a burst of hits the reader is late for must fit the ring (an attached
+    // thread's ring is 128 KiB; 512 bytes more per hit would make a 500-hit burst overflow
+    // it), and the soft samples of the same instructions already carry their call sites.
+    // The record keeps the (empty) stack field, so one layout still parses every record.
+    a.sample_stack_user = 0;
     a
 }
 
@@ -249,6 +254,7 @@ mod tests {
             "{diff:?}"
         );
         assert_eq!(r.disabled(), 0);
+        assert_eq!((w.sample_type, w.sample_stack_user), (SAMPLE_TYPE, 0));
         assert_eq!(w.disabled(), 1);
         assert!(describe(&r).contains("breakpoint w len 4"));
     }
