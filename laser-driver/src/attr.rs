@@ -15,8 +15,8 @@ use crate::event::SOFT_REGS_MASK;
 /// IDENTIFIER | IP | TID | TIME | ADDR | CPU | PERIOD | REGS_USER | STACK_USER. `ADDR` is 0
 /// for cpu-clock and the watched address for breakpoints; regs on watch hits let the detector
 /// see the registers after the access too. The top of the user stack
-/// ([`STACK_USER_BYTES`]) is scanned by the decoder for return addresses (`Sample::callers`)
-/// and not kept.
+/// ([`STACK_USER_BYTES`] for cpu-clock samples, none for watchpoint hits) is scanned by the
+/// decoder for return addresses (`Sample::callers`) and not kept.
 pub const SAMPLE_TYPE: u64 = (b::PERF_SAMPLE_IDENTIFIER
     | b::PERF_SAMPLE_IP
     | b::PERF_SAMPLE_TID
