@@ -6,7 +6,7 @@ mod plan_support;
 use iced_x86::code_asm::*;
 use iced_x86::{Decoder, DecoderOptions, Mnemonic};
 use laser_repair::plan::{plan, CodeBytes, PlanOptions, PlanRequest, RefusalReason, RuntimeConfig};
-use plan_support::permissive;
+use plan_support::{counter_loop, permissive};
 
 const BASE: u64 = 0x40_0000;
 const CACHE: u64 = 0x50_0000;
@@ -197,14 +197,7 @@ fn plans_without_symbols_by_scanning() {
         a.int3().unwrap();
         a.int3().unwrap();
         a.endbr64().unwrap();
-        let mut top = a.create_label();
-        a.set_label(&mut top).unwrap();
-        a.mov(rax, qword_ptr(rdi)).unwrap();
-        a.add(rax, 1).unwrap();
-        a.mov(qword_ptr(rdi), rax).unwrap();
-        a.dec(rsi).unwrap();
-        a.jnz(top).unwrap();
-        a.ret().unwrap();
+        counter_loop(a);
         a.int3().unwrap();
         a.xor(eax, eax).unwrap();
         a.ret().unwrap();
