@@ -315,11 +315,7 @@ fn watchpoints_hit_in_both_threads_at_the_watched_address() {
         backend: BackendKind::Watch,
         // Generous budget: this test is about every thread being armed, not the duty
         // cycle (which has its own test); a loaded machine must not starve one thread.
-        duty_cycle: laser_driver::DutyCycle::new(
-            Duration::from_millis(50),
-            0.5,
-            Duration::from_micros(5),
-        ),
+        duty_cycle: generous_duty(Duration::from_millis(50)),
         ..Config::default()
     };
     let mut s = Session::launch(&argv(t, &["0.6", "0"]), &cfg).unwrap();
@@ -385,11 +381,7 @@ fn watchpoints_rearm_and_disarm_while_running() {
     let cfg = Config {
         watch: true,
         frequency: 500,
-        duty_cycle: laser_driver::DutyCycle::new(
-            Duration::from_millis(50),
-            0.5,
-            Duration::from_micros(5),
-        ),
+        duty_cycle: generous_duty(Duration::from_millis(50)),
         ..Config::default()
     };
     let mut s = Session::launch(&argv(t, &["1.2", "0"]), &cfg).unwrap();
@@ -534,11 +526,7 @@ fn attach_arms_watchpoints_in_every_thread() {
         backend: BackendKind::Watch,
         // Generous budget: this test is about every thread being armed, not the duty
         // cycle (which has its own test); a loaded machine must not starve one thread.
-        duty_cycle: laser_driver::DutyCycle::new(
-            Duration::from_millis(50),
-            0.5,
-            Duration::from_micros(5),
-        ),
+        duty_cycle: generous_duty(Duration::from_millis(50)),
         ..Config::default()
     };
     let mut s = Session::attach(pid, &cfg).unwrap();
@@ -648,11 +636,7 @@ fn duty_cycle_budgets_the_cpu_of_processes_the_target_forks() {
         // when a loaded machine wakes the reader late and a window overshoots its cap (CI:
         // 551 hits in one 16 ms window at 2 % needed ~850 ms of CPU; the child had 538 ms).
         // With the parent's clock alone (the shell only waits) no budget is ever paid.
-        duty_cycle: laser_driver::DutyCycle::new(
-            Duration::from_millis(20),
-            0.5,
-            Duration::from_micros(5),
-        ),
+        duty_cycle: generous_duty(Duration::from_millis(20)),
         ..Config::default()
     };
     let script = format!("{} 0.5 0 hot; true", t.path.display());
@@ -670,6 +654,13 @@ fn duty_cycle_budgets_the_cpu_of_processes_the_target_forks() {
     assert!(stats.windows >= 2, "{stats:?}");
     assert!(stats.target_cpu > Duration::from_millis(100), "{stats:?}");
     assert_within_budget(&stats, &duty);
+}
+
+/// A duty cycle with a 50 % trap budget (and a 5 µs hit-cost floor; calibration still
+/// measures the real cost), for tests about something other than the default budget: a
+/// loaded machine must neither starve a thread of windows nor leave a cooldown unpaid.
+fn generous_duty(window: Duration) -> laser_driver::DutyCycle {
+    laser_driver::DutyCycle::new(window, 0.5, Duration::from_micros(5))
 }
 
 /// Trap time of every paid-for window (hits × the calibrated hit cost) ≤ s/(1+s) of the

@@ -227,27 +227,36 @@ fn documented_layout_of_a_soft_sample() {
         watch_slot: Some(2),
         callers: Default::default(),
     };
-    let bytes = write(
-        &TraceHeader::new(BackendKind::Watch),
-        &[Event::Sample(s.clone())],
-        0,
-    );
-    let (_, first) = header_span(&bytes);
-    // Built from TRACE_FORMAT.md, field by field.
-    let mut p = vec![4u8, 0b1101];
-    for v in [11u32, 12, 1] {
-        p.extend_from_slice(&v.to_le_bytes());
-    }
-    for v in [99u64, 0x401000, 3, 0x5000] {
-        p.extend_from_slice(&v.to_le_bytes());
-    }
+    // A sample's frame as written, and its payload built from TRACE_FORMAT.md field by
+    // field: backend 4 (watch), flags, pid 11, tid 12, cpu 1, time 99, ip, weight 3, then
+    // the optional u64 fields given.
+    let written = |s: &Sample| {
+        let bytes = write(
+            &TraceHeader::new(BackendKind::Watch),
+            &[Event::Sample(s.clone())],
+            0,
+        );
+        let (_, first) = header_span(&bytes);
+        bytes[first..].to_vec()
+    };
+    let fixed = |flags: u8, optional: &[u64]| {
+        let mut p = vec![4u8, flags];
+        for v in [11u32, 12, 1] {
+            p.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [99u64, 0x401000, 3].iter().chain(optional) {
+            p.extend_from_slice(&v.to_le_bytes());
+        }
+        p
+    };
+    let mut p = fixed(0b1101, &[0x5000]);
     p.push(2);
     p.extend_from_slice(&laser_driver::SOFT_REGS_MASK.to_le_bytes());
     for i in (0..10).chain(16..24) {
         p.extend_from_slice(&(0x1000u64 + i).to_le_bytes());
     }
     let f = frame(1, &p);
-    assert_eq!(&bytes[first..first + f.len()], &f[..]);
+    assert_eq!(&written(&s)[..f.len()], &f[..]);
     // Without addr and watch_slot this is the document's 199-byte soft sample frame.
     assert_eq!(f.len() - 9, 199);
 
@@ -259,25 +268,18 @@ fn documented_layout_of_a_soft_sample() {
         callers: [0x401234u64, 0x7f00_0000_0010].iter().collect(),
         ..s
     };
-    let bytes = write(
-        &TraceHeader::new(BackendKind::Watch),
-        &[Event::Sample(with_callers.clone())],
-        0,
-    );
-    let (_, first) = header_span(&bytes);
-    let mut p = vec![4u8, 0b1_0000];
-    for v in [11u32, 12, 1] {
-        p.extend_from_slice(&v.to_le_bytes());
-    }
-    for v in [99u64, 0x401000, 3] {
-        p.extend_from_slice(&v.to_le_bytes());
-    }
+    let mut p = fixed(0b1_0000, &[]);
     p.push(2);
     for v in [0x401234u64, 0x7f00_0000_0010] {
         p.extend_from_slice(&v.to_le_bytes());
     }
     let f = frame(1, &p);
-    assert_eq!(&bytes[first..first + f.len()], &f[..]);
+    assert_eq!(&written(&with_callers)[..f.len()], &f[..]);
+    let bytes = write(
+        &TraceHeader::new(BackendKind::Watch),
+        &[Event::Sample(with_callers.clone())],
+        0,
+    );
     let back: Vec<Event> = Reader::new(&bytes).unwrap().map(Result::unwrap).collect();
     assert_eq!(back, vec![Event::Sample(with_callers)]);
 }
