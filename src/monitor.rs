@@ -120,7 +120,10 @@ pub fn run_loop(
                     }
                 }
             };
-            match session.poll(Duration::from_millis(50), &mut sink) {
+            let wait = steering.poll_hint().map_or(Duration::from_millis(50), |h| {
+                h.min(Duration::from_millis(50))
+            });
+            match session.poll(wait, &mut sink) {
                 Ok(st) => st,
                 // Our child was reaped by someone else's waitpid: a repair's tracee (laser
                 // itself) collects a thread that exits while it holds the process. The

@@ -1,19 +1,25 @@
 //! Where the 4 debug registers point during a live run: the detector's top candidate lines in
-//! turn, each until its watch estimate is good, then nothing until it is due for a refresh.
+//! turn, each until its watch estimate is good, then nothing until it is due for a refresh;
+//! between those turns, survey turns over lines no sample has shown contended yet
+//! ([`laser_detect::survey`]), each surveyed once per [`SURVEY_REFRESH`].
 //!
 //! ```text
-//!   line A  [watch][watch]......settled (≥ 400 transfers)......[watch] refresh after 5 s
-//!   line B         [watch][watch][watch] settled (0.3 s armed, quiet)......
+//!   line A  [watch]   [watch]......settled (≥ 400 transfers)......[watch] refresh after 5 s
+//!   survey         [s1]      [s2][s3][s4]...all surveyed: idle...........[s1] after 2 s
 //!   traps   ███████████████████                                 ███
 //! ```
 //! Watching costs the target a trap per access to the watched words; once an estimate has
-//! ±5% statistical error, more of the same adds cost, not knowledge.
+//! ±5% statistical error, more of the same adds cost, not knowledge. A survey turn lasts
+//! [`SURVEY_TURN`] of *counting* time (a cooldown of the trap budget does not use it up) or
+//! until it has seen [`SURVEY_HITS`] hits: enough to see two threads on a line contended at
+//! the report threshold, little enough to fit many lines into the budget.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use laser_detect::{Detector, LineEstimate, WatchCandidate};
 use laser_driver::{Session, WatchKind, WatchSpec, MAX_WATCHES};
+use std::collections::HashMap;
 
 /// How long one candidate line keeps the watchpoints before the next one gets them.
 const TURN: Duration = Duration::from_millis(100);
@@ -23,6 +29,14 @@ const ENOUGH_TRANSFERS: u64 = 400;
 const ENOUGH_ARMED_S: f64 = 0.3;
 /// A settled line is watched again after this long (contention can change by phase).
 const REFRESH: Duration = Duration::from_secs(5);
+/// Counting time of one survey turn: a line contended at the default threshold (1,000
+/// transfers/s) shows ~40 transfers in it.
+pub const SURVEY_TURN: Duration = Duration::from_millis(40);
+/// Hits after which a survey turn has seen enough (a hot line fills this in microseconds;
+/// more of it only spends the trap budget).
+const SURVEY_HITS: u64 = 48;
+/// A surveyed target is surveyed again after this long (contention can start later).
+const SURVEY_REFRESH: Duration = Duration::from_secs(2);
 
 /// A line whose estimate was good at `at`, with the totals it had then.
 #[derive(Clone, Copy, Debug)]
@@ -33,15 +47,36 @@ struct Settled {
     armed_s: f64,
 }
 
+/// What the armed turn is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Turn {
+    Candidate,
+    Survey,
+}
+
 #[derive(Default)]
 pub struct Steering {
     turn_started: Option<Instant>,
+    turn: Option<Turn>,
     next: usize,
     settled: Vec<Settled>,
     idle: bool,
+    /// Survey targets (by key) and when each was last surveyed.
+    surveyed: HashMap<(u64, u64), Instant>,
+    /// The survey turn's counting time so far, the time it was last added up, and the
+    /// watcher's hit count at the turn's start.
+    counted: Duration,
+    last_step: Option<Instant>,
+    hits_at_start: u64,
 }
 
 impl Steering {
+    /// How long the monitor loop may wait before the next `step`: short during a survey turn,
+    /// so turns are not stretched to the loop's idle poll.
+    pub fn poll_hint(&self) -> Option<Duration> {
+        (self.turn == Some(Turn::Survey)).then_some(SURVEY_TURN / 2)
+    }
+
     /// Called between polls: re-points the watchpoints when a turn is over.
     pub fn step(
         &mut self,
@@ -49,7 +84,24 @@ impl Steering {
         detector: &Detector<crate::analyze::Code>,
         forced: &[WatchCandidate],
     ) -> Result<()> {
-        if self.turn_started.is_some_and(|t| t.elapsed() < TURN) {
+        let now = Instant::now();
+        let Ok(watcher) = session.watch_mut() else {
+            return Ok(());
+        };
+        let (counting, hits) = (watcher.is_counting(), watcher.stats().hits);
+        if let (Some(last), true) = (self.last_step, counting) {
+            self.counted += now.duration_since(last);
+        }
+        self.last_step = Some(now);
+        let over = match (self.turn, self.turn_started) {
+            (Some(Turn::Survey), Some(_)) => {
+                self.counted >= SURVEY_TURN
+                    || hits.saturating_sub(self.hits_at_start) >= SURVEY_HITS
+            }
+            (_, Some(t)) => now.duration_since(t) >= TURN,
+            (_, None) => true,
+        };
+        if !over {
             return Ok(());
         }
         // Lines the user named come first; a detector candidate on the same line is dropped
@@ -60,21 +112,32 @@ impl Steering {
                 candidates.push(c);
             }
         }
-        let due = self.due(&detector.estimates(), candidates, Instant::now());
-        let Ok(watcher) = session.watch_mut() else {
-            return Ok(());
+        let due = self.due(&detector.estimates(), candidates, now);
+        // Candidates and surveys take turns; either alone takes every turn.
+        let survey = if due.is_empty() || self.turn == Some(Turn::Candidate) {
+            self.next_survey(detector, now)
+        } else {
+            None
         };
-        if due.is_empty() {
-            if !self.idle {
-                // Nothing to learn right now: no traps at all until something is due.
-                watcher.disarm().context("disarming watchpoints")?;
-                self.idle = true;
+        let (c, turn) = match survey {
+            Some(c) => (c, Turn::Survey),
+            None if !due.is_empty() => {
+                let c = due[self.next % due.len()].clone();
+                self.next = self.next.wrapping_add(1);
+                (c, Turn::Candidate)
             }
-            return Ok(());
-        }
+            None => {
+                if !self.idle {
+                    // Nothing to learn right now: no traps at all until something is due.
+                    watcher.disarm().context("disarming watchpoints")?;
+                    self.idle = true;
+                }
+                self.turn = None;
+                self.turn_started = None;
+                return Ok(());
+            }
+        };
         self.idle = false;
-        let c = &due[self.next % due.len()];
-        self.next = self.next.wrapping_add(1);
         let specs: Vec<WatchSpec> = c
             .words
             .iter()
@@ -88,8 +151,28 @@ impl Steering {
         watcher
             .arm(&specs)
             .with_context(|| format!("arming watchpoints on line {:#x}", c.line_addr))?;
-        self.turn_started = Some(Instant::now());
+        self.turn = Some(turn);
+        self.turn_started = Some(now);
+        self.counted = Duration::ZERO;
+        self.hits_at_start = hits;
         Ok(())
+    }
+
+    /// The highest-priority survey target not surveyed within [`SURVEY_REFRESH`], marked as
+    /// surveyed now.
+    fn next_survey(
+        &mut self,
+        detector: &Detector<crate::analyze::Code>,
+        now: Instant,
+    ) -> Option<WatchCandidate> {
+        let plan = detector.survey_plan();
+        let t = plan.into_iter().find(|t| {
+            self.surveyed
+                .get(&t.key())
+                .is_none_or(|at| now.duration_since(*at) >= SURVEY_REFRESH)
+        })?;
+        self.surveyed.insert(t.key(), now);
+        Some(t.watch)
     }
 
     /// The candidates still worth watching at `now`; settles lines whose estimate has become

@@ -5,9 +5,10 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
+use std::sync::Arc;
 
 use memmap2::Mmap;
-use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SectionFlags, SymbolKind};
 
 use crate::maps::{load_bias, LoadSegment};
 
@@ -28,6 +29,9 @@ pub struct ModuleLayout {
     pub bias: u64,
     pub segments: Vec<LoadSegment>,
     pub build_id: Option<Vec<u8>>,
+    /// The file's writable data objects (ELF vaddr, size): what a watchpoint survey of the
+    /// program's globals covers (see `survey`). Shared: every mapping of a file repeats it.
+    pub writable_objects: Arc<[(u64, u64)]>,
 }
 
 /// Reads the target's code at run-time addresses.
@@ -117,6 +121,8 @@ pub struct ElfImage {
     /// Function symbols `[start, end)` in ELF vaddrs, sorted.
     pub functions: Vec<(u64, u64)>,
     pub build_id: Option<Vec<u8>>,
+    /// Data symbols `(vaddr, size)` in writable sections (`.data`, `.bss`), sorted.
+    pub writable_objects: Arc<[(u64, u64)]>,
 }
 
 impl ElfImage {
@@ -126,12 +132,13 @@ impl ElfImage {
         // truncating it while mapped would fault; every profiler reading a target's binaries
         // accepts that, and the target itself has the same file mapped.
         let data = unsafe { Mmap::map(&file) }.ok()?;
-        let (segments, functions, build_id) = parse_elf(&data)?;
+        let facts = parse_elf(&data)?;
         Some(Self {
             data,
-            segments,
-            functions,
-            build_id,
+            segments: facts.segments,
+            functions: facts.functions,
+            build_id: facts.build_id,
+            writable_objects: facts.writable_objects.into(),
         })
     }
 
@@ -155,9 +162,18 @@ impl ElfImage {
     }
 }
 
-type ElfFacts = (Vec<LoadSegment>, Vec<(u64, u64)>, Option<Vec<u8>>);
+/// What the detector reads from an ELF file.
+pub struct ElfFacts {
+    pub segments: Vec<LoadSegment>,
+    /// Function symbols `[start, end)`, sorted.
+    pub functions: Vec<(u64, u64)>,
+    pub build_id: Option<Vec<u8>>,
+    /// Data symbols `(vaddr, size)` in writable allocated sections, sorted by address.
+    pub writable_objects: Vec<(u64, u64)>,
+}
 
-/// Parse an ELF image's segments, function symbols and build-id from its bytes.
+/// Parse an ELF image's segments, function and writable data symbols and build-id from its
+/// bytes.
 pub fn parse_elf(data: &[u8]) -> Option<ElfFacts> {
     let f = object::File::parse(data).ok()?;
     let segments: Vec<LoadSegment> = f
@@ -187,7 +203,40 @@ pub fn parse_elf(data: &[u8]) -> Option<ElfFacts> {
     functions.sort_unstable();
     functions.dedup();
     let build_id = f.build_id().ok().flatten().map(<[u8]>::to_vec);
-    Some((segments, functions, build_id))
+    Some(ElfFacts {
+        segments,
+        functions,
+        build_id,
+        writable_objects: writable_objects(&f),
+    })
+}
+
+/// `(vaddr, size)` of every sized data symbol in a writable allocated section: the globals a
+/// program can store to. Read-only data (`.rodata`) cannot be contended, so it is left out.
+fn writable_objects(f: &object::File<'_>) -> Vec<(u64, u64)> {
+    const SHF_WRITE: u64 = 0x1;
+    const SHF_ALLOC: u64 = 0x2;
+    let writable = |s: &object::Symbol<'_, '_>| {
+        let Some(idx) = s.section_index() else {
+            return false;
+        };
+        match f.section_by_index(idx).map(|sec| sec.flags()) {
+            Ok(SectionFlags::Elf { sh_flags, .. }) => {
+                sh_flags.0 & (SHF_WRITE | SHF_ALLOC) == SHF_WRITE | SHF_ALLOC
+            }
+            _ => false,
+        }
+    };
+    let mut out: Vec<(u64, u64)> = f
+        .symbols()
+        .filter(|s| {
+            s.kind() == SymbolKind::Data && s.size() > 0 && s.is_definition() && writable(s)
+        })
+        .map(|s| (s.address(), s.size()))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// `[start, end)` of every FDE in `.eh_frame`: function extents of a binary with no symbols.
@@ -275,6 +324,7 @@ impl CodeSource for ElfCode {
                 bias: l.bias,
                 segments: l.image.segments.clone(),
                 build_id: l.image.build_id.clone(),
+                writable_objects: l.image.writable_objects.clone(),
             });
         }
         let image = ElfImage::open(Path::new(m.path))?;
@@ -285,6 +335,7 @@ impl CodeSource for ElfCode {
             bias,
             segments: image.segments.clone(),
             build_id: image.build_id.clone(),
+            writable_objects: image.writable_objects.clone(),
         };
         self.modules.push(LoadedModule {
             path: m.path.to_string(),
@@ -407,6 +458,23 @@ mod tests {
         let direct = unsafe { std::slice::from_raw_parts(f as *const u8, 16) };
         assert_eq!(&buf, direct);
         assert_eq!(p.read_code(0, &mut buf), 0, "unmapped page");
+    }
+
+    // Two statics of sizes nothing else in this binary has: one writable, one read-only.
+    #[used]
+    static mut WRITABLE_PROBE: [u8; 4099] = [0; 4099];
+    #[used]
+    static READ_ONLY_PROBE: [u8; 4097] = [1; 4097];
+
+    #[test]
+    fn writable_objects_are_the_globals_a_program_can_store_to() {
+        let exe = std::env::current_exe().unwrap();
+        let img = ElfImage::open(&exe).expect("own executable parses");
+        let sizes: Vec<u64> = img.writable_objects.iter().map(|o| o.1).collect();
+        assert!(sizes.contains(&4099), "the static mut is listed");
+        assert!(!sizes.contains(&4097), "read-only data is not");
+        assert!(img.writable_objects.windows(2).all(|w| w[0] <= w[1]));
+        let _ = (std::ptr::addr_of!(WRITABLE_PROBE), &READ_ONLY_PROBE);
     }
 
     #[test]

@@ -23,6 +23,8 @@
 //! found even when the run's threads happened to share a core (then the reported rate is
 //! higher than the hardware's transfers).
 
+use std::sync::Arc;
+
 use hashbrown::HashMap;
 use laser_driver::{BackendKind, Event, Mmap, Sample, StreamStats};
 
@@ -30,11 +32,14 @@ use crate::access::{resolve, Accesses, DropReason};
 use crate::call_sites::{is_shared_library, CallSites};
 use crate::code::{CodeSource, FileMapping};
 use crate::estimate::{Estimator, LineEstimate, DEFAULT_TRAP_COST_NS};
-use crate::findings::{Analysis, CallSite, LineFinding, Location, ModuleInfo, SourceAccess};
+use crate::findings::{
+    Analysis, CallSite, LineFinding, Location, ModuleInfo, SourceAccess, SurveySummary,
+};
 use crate::line_kind::line_kind;
-use crate::line_model::{LineModel, LineStat};
+use crate::line_model::{byte_mask, LineModel, LineStat};
 use crate::maps::{self, AddressSpace, Class, KERNEL_START};
 use crate::pccache::{PcCache, Where};
+use crate::survey::{HotLines, SurveyTarget};
 
 pub use crate::candidates::WatchCandidate;
 
@@ -119,9 +124,34 @@ pub struct Detector<C: CodeSource> {
     stacks: [(u32, u64, u64); STACK_SLOTS],
     out: Accesses,
     call_sites: CallSites,
+    /// Sampled accesses per line, for the watchpoint survey ([`crate::survey`]).
+    hot: HotLines,
+    /// Writable data objects (ELF vaddr, size) and load bias of each program (not shared
+    /// library) module, per (pid, module index).
+    globals: HashMap<(u32, u32), ModuleGlobals>,
+    /// Lines watched while the line model had no contention on them: (bytes watched, windows).
+    surveyed: HashMap<u64, (u128, u64)>,
 }
 
 const STACK_SLOTS: usize = 64;
+
+/// A program module's load bias and writable data objects (ELF vaddr, size).
+type ModuleGlobals = (u64, Arc<[(u64, u64)]>);
+
+/// The report's account of the watchpoint survey: what was covered, and what it found.
+fn survey_note(s: &SurveySummary) -> String {
+    format!(
+        "watch survey: {} line(s) no timer sample showed contended ({} in the program's \
+         globals, {} heap) watched in {} window(s), {} bytes in all; contention found on {} \
+         of them; bytes never watched (most heap data) are not covered",
+        s.lines,
+        s.global_lines,
+        s.heap_lines,
+        s.windows,
+        s.bytes,
+        s.found.len()
+    )
+}
 
 fn backend_index(b: BackendKind) -> usize {
     match b {
@@ -154,6 +184,9 @@ impl<C: CodeSource> Detector<C> {
             stacks: [(0, 0, 0); STACK_SLOTS],
             out: Accesses::default(),
             call_sites: CallSites::default(),
+            hot: HotLines::default(),
+            globals: HashMap::new(),
+            surveyed: HashMap::new(),
         }
     }
 
@@ -203,6 +236,11 @@ impl<C: CodeSource> Detector<C> {
         if let Some(m) = space.insert_region(r, bias) {
             if let Some(l) = &layout {
                 space.set_module_layout(m, &l.segments);
+                if !l.writable_objects.is_empty() && !is_shared_library(&r.path) {
+                    self.globals
+                        .entry((pid, m))
+                        .or_insert_with(|| (bias, l.writable_objects.clone()));
+                }
             }
             let module = &mut space.modules[m as usize];
             if module.build_id.is_none() {
@@ -252,6 +290,7 @@ impl<C: CodeSource> Detector<C> {
             } => {
                 // New program image: old mappings and decoded code are gone.
                 self.spaces.insert(*pid, AddressSpace::new());
+                self.globals.retain(|k, _| k.0 != *pid);
                 self.pcs.clear();
                 self.call_sites.clear_checks();
             }
@@ -280,6 +319,18 @@ impl<C: CodeSource> Detector<C> {
         lines.dedup();
         for &line in &lines {
             self.estimator.begin_window(line, time);
+            // A window on a line no sample showed contended is a survey (see `survey`).
+            if !self.model.is_contended(line) {
+                let bytes = words
+                    .iter()
+                    .filter(|w| w.0 & mask == line)
+                    .fold(0u128, |b, &(a, len)| {
+                        b | byte_mask((a - line) as u32, u32::from(len))
+                    });
+                let e = self.surveyed.entry(line).or_default();
+                e.0 |= bytes;
+                e.1 += 1;
+            }
         }
         self.watched_lines = lines;
     }
@@ -364,6 +415,12 @@ impl<C: CodeSource> Detector<C> {
             self.model.access(a);
             if s.backend == BackendKind::Watch {
                 self.estimator.observe(a);
+            } else {
+                let line = a.addr & line_mask;
+                let off = (a.addr - line) as u32;
+                let len = u32::from(a.size.max(1)).min(self.model.line_size() - off);
+                self.hot
+                    .note(line, a.tid, a.op.writes(), byte_mask(off, len));
             }
         }
     }
@@ -525,6 +582,11 @@ impl<C: CodeSource> Detector<C> {
                 .then(a.line_addr.cmp(&b.line_addr))
         });
         let backend = self.backend();
+        let mut notes = self.notes(backend, &findings, &estimates);
+        let survey = self.survey_summary();
+        if let Some(s) = &survey {
+            notes.push(survey_note(s));
+        }
         Analysis {
             backend,
             duration_s: duration,
@@ -534,9 +596,49 @@ impl<C: CodeSource> Detector<C> {
             filtered: self.filter.dropped(),
             line_size: self.model.line_size(),
             modules: self.modules(),
-            notes: self.notes(backend, &findings, &estimates),
+            notes,
+            survey,
             findings,
         }
+    }
+
+    /// What survey windows covered, and which of their lines turned out contended.
+    fn survey_summary(&self) -> Option<SurveySummary> {
+        if self.surveyed.is_empty() {
+            return None;
+        }
+        let mut s = SurveySummary::default();
+        for (&line, &(bytes, windows)) in &self.surveyed {
+            s.lines += 1;
+            s.bytes += u64::from(bytes.count_ones());
+            s.windows += windows;
+            match self.location(line) {
+                Location::Module { .. } => s.global_lines += 1,
+                Location::Heap => s.heap_lines += 1,
+                _ => {}
+            }
+            if self.model.is_contended(line) {
+                s.found.push(line);
+            }
+        }
+        s.found.sort_unstable();
+        Some(s)
+    }
+
+    /// Survey turns worth taking now, highest priority first ([`crate::survey::plan`]): lines
+    /// samples touched without showing contention, and the program's writable globals.
+    pub fn survey_plan(&self) -> Vec<SurveyTarget> {
+        let globals: Vec<(u64, u64)> = self
+            .globals
+            .iter()
+            .filter(|(k, _)| Some(k.0) == self.main_pid)
+            .flat_map(|(_, (bias, objs))| objs.iter().map(|&(v, n)| (v.wrapping_add(*bias), n)))
+            .collect();
+        let mut globals = globals;
+        globals.sort_unstable();
+        crate::survey::plan(&self.hot, &globals, self.model.line_size(), |l| {
+            self.model.is_contended(l)
+        })
     }
 
     fn modules(&self) -> Vec<ModuleInfo> {

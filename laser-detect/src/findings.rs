@@ -147,4 +147,23 @@ pub struct Analysis {
     pub modules: Vec<ModuleInfo>,
     /// Human-readable caveats to print with the report (e.g. "estimated from soft samples").
     pub notes: Vec<String>,
+    /// What watch windows surveyed beyond the lines samples showed contended (see
+    /// [`crate::survey`]); `None` when no window did.
+    pub survey: Option<SurveySummary>,
+}
+
+/// Lines watched in windows that opened while no sample had shown contention there.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SurveySummary {
+    /// Lines surveyed, and of them in the program's globals (module data) and the heap.
+    pub lines: u64,
+    pub global_lines: u64,
+    pub heap_lines: u64,
+    /// Distinct bytes watched over all surveyed lines.
+    pub bytes: u64,
+    /// Survey windows opened.
+    pub windows: u64,
+    /// Surveyed lines that turned out contended (their contention was first seen in a watch
+    /// window), by line address.
+    pub found: Vec<u64>,
 }

@@ -181,6 +181,11 @@ impl LineModel {
         (self.pruned_lines, self.pruned_events)
     }
 
+    /// Whether `line` has had a contention event (and is still kept).
+    pub fn is_contended(&self, line: u64) -> bool {
+        self.contended.contains_key(&line)
+    }
+
     /// Contended lines, in no particular order.
     pub fn contended(&self) -> impl Iterator<Item = &LineStat> + '_ {
         self.contended.values()

@@ -442,6 +442,7 @@ fn analysis(b: &Built) -> (Analysis, Addrs) {
             build_id: None,
         }],
         notes: vec!["contention estimated from soft (cpu-clock) samples".into()],
+        survey: None,
     };
     (analysis, a)
 }
