@@ -15,7 +15,13 @@ const HEAP_LINES_PER_TICK: usize = 8;
 const HEAP_TICK_BUDGET: u64 = 4 << 20;
 
 /// The target's memory through `/proc/PID/mem` (needs the same ptrace access perf needs).
-struct ProcMem(std::fs::File);
+pub struct ProcMem(std::fs::File);
+
+impl ProcMem {
+    pub fn open(pid: i32) -> std::io::Result<ProcMem> {
+        std::fs::File::open(format!("/proc/{pid}/mem")).map(ProcMem)
+    }
+}
 
 impl Memory for ProcMem {
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> usize {
@@ -76,8 +82,8 @@ impl LiveHeap {
             Err(_) => return, // exited: nothing more to learn
         };
         if self.mem.is_none() {
-            match std::fs::File::open(format!("/proc/{}/mem", self.pid)) {
-                Ok(f) => self.mem = Some(ProcMem(f)),
+            match ProcMem::open(self.pid) {
+                Ok(m) => self.mem = Some(m),
                 Err(e) => {
                     self.error = Some(format!("cannot open /proc/{}/mem: {e}", self.pid));
                     return;

@@ -5,20 +5,22 @@
 //!
 //! ```text
 //!   line A  [watch]   [watch]......settled (≥ 400 transfers)......[watch] refresh after 5 s
-//!   survey         [s1]      [s2][s3][s4]...all surveyed: idle...........[s1] after 2 s
+//!   survey         [s1]      [s2][s3][s4]...[s1][s2]…  each again ≥ 300 ms later
 //!   traps   ███████████████████                                 ███
 //! ```
 //! Watching costs the target a trap per access to the watched words; once an estimate has
 //! ±5% statistical error, more of the same adds cost, not knowledge. A survey turn lasts
 //! [`SURVEY_TURN`] of *counting* time (a cooldown of the trap budget does not use it up) or
-//! until it has seen [`SURVEY_HITS`] hits: enough to see two threads on a line contended at
-//! the report threshold, little enough to fit many lines into the budget.
+//! [`SURVEY_WINDOWS`] windows' worth of hits: enough to see two threads on a line contended
+//! at the report threshold, little enough to fit many lines into the budget.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use laser_detect::{Detector, LineEstimate, WatchCandidate};
 use laser_driver::{Session, WatchKind, WatchSpec, MAX_WATCHES};
+
+use crate::live_heap::ProcMem;
 use std::collections::HashMap;
 
 /// How long one candidate line keeps the watchpoints before the next one gets them.
@@ -32,11 +34,16 @@ const REFRESH: Duration = Duration::from_secs(5);
 /// Counting time of one survey turn: a line contended at the default threshold (1,000
 /// transfers/s) shows ~40 transfers in it.
 pub const SURVEY_TURN: Duration = Duration::from_millis(40);
-/// Hits after which a survey turn has seen enough (a hot line fills this in microseconds;
-/// more of it only spends the trap budget).
-const SURVEY_HITS: u64 = 48;
-/// A surveyed target is surveyed again after this long (contention can start later).
-const SURVEY_REFRESH: Duration = Duration::from_secs(2);
+/// Trap-budget windows a survey turn spans at most. A line one thread reads hot fills a
+/// window in microseconds; the other thread's rare store shows up in some windows, not all,
+/// so a turn spans several (each after its cooldown), then moves on.
+const SURVEY_WINDOWS: u64 = 4;
+/// A surveyed target is surveyed again after this long at the earliest: contention that
+/// comes in phases (a flag stored while one loop runs, not the next) is caught in a later
+/// window. A small set of targets is not watched back to back.
+const SURVEY_REFRESH: Duration = Duration::from_millis(300);
+/// How often the globals are read again for heap pointers (programs allocate as they go).
+const POINTERS_EVERY: Duration = Duration::from_millis(200);
 
 /// A line whose estimate was good at `at`, with the totals it had then.
 #[derive(Clone, Copy, Debug)]
@@ -68,6 +75,13 @@ pub struct Steering {
     counted: Duration,
     last_step: Option<Instant>,
     hits_at_start: u64,
+    /// Heap blocks the program's globals pointed to at the last look, and when that was.
+    pointed: Vec<(u64, u64)>,
+    pointers_read: Option<Instant>,
+    mem: Option<ProcMem>,
+    /// Candidate lines whose read+write windows trapped on most accesses: watched for
+    /// stores only from then on.
+    read_hot: Vec<u64>,
 }
 
 impl Steering {
@@ -85,6 +99,7 @@ impl Steering {
         forced: &[WatchCandidate],
     ) -> Result<()> {
         let now = Instant::now();
+        let pid = session.pid();
         let Ok(watcher) = session.watch_mut() else {
             return Ok(());
         };
@@ -96,7 +111,8 @@ impl Steering {
         let over = match (self.turn, self.turn_started) {
             (Some(Turn::Survey), Some(_)) => {
                 self.counted >= SURVEY_TURN
-                    || hits.saturating_sub(self.hits_at_start) >= SURVEY_HITS
+                    || hits.saturating_sub(self.hits_at_start)
+                        >= SURVEY_WINDOWS * watcher.duty_cycle().max_hits_per_window
             }
             (_, Some(t)) => now.duration_since(t) >= TURN,
             (_, None) => true,
@@ -112,10 +128,11 @@ impl Steering {
                 candidates.push(c);
             }
         }
-        let due = self.due(&detector.estimates(), candidates, now);
+        let estimates = detector.estimates();
+        let due = self.due(&estimates, candidates, now);
         // Candidates and surveys take turns; either alone takes every turn.
         let survey = if due.is_empty() || self.turn == Some(Turn::Candidate) {
-            self.next_survey(detector, now)
+            self.next_survey(pid, detector, now)
         } else {
             None
         };
@@ -138,6 +155,24 @@ impl Steering {
             }
         };
         self.idle = false;
+        // Survey windows trap on stores only: a line one thread reads hot would otherwise
+        // spend a window's trap budget in microseconds on reads that cannot contend, before
+        // the other thread's rare store comes by. Stores by two threads contend with each
+        // other; a store next to data samples show another thread reading contends with
+        // those reads (the line model merges both by time).
+        // A candidate line whose read+write windows trapped on most accesses (a thread reads
+        // it hot) cannot be measured that way: each such window overshoots its hit cap and
+        // its cooldown stops every other turn for a long while. Its stores still can be, and
+        // are from then on.
+        for e in &estimates {
+            if e.clamped && !e.stores_only && !self.read_hot.contains(&e.line_addr) {
+                self.read_hot.push(e.line_addr);
+            }
+        }
+        let kind = match turn {
+            Turn::Candidate if !self.read_hot.contains(&c.line_addr) => WatchKind::ReadWrite,
+            _ => WatchKind::Write,
+        };
         let specs: Vec<WatchSpec> = c
             .words
             .iter()
@@ -145,7 +180,7 @@ impl Steering {
             .map(|&(addr, len)| WatchSpec {
                 addr,
                 len: len as u8,
-                kind: WatchKind::ReadWrite,
+                kind,
             })
             .collect();
         watcher
@@ -162,15 +197,35 @@ impl Steering {
     /// surveyed now.
     fn next_survey(
         &mut self,
+        pid: i32,
         detector: &Detector<crate::analyze::Code>,
         now: Instant,
     ) -> Option<WatchCandidate> {
-        let plan = detector.survey_plan();
-        let t = plan.into_iter().find(|t| {
-            self.surveyed
-                .get(&t.key())
-                .is_none_or(|at| now.duration_since(*at) >= SURVEY_REFRESH)
-        })?;
+        if self
+            .pointers_read
+            .is_none_or(|t| now.duration_since(t) >= POINTERS_EVERY)
+        {
+            self.pointers_read = Some(now);
+            if self.mem.is_none() {
+                self.mem = ProcMem::open(pid).ok();
+            }
+            if let Some(mem) = self.mem.as_mut() {
+                self.pointed = detector.pointed_heap_blocks(mem);
+            }
+        }
+        let plan = detector.survey_plan(&self.pointed);
+        // Least recently surveyed first (never surveyed before all), then plan order: every
+        // target gets its turn before any gets a second, whatever the plan's length.
+        let t = plan
+            .into_iter()
+            .enumerate()
+            .filter(|(_, t)| {
+                self.surveyed
+                    .get(&t.key())
+                    .is_none_or(|at| now.duration_since(*at) >= SURVEY_REFRESH)
+            })
+            .min_by_key(|(i, t)| (self.surveyed.get(&t.key()).copied(), *i))?
+            .1;
         self.surveyed.insert(t.key(), now);
         Some(t.watch)
     }
@@ -232,6 +287,7 @@ mod tests {
             armed_s,
             effective_s: armed_s,
             clamped: false,
+            stores_only: false,
             shared_windows: 1,
             rate_per_s: transfers as f64 / armed_s.max(1e-9),
             rel_error: 0.1,

@@ -35,6 +35,7 @@ use crate::estimate::{Estimator, LineEstimate, DEFAULT_TRAP_COST_NS};
 use crate::findings::{
     Analysis, CallSite, LineFinding, Location, ModuleInfo, SourceAccess, SurveySummary,
 };
+use crate::heap_blocks::Memory;
 use crate::line_kind::line_kind;
 use crate::line_model::{byte_mask, LineModel, LineStat};
 use crate::maps::{self, AddressSpace, Class, KERNEL_START};
@@ -142,8 +143,10 @@ type ModuleGlobals = (u64, Arc<[(u64, u64)]>);
 fn survey_note(s: &SurveySummary) -> String {
     format!(
         "watch survey: {} line(s) no timer sample showed contended ({} in the program's \
-         globals, {} heap) watched in {} window(s), {} bytes in all; contention found on {} \
-         of them; bytes never watched (most heap data) are not covered",
+         globals, {} heap) watched for stores in {} window(s), {} bytes in all; contention \
+         found on {} of them; survey windows see stores only, so transfers that loads cause \
+         there are not counted (lower bounds), and bytes never watched (most heap data) are \
+         not covered",
         s.lines,
         s.global_lines,
         s.heap_lines,
@@ -299,7 +302,11 @@ impl<C: CodeSource> Detector<C> {
                     self.spaces.insert(*pid, parent);
                 }
             }
-            Event::WatchSet { time, words } => self.on_watch_set(*time, words),
+            Event::WatchSet {
+                time,
+                words,
+                write_only,
+            } => self.on_watch_set(*time, words, *write_only),
             // A measurement of this run beats the configured default.
             Event::WatchCost { hit_ns, .. } => self.estimator.set_trap_cost(*hit_ns),
             _ => {}
@@ -309,7 +316,11 @@ impl<C: CodeSource> Detector<C> {
     /// The driver says exactly `words` are watched from `time` on: close the windows of the
     /// lines watched until now and open windows on the lines of `words` (the estimator's armed
     /// time comes from these, so replayed recordings get the same rates as the live run).
-    fn on_watch_set(&mut self, time: u64, words: &[(u64, u8)]) {
+    ///
+    /// Words watched for writes only (`write_only`, bit i = word i: survey windows) give the
+    /// estimator every store to them and no load: stores of two threads are transfers it
+    /// counts, transfers loads cause are missed (a lower bound, said in the survey note).
+    fn on_watch_set(&mut self, time: u64, words: &[(u64, u8)], write_only: u8) {
         for line in std::mem::take(&mut self.watched_lines) {
             self.estimator.end_window(line, time);
         }
@@ -318,7 +329,6 @@ impl<C: CodeSource> Detector<C> {
         lines.sort_unstable();
         lines.dedup();
         for &line in &lines {
-            self.estimator.begin_window(line, time);
             // A window on a line no sample showed contended is a survey (see `survey`).
             if !self.model.is_contended(line) {
                 let bytes = words
@@ -330,6 +340,16 @@ impl<C: CodeSource> Detector<C> {
                 let e = self.surveyed.entry(line).or_default();
                 e.0 |= bytes;
                 e.1 += 1;
+            }
+            let stores_only = words
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| w.0 & mask == line)
+                .all(|(i, _)| write_only & (1 << i) != 0);
+            if stores_only {
+                self.estimator.begin_store_window(line, time);
+            } else {
+                self.estimator.begin_window(line, time);
             }
         }
         self.watched_lines = lines;
@@ -555,11 +575,15 @@ impl<C: CodeSource> Detector<C> {
         let duration = self.duration_s();
         let estimates = self.estimator.estimates();
         // A line whose windows never saw two threads keeps its sampled count: "0 transfers
-        // in windows that could not have seen one" would drop real contention.
+        // in windows that could not have seen one" would drop real contention. So does a
+        // line whose windows counted none while the line model proved some (contention that
+        // came in phases the windows missed: the proven events are a lower bound).
         let est_of = |line: u64| {
-            estimates
-                .iter()
-                .find(|e| e.line_addr == line && e.informative())
+            estimates.iter().find(|e| {
+                e.line_addr == line
+                    && e.informative()
+                    && (e.transfers > 0 || !self.model.is_contended(line))
+            })
         };
         let mut findings: Vec<LineFinding> = self
             .model
@@ -625,20 +649,41 @@ impl<C: CodeSource> Detector<C> {
         Some(s)
     }
 
-    /// Survey turns worth taking now, highest priority first ([`crate::survey::plan`]): lines
-    /// samples touched without showing contention, and the program's writable globals.
-    pub fn survey_plan(&self) -> Vec<SurveyTarget> {
-        let globals: Vec<(u64, u64)> = self
+    /// The main process's program globals at run-time addresses, sorted.
+    fn program_globals(&self) -> Vec<(u64, u64)> {
+        let mut globals: Vec<(u64, u64)> = self
             .globals
             .iter()
             .filter(|(k, _)| Some(k.0) == self.main_pid)
             .flat_map(|(_, (bias, objs))| objs.iter().map(|&(v, n)| (v.wrapping_add(*bias), n)))
             .collect();
-        let mut globals = globals;
         globals.sort_unstable();
-        crate::survey::plan(&self.hot, &globals, self.model.line_size(), |l| {
-            self.model.is_contended(l)
+        globals
+    }
+
+    /// Heap blocks the program's globals point to, read from the live target through `mem`
+    /// ([`crate::survey::pointed_blocks`]).
+    pub fn pointed_heap_blocks(&self, mem: &mut dyn Memory) -> Vec<(u64, u64)> {
+        let Some(space) = self.main_pid.and_then(|p| self.spaces.get(&p)) else {
+            return Vec::new();
+        };
+        crate::survey::pointed_blocks(&self.program_globals(), mem, |a| {
+            space.classify(a) == Class::Heap
         })
+    }
+
+    /// Survey turns worth taking now, highest priority first ([`crate::survey::plan`]): lines
+    /// samples touched without showing contention, the program's writable globals, and the
+    /// heap blocks `pointed` to by them. Lines the survey found contended stay in it (their
+    /// store-only windows keep the estimate honest when read+write windows drown in loads).
+    pub fn survey_plan(&self, pointed: &[(u64, u64)]) -> Vec<SurveyTarget> {
+        crate::survey::plan(
+            &self.hot,
+            &self.program_globals(),
+            pointed,
+            self.model.line_size(),
+            |l| self.model.is_contended(l) && !self.surveyed.contains_key(&l),
+        )
     }
 
     fn modules(&self) -> Vec<ModuleInfo> {

@@ -49,6 +49,14 @@
 //!   `transfers · max_hits · δ / effective²`; with trap time ≪ armed time it is negligible;
 //! - threads are not cores: two threads time-sharing one core exchange no line, but are
 //!   counted (rare for the busy threads that contend).
+//!
+//! # Store-only windows
+//! A survey window ([`crate::survey`]) traps on stores only: the history lacks the loads, so
+//! its count is a lower bound (a store after another thread's store is a transfer either way;
+//! a load's miss is never seen). The two kinds of window are tallied apart and the line's rate
+//! is the larger of the two: both are lower bounds of the truth, and a read+write window on a
+//! line one thread reads hot (armed for microseconds between cooldowns) must not dilute what
+//! store-only windows measured over long stretches, nor the other way round.
 
 use hashbrown::HashMap;
 
@@ -63,6 +71,23 @@ pub const MAX_TRAP_SHARE: f64 = 0.5;
 /// Default cost of one watchpoint trap (measured on this machine, DESIGN.md).
 pub const DEFAULT_TRAP_COST_NS: u64 = 4_500;
 
+/// What the windows of one kind (read+write, or store-only) saw on a line.
+#[derive(Clone, Debug, Default)]
+struct Tally {
+    accesses: u64,
+    transfers: u64,
+    true_transfers: u64,
+    false_transfers: u64,
+    per_pc: Vec<(u64, u64)>,
+    hits: Vec<(u32, u64)>,
+    /// Windows in which two or more threads were seen.
+    shared_windows: u32,
+}
+
+/// Index into `LineEst::tallies`.
+const READ_WRITE: usize = 0;
+const STORES_ONLY: usize = 1;
+
 #[derive(Clone, Debug, Default)]
 struct LineEst {
     holders: Vec<u32>,
@@ -72,22 +97,18 @@ struct LineEst {
     /// Per thread, its latest accesses to the line (the exchange test), across windows.
     exchange: RecentByThread,
     seq: u64,
-    /// Announced windows `[start, end)` (end `u64::MAX` while open), in announcement order.
+    /// Announced windows `[start, end)` (end `u64::MAX` while open), in announcement order,
+    /// and whether each watched stores only.
     windows: Vec<(u64, u64)>,
+    stores_only: Vec<bool>,
     /// The window the previous observed access fell in (state resets when it changes).
     cur: Option<usize>,
     /// Latest access time seen (closes an open window at `estimates` time).
     last_time: u64,
-    accesses: u64,
     outside: u64,
-    transfers: u64,
-    true_transfers: u64,
-    false_transfers: u64,
-    per_pc: Vec<(u64, u64)>,
-    hits: Vec<(u32, u64)>,
-    /// Threads seen in the current window, and windows in which two or more were seen.
+    tallies: [Tally; 2],
+    /// Threads seen in the current window.
     window_tids: Vec<u32>,
-    shared_windows: u32,
     /// No window was ever announced for this line (a replayed recording): the window is
     /// inferred as first..last observed access.
     implicit: Option<(u64, u64)>,
@@ -113,11 +134,14 @@ pub struct LineEstimate {
     /// that long, so the rate is an upper estimate).
     pub inferred: bool,
     pub armed_s: f64,
-    /// Armed time less the most-trapped thread's trap time (the armed time when `clamped`).
+    /// Armed time less the most-trapped thread's trap time (the armed time when `clamped`), of
+    /// the kind of window the rate is from (`armed_s` sums both kinds).
     pub effective_s: f64,
     /// The trap time exceeded [`MAX_TRAP_SHARE`] of the armed time: no correction was made
     /// and the rate is a lower bound.
     pub clamped: bool,
+    /// The rate is from store-only (survey) windows: loads were not seen, a lower bound.
+    pub stores_only: bool,
     pub rate_per_s: f64,
     /// Statistical relative standard error, 1/√transfers (1.0 when there are none).
     pub rel_error: f64,
@@ -171,12 +195,22 @@ impl Estimator {
     /// samples are fed. The coherence state restarts unknown in each window: what happened
     /// while unwatched cannot be known.
     pub fn begin_window(&mut self, line_addr: u64, time: u64) {
+        self.begin(line_addr, time, false);
+    }
+
+    /// A window that sees the line's stores only (see the module doc).
+    pub fn begin_store_window(&mut self, line_addr: u64, time: u64) {
+        self.begin(line_addr, time, true);
+    }
+
+    fn begin(&mut self, line_addr: u64, time: u64, stores_only: bool) {
         let l = self.lines.entry(self.line_of(line_addr)).or_default();
         if l.implicit.take().is_some() {
             // Announced windows replace an inferred one: start the line over.
             *l = LineEst::default();
         }
         l.windows.push((time, u64::MAX));
+        l.stores_only.push(stores_only);
     }
 
     /// The watchpoints on the line were disarmed at `time`.
@@ -205,6 +239,7 @@ impl Estimator {
             ..LineEst::default()
         });
         l.last_time = l.last_time.max(a.time);
+        let mut kind = READ_WRITE;
         if let Some((t0, t1)) = &mut l.implicit {
             *t0 = (*t0).min(a.time);
             *t1 = (*t1).max(a.time);
@@ -228,17 +263,21 @@ impl Estimator {
                 // behaviour, not coherence state, and restarting it would call the first
                 // neighbour transfers of every window false sharing.
             }
+            if l.stores_only.get(w).copied().unwrap_or(false) {
+                kind = STORES_ONLY;
+            }
         }
-        l.accesses += 1;
+        let tally = &mut l.tallies[kind];
+        tally.accesses += 1;
         if !l.window_tids.contains(&a.tid) {
             l.window_tids.push(a.tid);
             if l.window_tids.len() == 2 {
-                l.shared_windows += 1;
+                tally.shared_windows += 1;
             }
         }
-        match l.hits.iter_mut().find(|h| h.0 == a.tid) {
+        match tally.hits.iter_mut().find(|h| h.0 == a.tid) {
             Some(h) => h.1 += 1,
-            None => l.hits.push((a.tid, 1)),
+            None => tally.hits.push((a.tid, 1)),
         }
         let off = (a.addr - line) as u32;
         let len = (a.size.max(1) as u32).min(self.line_size as u32 - off);
@@ -258,15 +297,17 @@ impl Estimator {
                 .filter(|r| r.0 != t)
                 .max_by_key(|r| r.2)
                 .map_or((t, 0), |r| (r.0, r.1));
-            l.transfers += 1;
-            if other_bytes & bytes != 0 || l.exchange.pair_shares(t, other) {
-                l.true_transfers += 1;
+            let true_sharing = other_bytes & bytes != 0 || l.exchange.pair_shares(t, other);
+            let tally = &mut l.tallies[kind];
+            tally.transfers += 1;
+            if true_sharing {
+                tally.true_transfers += 1;
             } else {
-                l.false_transfers += 1;
+                tally.false_transfers += 1;
             }
-            match l.per_pc.iter_mut().find(|p| p.0 == a.pc) {
+            match tally.per_pc.iter_mut().find(|p| p.0 == a.pc) {
                 Some(p) => p.1 += 1,
-                None => l.per_pc.push((a.pc, 1)),
+                None => tally.per_pc.push((a.pc, 1)),
             }
         }
         if a.op.writes() {
@@ -292,62 +333,76 @@ impl Estimator {
         let mut v: Vec<LineEstimate> = self
             .lines
             .iter()
-            .map(|(&line, l)| {
-                // An open window counts up to the last access seen in it.
-                let armed_ns = match l.implicit {
-                    Some((a, b)) => b - a,
-                    None => l
-                        .windows
-                        .iter()
-                        .map(|&(s, e)| {
-                            let e = if e == u64::MAX { l.last_time.max(s) } else { e };
-                            e - s
-                        })
-                        .sum(),
-                };
-                (line, l, armed_ns)
-            })
-            .filter(|&(_, _, armed_ns)| armed_ns > 0)
-            .map(|(line, l, armed_ns)| {
-                let armed = armed_ns as f64 * 1e-9;
-                let max_hits = l.hits.iter().map(|h| h.1).max().unwrap_or(0);
-                let trap = (max_hits.saturating_mul(self.trap_cost_ns)) as f64 * 1e-9;
-                // Past half the armed time the correction would more than double the rate
-                // on the strength of the trap cost alone (a 20% error in it moves the result
-                // by more than 20%): give the uncorrected rate, a lower bound, instead.
-                let clamped = trap > armed * MAX_TRAP_SHARE;
-                let effective = if clamped { armed } else { armed - trap };
-                let mut per_pc = l.per_pc.clone();
-                per_pc.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-                LineEstimate {
-                    line_addr: line,
-                    transfers: l.transfers,
-                    shared_windows: l.shared_windows,
-                    true_transfers: l.true_transfers,
-                    false_transfers: l.false_transfers,
-                    accesses: l.accesses,
-                    outside: l.outside,
-                    windows: if l.implicit.is_some() {
-                        1
-                    } else {
-                        l.windows.len() as u32
-                    },
-                    inferred: l.implicit.is_some(),
-                    armed_s: armed,
-                    effective_s: effective,
-                    clamped,
-                    rate_per_s: l.transfers as f64 / effective,
-                    rel_error: if l.transfers == 0 {
-                        1.0
-                    } else {
-                        1.0 / (l.transfers as f64).sqrt()
-                    },
-                    per_pc,
-                }
-            })
+            .filter_map(|(&line, l)| self.estimate(line, l))
             .collect();
         v.sort_by(|a, b| b.rate_per_s.total_cmp(&a.rate_per_s));
         v
+    }
+
+    /// The line's estimate: of its read+write and its store-only windows, the kind that
+    /// measured the higher rate (both are lower bounds when they differ; see the module doc).
+    fn estimate(&self, line: u64, l: &LineEst) -> Option<LineEstimate> {
+        // Armed time per kind; an open window counts up to the last access seen in it.
+        let mut armed_ns = [0u64; 2];
+        match l.implicit {
+            Some((a, b)) => armed_ns[READ_WRITE] = b - a,
+            None => {
+                for (i, &(s, e)) in l.windows.iter().enumerate() {
+                    let e = if e == u64::MAX { l.last_time.max(s) } else { e };
+                    let kind = usize::from(l.stores_only.get(i).copied().unwrap_or(false));
+                    armed_ns[kind] += e - s;
+                }
+            }
+        }
+        let rated = |kind: usize| {
+            let t = &l.tallies[kind];
+            let armed = armed_ns[kind] as f64 * 1e-9;
+            let max_hits = t.hits.iter().map(|h| h.1).max().unwrap_or(0);
+            let trap = (max_hits.saturating_mul(self.trap_cost_ns)) as f64 * 1e-9;
+            // Past half the armed time the correction would more than double the rate on the
+            // strength of the trap cost alone (a 20% error in it moves the result by more
+            // than 20%): give the uncorrected rate, a lower bound, instead.
+            let clamped = trap > armed * MAX_TRAP_SHARE;
+            let effective = if clamped { armed } else { armed - trap };
+            (t.transfers as f64 / effective, armed, effective, clamped)
+        };
+        let kinds: Vec<usize> = (0..2).filter(|&k| armed_ns[k] > 0).collect();
+        // Read+write first: on a tie (both 0) the exact kind speaks.
+        let kind = kinds
+            .iter()
+            .copied()
+            .max_by(|&a, &b| rated(a).0.total_cmp(&rated(b).0).then(b.cmp(&a)))?;
+        let (rate, _, effective, clamped) = rated(kind);
+        let t = &l.tallies[kind];
+        let mut per_pc = t.per_pc.clone();
+        per_pc.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        Some(LineEstimate {
+            line_addr: line,
+            transfers: t.transfers,
+            // Whether some window of either kind could have seen a transfer.
+            shared_windows: l.tallies.iter().map(|t| t.shared_windows).sum(),
+            true_transfers: t.true_transfers,
+            false_transfers: t.false_transfers,
+            accesses: l.tallies.iter().map(|t| t.accesses).sum(),
+            outside: l.outside,
+            windows: if l.implicit.is_some() {
+                1
+            } else {
+                l.windows.len() as u32
+            },
+            inferred: l.implicit.is_some(),
+            armed_s: armed_ns.iter().sum::<u64>() as f64 * 1e-9,
+            effective_s: effective,
+            clamped,
+            stores_only: kind == STORES_ONLY,
+            rate_per_s: rate,
+            rel_error: if t.transfers == 0 {
+                1.0
+            } else {
+                1.0 / (t.transfers as f64).sqrt()
+            },
+            per_pc,
+        })
     }
 }
 
@@ -393,6 +448,43 @@ mod tests {
         assert!((r.rate_per_s - 199_000.0).abs() < 1e-6);
         assert_eq!(r.per_pc.len(), 2);
         assert_eq!(r.per_pc.iter().map(|p| p.1).sum::<u64>(), 199);
+    }
+
+    /// ```text
+    ///   read+write window  [0, 1 ms)     T1 W, T2 R, T1 W  → 2 transfers: 2,000/s
+    ///   store-only window  [1 ms, 11 ms)  T1 W, T2 W × 50  → 99 transfers: 9,900/s
+    /// ```
+    /// The two kinds are not pooled (101 in 11 ms = 9,182/s would under-state both views'
+    /// best evidence); the larger rate is the line's, flagged as store-only.
+    #[test]
+    fn store_only_windows_are_tallied_apart_and_the_larger_rate_wins() {
+        let mut e = Estimator::new(64).with_trap_cost(0);
+        e.begin_window(L, 0);
+        e.observe(&a(1, Op::Store, 0, 10));
+        e.observe(&a(2, Op::Load, 8, 20));
+        e.observe(&a(1, Op::Store, 0, 30));
+        e.end_window(L, 1_000_000);
+        e.begin_store_window(L, 1_000_000);
+        for i in 0..50u64 {
+            e.observe(&a(1, Op::Store, 0, 1_000_100 + 2 * i));
+            e.observe(&a(2, Op::Store, 8, 1_000_101 + 2 * i));
+        }
+        e.end_window(L, 11_000_000);
+        let r = est(&e);
+        assert!(r.stores_only);
+        assert_eq!((r.transfers, r.windows), (99, 2));
+        assert!((r.rate_per_s - 9_900.0).abs() < 1e-6, "{}", r.rate_per_s);
+        assert!((r.armed_s - 0.011).abs() < 1e-12);
+        // Read+write alone: its own rate, not flagged.
+        let mut f = Estimator::new(64).with_trap_cost(0);
+        f.begin_window(L, 0);
+        f.observe(&a(1, Op::Store, 0, 10));
+        f.observe(&a(2, Op::Load, 8, 20));
+        f.observe(&a(1, Op::Store, 0, 30));
+        f.end_window(L, 1_000_000);
+        let r = est(&f);
+        assert!(!r.stores_only);
+        assert_eq!(r.transfers, 2);
     }
 
     #[test]

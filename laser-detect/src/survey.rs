@@ -9,12 +9,22 @@
 //!
 //! ```text
 //!   source (priority order)                         words watched per turn (4 × 8 B)
-//!   1. sampled lines two threads touch or one writes  the line in halves: [0,32) [32,64)
+//!   1. sampled lines two threads touch, one writing   the line in halves: [0,32) [32,64)
 //!   2. the program's writable globals (ELF symbols)   the 8-byte slots objects cover, 4 a turn
-//!   3. sampled lines one thread only reads            the line in halves
+//!   3. heap blocks a global points to (one level)     the same, for the block
+//!   4. the other sampled lines, most sampled first    the line in halves (top 16 lines)
 //! ```
-//! Every target is a (line, ≤ 4 words) turn; the CLI's steering rotates through them inside
-//! the watchpoint trap budget and starts over when all were surveyed. What a window sees goes
+//! Lines of tier 4 are where one thread works hard (reads its own header every iteration,
+//! writes its own counters): the other thread's rare store there is what a survey can catch,
+//! and the more a line is sampled the likelier it is worth a turn.
+//! Source 3 is what C programs share most: `counts = malloc(n * sizeof *counts)` at start-up,
+//! one slot per thread, reached through a global pointer. The pointer is read from the live
+//! target (a word of a writable global that points into a heap mapping); the block's size from
+//! its malloc chunk header when that reads sane, else one line.
+//! Every target is a (line, ≤ 4 words) turn; [`plan`] lists them with the tiers interleaved
+//! (one of each in turn), so a program with many globals still gets its sampled lines
+//! surveyed early. The CLI's steering rotates through them inside the watchpoint trap budget,
+//! again and again: contention that comes in phases is caught in some window. What a window sees goes
 //! through the same stream as every other watch hit, so a line found here becomes an ordinary
 //! contended line (estimate, report, fix) and a recording replays to the same result.
 //!
@@ -25,6 +35,7 @@
 use hashbrown::HashMap;
 
 use crate::candidates::WatchCandidate;
+use crate::heap_blocks::Memory;
 
 /// Lines whose sampled accesses are counted at most; beyond it the least sampled half goes.
 const MAX_HOT_LINES: usize = 4096;
@@ -33,8 +44,10 @@ const MAX_GLOBAL_LINES: usize = 512;
 /// Objects up to this size are surveyed whole; larger ones at their edges only (the lines
 /// they share with their neighbours).
 const WHOLE_OBJECT_MAX: u64 = 256;
-/// Sampled accesses a one-thread, read-only line needs before it is worth a survey turn.
-const MIN_READ_SAMPLES: u32 = 3;
+/// Sampled accesses a tier-4 line needs before it is worth a survey turn.
+const MIN_HOT_SAMPLES: u32 = 3;
+/// Tier-4 lines surveyed at most (the most sampled).
+const MAX_HOT_SURVEYED: usize = 16;
 
 /// Sampled accesses to one line.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -104,12 +117,14 @@ impl HotLines {
 /// Why a line is surveyed, in priority order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SurveySource {
-    /// Samples saw two threads on it, or a write, but no contention event.
+    /// Samples saw two threads on it, one of them writing, but no contention event.
     SampledShared,
     /// A writable global of the program (ELF data symbol).
     Global,
-    /// Samples saw one thread read it, repeatedly.
-    SampledRead,
+    /// A heap block a global of the program points to.
+    PointedHeap,
+    /// Samples saw it often, from one thread or reads only.
+    SampledHot,
 }
 
 impl SurveySource {
@@ -117,7 +132,8 @@ impl SurveySource {
         match self {
             SurveySource::SampledShared => "sampled line",
             SurveySource::Global => "global",
-            SurveySource::SampledRead => "sampled read-only line",
+            SurveySource::PointedHeap => "heap block a global points to",
+            SurveySource::SampledHot => "hot sampled line",
         }
     }
 }
@@ -220,33 +236,110 @@ fn global_lines(globals: &[(u64, u64)], line_size: u32) -> Vec<(u64, Vec<u64>)> 
     out
 }
 
+/// Words of writable globals read for pointers at most, per look.
+const MAX_POINTER_WORDS: usize = 1024;
+/// Blocks larger than this are not believed (a chunk header misread); one line is surveyed.
+const MAX_BLOCK: u64 = 1 << 20;
+
+/// Heap blocks `(address, size)` the program's globals point to: every 8-byte aligned word of
+/// a global of at most [`WHOLE_OBJECT_MAX`] bytes whose value `is_heap`, read through `mem`.
+/// The size comes from the glibc chunk header before the block (size field, low 3 bits are
+/// flags; usable = chunk − 8) when it reads between 16 bytes and 1 MiB, else 8.
+pub fn pointed_blocks(
+    globals: &[(u64, u64)],
+    mem: &mut dyn Memory,
+    is_heap: impl Fn(u64) -> bool,
+) -> Vec<(u64, u64)> {
+    let words = globals
+        .iter()
+        .filter(|g| g.1 >= 8 && g.1 <= WHOLE_OBJECT_MAX)
+        .flat_map(|&(a, n)| {
+            (a.next_multiple_of(8)..a + n)
+                .step_by(8)
+                .filter(move |w| w + 8 <= a + n)
+        })
+        .take(MAX_POINTER_WORDS);
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8];
+    for w in words {
+        if mem.read(w, &mut buf) != 8 {
+            continue;
+        }
+        let p = u64::from_le_bytes(buf);
+        if p == 0 || !p.is_multiple_of(8) || !is_heap(p) {
+            continue;
+        }
+        let size = if mem.read(p - 8, &mut buf) == 8 {
+            let chunk = u64::from_le_bytes(buf) & !7;
+            if (24..=MAX_BLOCK).contains(&chunk) {
+                chunk - 8
+            } else {
+                8
+            }
+        } else {
+            8
+        };
+        out.push((p, size));
+    }
+    out.sort_unstable();
+    out.dedup_by_key(|b| b.0);
+    out
+}
+
 /// Every survey turn worth taking now, highest priority first. `skip(line)`: lines that need
-/// no survey (already contended in the line model: they get ordinary watch turns).
+/// no survey (already contended in the line model: they get ordinary watch turns). `pointed`:
+/// heap blocks the globals point to ([`pointed_blocks`]).
 pub fn plan(
     hot: &HotLines,
     globals: &[(u64, u64)],
+    pointed: &[(u64, u64)],
     line_size: u32,
     skip: impl Fn(u64) -> bool,
 ) -> Vec<SurveyTarget> {
     let mut sampled: Vec<(&u64, &HotLine)> = hot.map.iter().filter(|(l, _)| !skip(**l)).collect();
     sampled.sort_by(|a, b| b.1.samples.cmp(&a.1.samples).then(a.0.cmp(b.0)));
-    let mut out = Vec::new();
+    let mut tier1 = Vec::new();
+    let shared = |h: &HotLine| h.threads() >= 2 && h.writes > 0;
     for (&line, h) in &sampled {
-        if h.threads() >= 2 || h.writes > 0 {
-            line_turns(line, h, line_size, SurveySource::SampledShared, &mut out);
+        if shared(h) {
+            line_turns(line, h, line_size, SurveySource::SampledShared, &mut tier1);
         }
     }
+    let sampled_shared = |line: u64| hot.get(line).is_some_and(shared);
+    let mut tier2 = Vec::new();
     for (line, words) in global_lines(globals, line_size) {
-        let sampled_shared = hot
-            .get(line)
-            .is_some_and(|h| h.threads() >= 2 || h.writes > 0);
-        if !skip(line) && !sampled_shared {
-            turns(line, words, SurveySource::Global, &mut out);
+        if !skip(line) && !sampled_shared(line) {
+            turns(line, words, SurveySource::Global, &mut tier2);
         }
     }
-    for (&line, h) in &sampled {
-        if h.threads() < 2 && h.writes == 0 && h.samples >= MIN_READ_SAMPLES {
-            line_turns(line, h, line_size, SurveySource::SampledRead, &mut out);
+    let taken = |t: &[SurveyTarget], line: u64| t.iter().any(|t| t.watch.line_addr == line);
+    let mut tier3 = Vec::new();
+    for (line, words) in global_lines(pointed, line_size) {
+        if !skip(line) && !sampled_shared(line) && !taken(&tier2, line) {
+            turns(line, words, SurveySource::PointedHeap, &mut tier3);
+        }
+    }
+    let hot_lines = sampled
+        .iter()
+        .filter(|(l, h)| {
+            !shared(h) && h.samples >= MIN_HOT_SAMPLES && !taken(&tier2, **l) && !taken(&tier3, **l)
+        })
+        .take(MAX_HOT_SURVEYED);
+    let mut tier4 = Vec::new();
+    for (&line, h) in hot_lines {
+        line_turns(line, h, line_size, SurveySource::SampledHot, &mut tier4);
+    }
+    interleave([tier1, tier2, tier3, tier4])
+}
+
+/// One target of each tier in turn, in tier order, until all are taken.
+fn interleave(tiers: [Vec<SurveyTarget>; 4]) -> Vec<SurveyTarget> {
+    let n = tiers.iter().map(Vec::len).sum();
+    let mut its = tiers.map(Vec::into_iter);
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        for it in &mut its {
+            out.extend(it.next());
         }
     }
     out
@@ -264,15 +357,20 @@ mod tests {
     #[test]
     fn shared_sampled_lines_first_then_globals_then_read_only_lines() {
         let mut hot = HotLines::default();
-        // 0x1000: one thread reads it a lot; 0x2000: two threads read it; 0x3000: written once.
+        // 0x1000: one thread reads it a lot; 0x2000: two threads, one writes; 0x3000: two
+        // threads write it; 0x5000: two threads read it (3 samples).
         for _ in 0..10 {
             hot.note(0x1000, 1, false, byte_mask(0, 4));
         }
         hot.note(0x2000, 1, false, byte_mask(40, 4));
-        hot.note(0x2000, 2, false, byte_mask(0, 4));
+        hot.note(0x2000, 2, true, byte_mask(0, 4));
         hot.note(0x3000, 1, true, byte_mask(8, 8));
+        hot.note(0x3000, 2, true, byte_mask(8, 8));
+        for t in [1, 2, 1] {
+            hot.note(0x5000, t, false, byte_mask(0, 8));
+        }
         let globals = [(0x4010, 4), (0x4014, 4)];
-        let p = plan(&hot, &globals, 64, |_| false);
+        let p = plan(&hot, &globals, &[], 64, |_| false);
         let order: Vec<(u64, SurveySource)> =
             p.iter().map(|t| (t.watch.line_addr, t.source)).collect();
         use SurveySource::*;
@@ -280,26 +378,30 @@ mod tests {
             order,
             [
                 (0x2000, SampledShared),
-                (0x2000, SampledShared),
-                (0x3000, SampledShared),
-                (0x3000, SampledShared),
                 (0x4000, Global),
-                (0x1000, SampledRead),
-                (0x1000, SampledRead),
+                (0x1000, SampledHot),
+                (0x2000, SampledShared),
+                (0x1000, SampledHot),
+                (0x3000, SampledShared),
+                (0x5000, SampledHot),
+                (0x3000, SampledShared),
+                (0x5000, SampledHot),
             ]
         );
-        // Two threads on 0x2000 touched both halves: address order; 0x3000's sampled half
-        // [0,32) first. The two 4-byte globals share one slot.
+        // Two threads on 0x2000 touched both halves: address order. The two 4-byte globals
+        // share one slot.
         assert_eq!(words(&p[0]), [0x2000, 0x2008, 0x2010, 0x2018]);
-        assert_eq!(words(&p[1]), [0x2020, 0x2028, 0x2030, 0x2038]);
-        assert_eq!(words(&p[4]), [0x4010]);
+        assert_eq!(words(&p[3]), [0x2020, 0x2028, 0x2030, 0x2038]);
+        assert_eq!(words(&p[1]), [0x4010]);
     }
 
     #[test]
     fn the_sampled_half_of_a_line_comes_first() {
         let mut hot = HotLines::default();
-        hot.note(0x1000, 1, true, byte_mask(48, 4));
-        let p = plan(&hot, &[], 64, |_| false);
+        for _ in 0..3 {
+            hot.note(0x1000, 1, true, byte_mask(48, 4));
+        }
+        let p = plan(&hot, &[], &[], 64, |_| false);
         assert_eq!(words(&p[0]), [0x1020, 0x1028, 0x1030, 0x1038]);
         assert_eq!(words(&p[1]), [0x1000, 0x1008, 0x1010, 0x1018]);
     }
@@ -308,8 +410,9 @@ mod tests {
     fn contended_lines_and_rare_reads_are_skipped() {
         let mut hot = HotLines::default();
         hot.note(0x1000, 1, true, 1);
+        hot.note(0x1000, 2, true, 1);
         hot.note(0x2000, 1, false, 1); // one read: not worth a turn
-        let p = plan(&hot, &[(0x1008, 8)], 64, |l| l == 0x1000);
+        let p = plan(&hot, &[(0x1008, 8)], &[], 64, |l| l == 0x1000);
         assert!(p.is_empty(), "{p:?}");
     }
 
@@ -324,7 +427,7 @@ mod tests {
         assert_eq!(lines[0].1, [0x10000, 0x10020, 0x10028, 0x10030, 0x10038]);
         assert_eq!(lines[1].1, [0x11000, 0x11008, 0x11010, 0x11018, 0x11020]);
         // 5 slots on a line: two turns.
-        let p = plan(&HotLines::default(), &g, 64, |_| false);
+        let p = plan(&HotLines::default(), &g, &[], 64, |_| false);
         assert_eq!(p.len(), 4);
         assert_eq!(words(&p[1]), [0x10038]);
     }
@@ -340,6 +443,36 @@ mod tests {
         }
         assert!(hot.len() <= MAX_HOT_LINES);
         assert_eq!(hot.get(0x40).map(|h| h.samples), Some(5));
+    }
+
+    /// A global `int *use_len` pointing at an 8-byte malloc block (chunk size 0x21), a global
+    /// pointing into the module itself (not heap), a null pointer and a misaligned value.
+    #[test]
+    fn heap_blocks_pointed_to_by_globals_are_surveyed() {
+        use crate::heap_blocks::Image;
+        let data_base = 0x4000u64;
+        let heap_base = 0x9000u64;
+        let mut data = vec![0u8; 64];
+        data[0..8].copy_from_slice(&(heap_base + 0x10).to_le_bytes()); // use_len
+        data[8..16].copy_from_slice(&(data_base + 0x20).to_le_bytes()); // &other global
+        data[24..32].copy_from_slice(&(heap_base + 0x13).to_le_bytes()); // misaligned
+        let mut heap = vec![0u8; 256];
+        heap[8..16].copy_from_slice(&0x21u64.to_le_bytes()); // chunk header: 32 | PREV_INUSE
+        let mut both = vec![0u8; (heap_base - data_base) as usize + heap.len()];
+        both[..64].copy_from_slice(&data);
+        both[(heap_base - data_base) as usize..].copy_from_slice(&heap);
+        let mut mem = Image {
+            base: data_base,
+            bytes: &both,
+        };
+        let globals = [(0x4000, 8), (0x4008, 8), (0x4010, 8), (0x4018, 8)];
+        let is_heap = |a: u64| (heap_base..heap_base + 0x1000).contains(&a);
+        let blocks = pointed_blocks(&globals, &mut mem, is_heap);
+        assert_eq!(blocks, [(heap_base + 0x10, 24)]);
+        let p = plan(&HotLines::default(), &[], &blocks, 64, |_| false);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].source, SurveySource::PointedHeap);
+        assert_eq!(words(&p[0]), [0x9010, 0x9018, 0x9020]);
     }
 
     #[test]

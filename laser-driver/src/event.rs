@@ -287,6 +287,9 @@ pub enum Event {
     WatchSet {
         time: u64,
         words: Vec<(u64, u8)>,
+        /// Bit i set: word i traps on writes only (a survey window, see laser-detect's
+        /// `survey`); clear: on reads and writes.
+        write_only: u8,
     },
     /// The `watch` backend measured what one watchpoint hit costs the trapping thread (the
     /// debug trap, the sample written to the ring, the resume): `hit_ns` nanoseconds. Emitted

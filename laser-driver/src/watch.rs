@@ -336,16 +336,27 @@ impl Watcher {
     /// Queues an [`Event::WatchSet`] saying what is being watched from now on (nothing unless
     /// `counting`). The session merges these into the event stream by time.
     fn mark(&mut self, counting: bool, time: u64) {
-        let words = if counting {
-            self.specs.iter().map(|s| (s.addr, s.len)).collect()
+        let (words, write_only) = if counting {
+            let words = self.specs.iter().map(|s| (s.addr, s.len)).collect();
+            let write_only = self
+                .specs
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.kind == WatchKind::Write)
+                .fold(0u8, |m, (i, _)| m | 1 << i);
+            (words, write_only)
         } else {
-            Vec::new()
+            (Vec::new(), 0)
         };
         if !counting && self.last_marked_empty {
             return; // already announced as idle; don't flood the stream
         }
         self.last_marked_empty = !counting;
-        self.markers.push(Event::WatchSet { time, words });
+        self.markers.push(Event::WatchSet {
+            time,
+            words,
+            write_only,
+        });
     }
 
     /// The `WatchSet` markers queued since the last call, oldest first.

@@ -354,7 +354,7 @@ fn watchpoints_hit_in_both_threads_at_the_watched_address() {
     let marks: Vec<(u64, &Vec<(u64, u8)>)> = events
         .iter()
         .filter_map(|e| match e {
-            Event::WatchSet { time, words } => Some((*time, words)),
+            Event::WatchSet { time, words, .. } => Some((*time, words)),
             _ => None,
         })
         .collect();

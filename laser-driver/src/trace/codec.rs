@@ -100,7 +100,11 @@ pub(crate) fn encode_event(e: &Event, out: &mut Vec<u8>) -> Result<(), TraceErro
             out.push(u8::from(*throttled));
             kind::THROTTLE
         }
-        Event::WatchSet { time, words } => {
+        Event::WatchSet {
+            time,
+            words,
+            write_only,
+        } => {
             out.extend_from_slice(&time.to_le_bytes());
             // At most 4 debug registers; a u8 count is plenty and keeps the frame tiny.
             let n = u8::try_from(words.len()).map_err(|_| TraceError::FieldTooLarge {
@@ -111,6 +115,11 @@ pub(crate) fn encode_event(e: &Event, out: &mut Vec<u8>) -> Result<(), TraceErro
             for (addr, len) in words {
                 out.extend_from_slice(&addr.to_le_bytes());
                 out.push(*len);
+            }
+            // After the fields older readers know: they ignore it and read every word as
+            // read+write (which is what they were before this byte existed).
+            if *write_only != 0 {
+                out.push(*write_only);
             }
             kind::WATCH_SET
         }
@@ -256,7 +265,12 @@ fn decode_other(k: u8, p: &[u8]) -> Result<Event, Why> {
                 .map(|_| Some((c.u64()?, c.u8()?)))
                 .collect::<Option<Vec<_>>>()
                 .ok_or(SHORT)?;
-            Event::WatchSet { time, words }
+            let write_only = c.u8().unwrap_or(0);
+            Event::WatchSet {
+                time,
+                words,
+                write_only,
+            }
         }
         kind::WATCH_COST => {
             let (time, hit_ns) = (|| Some((c.u64()?, c.u64()?)))().ok_or(SHORT)?;
