@@ -17,6 +17,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use laser_detect::survey::{SurveySource, SurveyTarget};
 use laser_detect::{Detector, LineEstimate, WatchCandidate};
 use laser_driver::{Session, WatchKind, WatchSpec, MAX_WATCHES};
 
@@ -82,6 +83,8 @@ pub struct Steering {
     /// Candidate lines whose read+write windows trapped on most accesses: watched for
     /// stores only from then on.
     read_hot: Vec<u64>,
+    /// The survey tier ([`SurveySource::ALL`] index) whose turn is next.
+    next_tier: usize,
 }
 
 impl Steering {
@@ -214,18 +217,25 @@ impl Steering {
             }
         }
         let plan = detector.survey_plan(&self.pointed);
-        // Least recently surveyed first (never surveyed before all), then plan order: every
-        // target gets its turn before any gets a second, whatever the plan's length.
-        let t = plan
-            .into_iter()
-            .enumerate()
-            .filter(|(_, t)| {
-                self.surveyed
-                    .get(&t.key())
-                    .is_none_or(|at| now.duration_since(*at) >= SURVEY_REFRESH)
-            })
-            .min_by_key(|(i, t)| (self.surveyed.get(&t.key()).copied(), *i))?
-            .1;
+        // The tiers take turns (a tier whose lines change as samples come in, the hot lines,
+        // must not starve the globals); within a tier, least recently surveyed first (never
+        // surveyed before all), then plan order.
+        let eligible = |t: &SurveyTarget| {
+            self.surveyed
+                .get(&t.key())
+                .is_none_or(|at| now.duration_since(*at) >= SURVEY_REFRESH)
+        };
+        let tiers = SurveySource::ALL.len();
+        let (tier, t) = (0..tiers)
+            .map(|k| (self.next_tier + k) % tiers)
+            .find_map(|tier| {
+                plan.iter()
+                    .enumerate()
+                    .filter(|(_, t)| t.source == SurveySource::ALL[tier] && eligible(t))
+                    .min_by_key(|(i, t)| (self.surveyed.get(&t.key()).copied(), *i))
+                    .map(|(_, t)| (tier, t.clone()))
+            })?;
+        self.next_tier = tier + 1;
         self.surveyed.insert(t.key(), now);
         Some(t.watch)
     }

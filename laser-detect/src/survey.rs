@@ -128,6 +128,14 @@ pub enum SurveySource {
 }
 
 impl SurveySource {
+    /// Every source, in priority order.
+    pub const ALL: [SurveySource; 4] = [
+        SurveySource::SampledShared,
+        SurveySource::Global,
+        SurveySource::PointedHeap,
+        SurveySource::SampledHot,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             SurveySource::SampledShared => "sampled line",
