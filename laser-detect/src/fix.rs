@@ -431,6 +431,7 @@ mod tests {
             function: Some("worker".into()),
             symbol: None,
             inlined: vec![],
+            library_frames: vec![],
             debug_info: true,
             text: None,
             op,

@@ -186,7 +186,8 @@ pub struct Source {
     pub line: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub column: Option<u32>,
-    /// Innermost function, demangled.
+    /// The headline frame's function, demangled: the innermost frame of the program's own code
+    /// (see `library_frames`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub function: Option<String>,
     /// ELF symbol + offset, e.g. `worker+0x1c`.
@@ -195,6 +196,12 @@ pub struct Source {
     /// Callers `function` was inlined into, innermost first, each with its call site.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inlined: Vec<Inlined>,
+    /// When the instruction is library code (a system header such as `atomic_base.h`, another
+    /// package) inlined into the program: those library frames, innermost first, the first
+    /// at the instruction's own line. `file`/`line`/`function` are then the program's frame.
+    /// Added within `laser-report/1`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub library_frames: Vec<Inlined>,
     /// False when the module had no DWARF: only `symbol` (if any) is known.
     #[serde(default = "yes")]
     pub debug_info: bool,
@@ -435,6 +442,7 @@ mod tests {
                     function: None,
                     symbol: Some("worker+0xfe".into()),
                     inlined: vec![],
+                    library_frames: vec![],
                     debug_info: false,
                     text: None,
                     op: Op::Rmw,

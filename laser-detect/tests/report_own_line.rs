@@ -1,0 +1,217 @@
+//! The program's line, not the header's: `std::atomic<int>` increments and a
+//! `std::atomic_flag` spinlock compile to instructions whose innermost source line is in
+//! libstdc++'s `atomic_base.h`. On `fixtures/atomic.cpp`, compiled with g++ at -O0 and -O2 at
+//! test time, the report must headline `atomic.cpp`'s line and keep the header frame as
+//! context. The instructions come from objdump, not from our decoder.
+
+mod report_common;
+
+use std::collections::BTreeSet;
+
+use laser_detect::symbolize::CodeLocation;
+use report_common::{build_with, marker_in, Built};
+
+const MODULE: &str = "/src/atomic";
+const SOURCE: &str = "/src/atomic.cpp";
+
+/// Compiles atomic.cpp at `opt` into a directory of its own per `tag` (tests run in parallel).
+fn build(tag: &str, opt: &str) -> Built {
+    build_with(
+        &format!("atomic-{tag}{opt}"),
+        "atomic.cpp",
+        "atomic",
+        &["g++", "-g", opt, "-pthread", "-o", "atomic", "atomic.cpp"],
+    )
+}
+
+fn marker(name: &str) -> u32 {
+    marker_in("atomic.cpp", &format!("/* @{name} */"))
+}
+
+/// The atomic and lock instructions of `work(int)` (objdump): locked RMWs, `xchg` with
+/// memory, and the plain store that releases `lock` at -O2.
+fn atomic_instructions(b: &Built, function: &str) -> Vec<u64> {
+    b.tool(
+        "objdump",
+        &[
+            "-d",
+            "--no-show-raw-insn",
+            &format!("--disassemble={function}"),
+            "atomic",
+        ],
+    )
+    .lines()
+    .filter_map(|l| {
+        let (addr, ins) = l.trim().split_once(":\t")?;
+        let atomic = ins.starts_with("lock ")
+            || (ins.starts_with("xchg") && ins.contains('('))
+            || (ins.starts_with("movb   $0x0,") && ins.ends_with("<lock>"));
+        atomic.then(|| u64::from_str_radix(addr, 16).ok())?
+    })
+    .collect()
+}
+
+fn header_line_first(loc: &CodeLocation) -> Option<(&str, u32)> {
+    let f = loc.library.first()?;
+    Some((f.file.as_deref()?.rsplit('/').next()?, f.line?))
+}
+
+/// Every atomic instruction in `work` headlines a marked line of atomic.cpp in `work(int)`,
+/// with atomic_base.h as its innermost library frame; returns the markers seen.
+fn headlines(b: &Built) -> BTreeSet<&'static str> {
+    let mut sym = b.symbolizer();
+    let names = ["inc", "fetch", "tas", "clear"];
+    let mut seen = BTreeSet::new();
+    let found = atomic_instructions(b, "_Z4worki");
+    assert!(!found.is_empty(), "no atomic instruction in work()");
+    for at in found {
+        let loc = sym.symbolize(MODULE, at);
+        assert_eq!(loc.file.as_deref(), Some(SOURCE), "{at:#x}: {loc:?}");
+        assert_eq!(
+            loc.function.as_deref(),
+            Some("work(int)"),
+            "{at:#x}: {loc:?}"
+        );
+        let name = names
+            .iter()
+            .find(|n| loc.line == Some(marker(n)))
+            .unwrap_or_else(|| panic!("{at:#x} at an unmarked line: {loc:?}"));
+        seen.insert(*name);
+        let (file, line) = header_line_first(&loc).unwrap_or_else(|| panic!("{loc:?}"));
+        assert_eq!(file, "atomic_base.h", "{loc:?}");
+        assert!(line > 0);
+        // Nothing outside work() was inlined into: no callers.
+        assert!(loc.inlined.is_empty(), "{loc:?}");
+        // The program's text, not the header's.
+        let text = sym.source_line(SOURCE, marker(name)).unwrap();
+        assert!(text.contains(&format!("/* @{name} */")), "{text}");
+    }
+    seen
+}
+
+#[test]
+fn optimized_atomics_and_spinlock_headline_the_programs_line() {
+    let b = build("headlines", "-O2");
+    assert_eq!(
+        headlines(&b),
+        BTreeSet::from(["inc", "fetch", "tas", "clear"])
+    );
+    // `x++` goes through two header functions: operator++ calls fetch_add, both inlined.
+    let mut sym = b.symbolizer();
+    let inc = atomic_instructions(&b, "_Z4worki")
+        .into_iter()
+        .map(|a| sym.symbolize(MODULE, a))
+        .find(|l| l.line == Some(marker("inc")))
+        .unwrap();
+    let chain: Vec<Option<&str>> = inc.library.iter().map(|f| f.function.as_deref()).collect();
+    assert_eq!(
+        chain,
+        [
+            Some("std::__atomic_base<int>::fetch_add(int, std::memory_order)"),
+            Some("std::__atomic_base<int>::operator++(int)")
+        ]
+    );
+}
+
+#[test]
+fn unoptimized_always_inline_atomics_headline_the_programs_line() {
+    let b = build("headlines", "-O0");
+    // `fetch_add`, `test_and_set` and `clear` are always_inline even at -O0.
+    assert_eq!(headlines(&b), BTreeSet::from(["fetch", "tas", "clear"]));
+    // `operator++(int)` is not: at -O0 it is an out-of-line function of its own, holding the
+    // `lock xadd`, and no frame of the program encloses it. The header line stays (what
+    // DWARF says); naming the caller would need the call stack.
+    let mut sym = b.symbolizer();
+    let out_of_line = atomic_instructions(&b, "_ZNSt13__atomic_baseIiEppEi");
+    assert_eq!(out_of_line.len(), 1, "{out_of_line:x?}");
+    let loc = sym.symbolize(MODULE, out_of_line[0]);
+    assert!(
+        loc.file.as_deref().unwrap().ends_with("/atomic_base.h"),
+        "{loc:?}"
+    );
+    assert_eq!(
+        loc.inlined[0].function.as_deref(),
+        Some("std::__atomic_base<int>::operator++(int)")
+    );
+    assert!(loc.library.is_empty());
+}
+
+/// Two threads' `as[id].x++` on neighbouring elements of `as`: the report (JSON and text)
+/// names atomic.cpp's line and its text, with atomic_base.h as the `via` context.
+#[test]
+fn report_headlines_the_program_line_in_json_and_text() {
+    use laser_detect::findings::{Analysis, Kind, LineFinding, Location, Op, SourceAccess};
+    use laser_detect::{build_report, render_text, Report, ReportOptions};
+
+    let b = build("report", "-O2");
+    let mut sym = b.symbolizer();
+    let inc = atomic_instructions(&b, "_Z4worki")
+        .into_iter()
+        .find(|&a| sym.symbolize(MODULE, a).line == Some(marker("inc")))
+        .unwrap();
+    let as_ = b.nm()["as"];
+    let bias = 0x5555_5555_4000;
+    let src = |offsets: u128, thread: u32| SourceAccess {
+        pc: bias + inc,
+        code: Location::Module {
+            path: MODULE.into(),
+            vaddr: inc,
+        },
+        op: Op::Rmw,
+        offsets: offsets << (as_ % 64),
+        events: 500,
+        threads: vec![thread],
+        called_from: vec![],
+    };
+    let analysis = Analysis {
+        backend: laser_driver::BackendKind::Soft,
+        duration_s: 1.0,
+        samples: 1000,
+        lost: 0,
+        throttles: 0,
+        filtered: 0,
+        line_size: 64,
+        findings: vec![LineFinding {
+            line_addr: bias + (as_ & !63),
+            line_size: 64,
+            kind: Kind::FalseSharing,
+            events: 1000,
+            true_events: 0,
+            false_events: 1000,
+            rate_per_s: 1000.0,
+            share: 1.0,
+            threads: vec![1, 2],
+            data: Location::Module {
+                path: MODULE.into(),
+                vaddr: as_,
+            },
+            sources: vec![src(0xf, 1), src(0xf00, 2)],
+        }],
+        modules: vec![],
+        notes: vec![],
+    };
+    let report = build_report(&analysis, &mut sym, &ReportOptions::default());
+    let s = &report.findings[0].sources[0];
+    assert_eq!(s.file.as_deref(), Some(SOURCE));
+    assert_eq!(s.line, Some(marker("inc")));
+    assert_eq!(s.function.as_deref(), Some("work(int)"));
+    assert_eq!(s.text.as_deref(), Some("as[id].x++; /* @inc */"));
+    let via: Vec<&str> = s
+        .library_frames
+        .iter()
+        .map(|f| f.file.as_deref().unwrap().rsplit('/').next().unwrap())
+        .collect();
+    assert_eq!(via, ["atomic_base.h", "atomic_base.h"]);
+
+    let json = report.to_json();
+    assert!(json.contains("\"library_frames\""), "{json}");
+    assert_eq!(Report::from_json(&json).unwrap(), report, "JSON round trip");
+    let text = render_text(&report);
+    let want = format!("atomic.cpp:{} in work(int)", marker("inc"));
+    assert!(text.contains(&want), "{text}");
+    assert!(text.contains("| as[id].x++; /* @inc */"), "{text}");
+    assert!(
+        text.contains("via std::__atomic_base<int>::operator++(int) at atomic_base.h:"),
+        "{text}"
+    );
+}
