@@ -203,6 +203,11 @@ fn report_headlines_the_program_line_in_json_and_text() {
         .collect();
     assert_eq!(via, ["atomic_base.h", "atomic_base.h"]);
 
+    // Class 6 of issue 11: `x` sits in a base class and is a std::atomic<int>; it is named
+    // as the program writes it, never `<padding>` or `x._M_i`.
+    assert_eq!(report.findings[0].data.fields, ["as[0].x", "as[1].x"]);
+    assert_eq!(s.fields, ["as[0].x"]);
+
     let json = report.to_json();
     assert!(json.contains("\"library_frames\""), "{json}");
     assert_eq!(Report::from_json(&json).unwrap(), report, "JSON round trip");
@@ -214,4 +219,28 @@ fn report_headlines_the_program_line_in_json_and_text() {
         text.contains("via std::__atomic_base<int>::operator++(int) at atomic_base.h:"),
         "{text}"
     );
+}
+
+/// `struct A : Base { int y; }` with `std::atomic<int> x` in `Base`: `as[1].x`, `as[0].y`.
+#[test]
+fn members_of_a_base_class_and_atomics_are_named_as_written() {
+    for opt in ["-O0", "-O2"] {
+        let b = build("names", opt);
+        let mut sym = b.symbolizer();
+        let as_ = b.nm()["as"];
+        let line = as_ & !63;
+        let at = |from: u64, to: u64| (from..to).fold(0u128, |m, o| m | 1 << (as_ - line + o));
+        let d = sym.name_data(MODULE, line, 64, u128::MAX).unwrap();
+        assert_eq!(d.fields_for(at(0, 4)), ["as[0].x"], "{opt}");
+        assert_eq!(d.fields_for(at(4, 8)), ["as[0].y"], "{opt}");
+        assert_eq!(d.fields_for(at(8, 12)), ["as[1].x"], "{opt}");
+        let obj = d.objects.iter().find(|o| o.name == "as").unwrap();
+        assert_eq!(obj.type_name.as_deref(), Some("struct A[2]"), "{opt}");
+        // `lock` (std::atomic_flag, whose only member is `_M_i`) is named by itself.
+        let lock = b.nm()["lock"];
+        let d = sym
+            .name_data(MODULE, lock & !63, 64, 1 << (lock % 64))
+            .unwrap();
+        assert_eq!(d.fields_for(u128::MAX), ["lock"], "{opt}");
+    }
 }
