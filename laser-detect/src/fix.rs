@@ -419,10 +419,16 @@ fn true_sharing(f: &Finding) -> String {
             .join(", ")
     };
     let lockish = {
+        // The library frames too: a header-only spinlock's `spin_mutex::lock()` inlined
+        // into the program's function is headlined at the program's line.
         let hay = f
             .sources
             .iter()
-            .flat_map(|s| [s.function.as_deref(), s.symbol.as_deref()])
+            .flat_map(|s| {
+                [s.function.as_deref(), s.symbol.as_deref()]
+                    .into_iter()
+                    .chain(s.library_frames.iter().map(|l| l.function.as_deref()))
+            })
             .flatten()
             .chain(std::iter::once(f.data.name.as_str()))
             .chain(f.data.fields.iter().map(String::as_str))
@@ -670,6 +676,24 @@ mod tests {
             fix.contains("contended by T1, T2, taken at app.c:15 (from_a), app.c:21 (from_b):"),
             "{fix}"
         );
+        // A header-only spinlock inlined into the program: its library frame says "lock".
+        let mut s1 = src(Op::Rmw, 0..4, 1, 45);
+        s1.library_frames = vec![crate::report::Inlined {
+            function: Some("tbb::spin_mutex::lock()".into()),
+            file: Some("/usr/include/tbb/spin_mutex.h".into()),
+            line: Some(80),
+        }];
+        let f = finding(
+            Kind::TrueSharing,
+            "guard",
+            vec![],
+            vec![s1.clone(), {
+                let mut s2 = s1;
+                s2.threads = vec![2];
+                s2
+            }],
+        );
+        assert!(suggest(&f, 64).contains("lock word"), "{}", suggest(&f, 64));
         // One writer, one reader.
         let f = finding(
             Kind::TrueSharing,
