@@ -484,6 +484,22 @@ mod tests {
     }
 
     #[test]
+    fn library_frames_are_additive() {
+        let mut r = sample();
+        // Written only when present: a report of a program with no inlined header code is
+        // byte for byte what older writers wrote, and older reports read back with none.
+        assert!(!r.to_json().contains("library_frames"));
+        r.findings[0].sources[0].library_frames = vec![Inlined {
+            function: Some("std::__atomic_base<int>::fetch_add(int, std::memory_order)".into()),
+            file: Some("/usr/include/c++/12/bits/atomic_base.h".into()),
+            line: Some(618),
+        }];
+        let json = r.to_json();
+        assert!(json.contains("\"library_frames\": ["), "{json}");
+        assert_eq!(Report::from_json(&json).unwrap(), r);
+    }
+
+    #[test]
     fn other_schema_majors_and_garbage_are_typed_errors() {
         let text = sample().to_json().replace(SCHEMA, "laser-report/2");
         let err = Report::from_json(&text).unwrap_err();
