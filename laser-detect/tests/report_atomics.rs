@@ -6,6 +6,10 @@
 //!   header frames as context. The instructions come from objdump, not from our decoder;
 //! - names: a `std::atomic<int> x` declared in a base class is `as[0].x`;
 //! - the fix for two globals on one line speaks of each variable by its own name.
+//!
+//! `fixtures/report_atomic.{json,txt}` are goldens of one report (addresses and libstdc++
+//! line numbers normalized); regenerate them on purpose with
+//! `LASER_BLESS=1 cargo test -p laser-detect --test report_atomics`.
 
 mod report_common;
 
@@ -14,7 +18,7 @@ use std::collections::BTreeSet;
 use laser_detect::findings::{Analysis, Kind, LineFinding, Location, Op, SourceAccess};
 use laser_detect::symbolize::CodeLocation;
 use laser_detect::{build_report, render_text, Report, ReportOptions};
-use report_common::{build_with, marker_in, Built};
+use report_common::{build_with, golden, marker_in, Built};
 
 const MODULE: &str = "/src/atomic";
 const SOURCE: &str = "/src/atomic.cpp";
@@ -143,6 +147,51 @@ fn unoptimized_always_inline_atomics_headline_the_programs_line() {
 
 const BIAS: u64 = 0x5555_5555_4000;
 
+/// What a golden must not depend on: addresses (whole `0x…` tokens named in `named`), the
+/// offset after `work(int)+`, and libstdc++'s version directory and line numbers in
+/// `atomic_base.h` (another g++ moves them). Everything else is compared byte for byte.
+fn normalize(text: &str, named: &[(&str, u64)]) -> String {
+    let mut out = String::new();
+    let mut prev_header = false;
+    for line in text.lines() {
+        let mut l = line.to_string();
+        // `0x…` tokens, right to left so earlier positions stay valid.
+        let starts: Vec<usize> = l.match_indices("0x").map(|(i, _)| i).collect();
+        for i in starts.into_iter().rev() {
+            let len = l[i + 2..].bytes().take_while(u8::is_ascii_hexdigit).count();
+            let Ok(v) = u64::from_str_radix(&l[i + 2..i + 2 + len], 16) else {
+                continue;
+            };
+            let after_symbol = l[..i].ends_with("work(int)+");
+            if let Some((n, _)) = named.iter().find(|(_, a)| *a == v) {
+                l.replace_range(i..i + 2 + len, &format!("<{n}>"));
+            } else if after_symbol {
+                l.replace_range(i..i + 2 + len, "<symoff>");
+            }
+        }
+        if let Some(i) = l.find("/include/c++/") {
+            let rest = &l[i + "/include/c++/".len()..];
+            let v = rest.find('/').unwrap_or(0);
+            l.replace_range(i..i + "/include/c++/".len() + v, "/include/c++/<v>");
+        }
+        if let Some(i) = l.find("atomic_base.h:") {
+            let at = i + "atomic_base.h:".len();
+            let n = l[at..].bytes().take_while(u8::is_ascii_digit).count();
+            l.replace_range(at..at + n, "<n>");
+        }
+        // JSON: a library frame's `"line": N` follows its `"file"`.
+        if prev_header && l.trim_start().starts_with("\"line\": ") {
+            let at = l.find(": ").unwrap() + 2;
+            let n = l[at..].bytes().take_while(u8::is_ascii_digit).count();
+            l.replace_range(at..at + n, "<n>");
+        }
+        prev_header = l.contains("atomic_base.h\"");
+        out.push_str(&l);
+        out.push('\n');
+    }
+    out
+}
+
 /// A contending instruction at `vaddr`: `op` on the line's bytes `bytes` by `thread`.
 fn access(vaddr: u64, op: Op, bytes: u128, thread: u32) -> SourceAccess {
     SourceAccess {
@@ -242,6 +291,15 @@ fn report_headlines_the_program_line_in_json_and_text() {
     assert!(json.contains("\"library_frames\""), "{json}");
     assert_eq!(Report::from_json(&json).unwrap(), report, "JSON round trip");
     let text = render_text(&report);
+    let named = [
+        ("pc:inc", BIAS + inc),
+        ("off:inc", inc),
+        ("line:as", BIAS + (as_ & !63)),
+        ("vaddr:as-line", as_ & !63),
+        ("data:as", as_),
+    ];
+    golden("report_atomic.json", &normalize(&json, &named));
+    golden("report_atomic.txt", &normalize(&text, &named));
     let want = format!("atomic.cpp:{} in work(int)", marker("inc"));
     assert!(text.contains(&want), "{text}");
     assert!(text.contains("| as[id].x++; /* @inc */"), "{text}");
