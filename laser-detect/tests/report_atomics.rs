@@ -378,3 +378,38 @@ fn two_globals_on_one_line_get_a_fix_each() {
         f.fix
     );
 }
+
+/// A call into a shared library from inlined header code (`std::mutex::lock()` →
+/// gthr-default.h → `pthread_mutex_lock`): the call site a lock's `called_from` shows is
+/// the program's line too, with the same rule.
+#[test]
+fn call_sites_inlined_from_headers_headline_the_programs_line() {
+    let b = build("callsite", "-O2");
+    let mut sym = b.symbolizer();
+    let listing = b.tool(
+        "objdump",
+        &[
+            "-d",
+            "--no-show-raw-insn",
+            "--disassemble=_Z4worki",
+            "atomic",
+        ],
+    );
+    let ret = listing
+        .lines()
+        .skip_while(|l| !l.contains("<pthread_mutex_lock@plt>"))
+        .nth(1)
+        .and_then(|l| u64::from_str_radix(l.trim().split_once(':')?.0, 16).ok())
+        .unwrap_or_else(|| panic!("no call of pthread_mutex_lock in work():\n{listing}"));
+    // As report_build does for a call site: the call instruction is the byte before `ret`.
+    let loc = sym.symbolize(MODULE, ret - 1);
+    assert_eq!(loc.file.as_deref(), Some(SOURCE), "{loc:?}");
+    assert_eq!(loc.line, Some(marker("mutex_lock")), "{loc:?}");
+    assert_eq!(loc.function.as_deref(), Some("work(int)"));
+    let functions: Vec<&str> = loc
+        .library
+        .iter()
+        .filter_map(|f| f.function.as_deref())
+        .collect();
+    assert!(functions.contains(&"std::mutex::lock()"), "{loc:?}");
+}
