@@ -37,7 +37,9 @@
 #ifndef LASER_BENCH_COMMON_H
 #define LASER_BENCH_COMMON_H
 
+#ifndef _GNU_SOURCE /* g++ defines it already (C++ workloads include this too) */
 #define _GNU_SOURCE
+#endif
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>

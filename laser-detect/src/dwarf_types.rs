@@ -2,6 +2,11 @@
 //! typedefs, qualifiers, pointers, base types) to turn a byte offset into a value of a type
 //! into a field path (`[1].sum_x`) and to print the type C-style (`struct acc[4]`).
 //!
+//! C++ base classes (`DW_TAG_inheritance`) are members without a name at their offset, so a
+//! field of a base is named as the user writes it (`a.x`, not `a.Base.x`), and members with
+//! names reserved for the implementation (`_M_i` inside `std::atomic<int>`, glibc's `__data`
+//! inside `pthread_mutex_t`) are not descended into: `a.x` names the atomic, as in the source.
+//!
 //! Types are copied into a table once, keyed by their DIE, so lookups never re-parse DWARF.
 //! A type reached again while it is being read (a struct with a pointer to itself) resolves
 //! to a placeholder, and every walk is depth-limited: malformed DWARF cannot loop.
@@ -53,6 +58,8 @@ pub(crate) enum TypeNode {
 
 #[derive(Clone, Debug)]
 pub(crate) struct Member {
+    /// `None` for an anonymous struct/union member and for a base class: their fields are
+    /// named as if they were the record's own.
     pub(crate) name: Option<String>,
     pub(crate) offset: u64,
     pub(crate) ty: TypeId,
@@ -109,20 +116,31 @@ impl TypeTable {
         }
         match &self.types[self.strip(t)] {
             TypeNode::Record { members, .. } => {
-                let hit = members.iter().find(|m| {
+                const PADDING: &str = ".<padding>";
+                let mut first: Option<String> = None;
+                let hits = members.iter().filter(|m| {
                     let size = self.size(m.ty, 0).max(1);
                     off >= m.offset && off - m.offset < size
                 });
-                match hit {
-                    Some(m) => {
-                        let inner = self.field_path(m.ty, off - m.offset, depth + 1);
-                        match &m.name {
-                            Some(n) => format!(".{n}{inner}"),
-                            None => inner, // anonymous struct/union member
+                for m in hits {
+                    let path = match &m.name {
+                        // The implementation's own member (`std::atomic<int>`'s `_M_i`): the
+                        // enclosing path is the name a user writes.
+                        Some(n) if is_reserved(n) => String::new(),
+                        Some(n) => {
+                            format!(".{n}{}", self.field_path(m.ty, off - m.offset, depth + 1))
                         }
+                        // Anonymous struct/union member or base class.
+                        None => self.field_path(m.ty, off - m.offset, depth + 1),
+                    };
+                    // An empty base class (size 1 in DWARF, 0 bytes in the layout) overlaps
+                    // the first member: a member that names the byte wins over its padding.
+                    if !path.ends_with(PADDING) {
+                        return path;
                     }
-                    None => ".<padding>".to_string(),
+                    first.get_or_insert(path);
                 }
+                first.unwrap_or_else(|| PADDING.to_string())
             }
             TypeNode::Array { elem, .. } => {
                 let esize = self.size(*elem, 0);
@@ -242,21 +260,29 @@ impl TypeTable {
                 let mut raw = Vec::new();
                 while let Some(child) = children.next()? {
                     let c = child.entry();
-                    if c.tag() != gimli::DW_TAG_member
-                        || c.attr_value(gimli::DW_AT_external).is_some()
-                    {
-                        continue; // static data members live elsewhere
-                    }
-                    let offset = member_offset(c.attr_value(gimli::DW_AT_data_member_location))
-                        .or_else(|| {
-                            udata(c.attr_value(gimli::DW_AT_data_bit_offset)).map(|b| b / 8)
-                        })
-                        .unwrap_or(0);
-                    raw.push((
-                        attr_str(dwarf, unit, c.attr_value(gimli::DW_AT_name)),
-                        offset,
-                        unit_ref(c.attr_value(gimli::DW_AT_type)),
-                    ));
+                    let location = member_offset(c.attr_value(gimli::DW_AT_data_member_location));
+                    let (name, offset) = match c.tag() {
+                        // Static data members live elsewhere.
+                        gimli::DW_TAG_member if c.attr_value(gimli::DW_AT_external).is_some() => {
+                            continue
+                        }
+                        gimli::DW_TAG_member => (
+                            attr_str(dwarf, unit, c.attr_value(gimli::DW_AT_name)),
+                            location
+                                .or_else(|| {
+                                    udata(c.attr_value(gimli::DW_AT_data_bit_offset)).map(|b| b / 8)
+                                })
+                                .unwrap_or(0),
+                        ),
+                        // A base class at a constant offset; a virtual base's offset is
+                        // computed at run time (an expression), so it is left out.
+                        gimli::DW_TAG_inheritance => match location {
+                            Some(offset) => (None, offset),
+                            None => continue,
+                        },
+                        _ => continue,
+                    };
+                    raw.push((name, offset, unit_ref(c.attr_value(gimli::DW_AT_type))));
                 }
                 for (name, offset, ty) in raw {
                     if let Some(ty) = sub(self, ty) {
@@ -344,6 +370,14 @@ impl TypeTable {
     }
 }
 
+/// Whether `name` is reserved for the implementation in C and C++ (`__x`, `_Mx`): the
+/// members of library types (`std::atomic`'s `_M_i`, `pthread_mutex_t`'s `__data`), which a
+/// program never names itself.
+fn is_reserved(name: &str) -> bool {
+    let b = name.as_bytes();
+    b.len() >= 2 && b[0] == b'_' && (b[1] == b'_' || b[1].is_ascii_uppercase())
+}
+
 pub(crate) fn attr_str(
     dwarf: &Dwarf,
     unit: &Unit,
@@ -382,5 +416,68 @@ fn member_offset(v: Option<AttributeValue<DwarfReader>>) -> Option<u64> {
     match expr.operations(encoding).next().ok()?? {
         gimli::Operation::PlusConstant { value } => Some(value),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(name: &str, size: u64, members: &[(Option<&str>, u64, TypeId)]) -> TypeNode {
+        TypeNode::Record {
+            keyword: "struct",
+            name: Some(name.into()),
+            size,
+            members: members
+                .iter()
+                .map(|&(n, offset, ty)| Member {
+                    name: n.map(str::to_string),
+                    offset,
+                    ty,
+                })
+                .collect(),
+        }
+    }
+
+    /// ```text
+    ///   struct Empty {};  struct Base { std::atomic<int> x; };
+    ///   struct A : Empty, Base { int y; };     bytes 0..4 Base::x (Empty takes none), 4..8 y
+    ///   std::atomic<int> : __atomic_base<int> { int _M_i; }
+    /// ```
+    #[test]
+    fn base_classes_are_transparent_and_library_internals_are_not_named() {
+        let t = TypeTable {
+            types: vec![
+                TypeNode::Base {
+                    name: "int".into(),
+                    size: 4,
+                },
+                record("__atomic_base<int>", 4, &[(Some("_M_i"), 0, 0)]),
+                record("atomic<int>", 4, &[(None, 0, 1)]),
+                record("Empty", 1, &[]),
+                record("Base", 4, &[(Some("x"), 0, 2)]),
+                record("A", 8, &[(None, 0, 3), (None, 0, 4), (Some("y"), 4, 0)]),
+                record("P", 8, &[(Some("a"), 0, 0)]),
+            ],
+            ids: HashMap::new(),
+        };
+        assert_eq!(t.field_path(5, 0, 0), ".x");
+        assert_eq!(t.field_path(5, 3, 0), ".x");
+        assert_eq!(t.field_path(5, 4, 0), ".y");
+        // A bare std::atomic<int> is named by its variable alone.
+        assert_eq!(t.field_path(2, 0, 0), "");
+        // Real padding is still padding.
+        assert_eq!(t.field_path(6, 5, 0), ".<padding>");
+        assert_eq!(t.field_path(3, 0, 0), ".<padding>");
+    }
+
+    #[test]
+    fn reserved_names_are_the_implementations() {
+        for n in ["_M_i", "__data", "__lock", "_Value"] {
+            assert!(is_reserved(n), "{n}");
+        }
+        for n in ["x", "_x", "m_count", "_", "sum_x"] {
+            assert!(!is_reserved(n), "{n}");
+        }
     }
 }

@@ -15,7 +15,7 @@ use crate::report::{Finding, Source};
 pub fn suggest(f: &Finding, line_size: u32) -> String {
     match f.kind {
         Kind::FalseSharing => false_sharing(f, line_size),
-        Kind::TrueSharing => true_sharing(f),
+        Kind::TrueSharing => true_sharing_per_variable(f, line_size),
         Kind::Mixed => mixed(f, line_size),
     }
 }
@@ -60,13 +60,13 @@ fn mixed(f: &Finding, line_size: u32) -> String {
     if t.sources.is_empty() || fs.sources.is_empty() {
         return format!(
             "True and false sharing on the same bytes. {} {}",
-            true_sharing(f),
+            true_sharing_per_variable(f, line_size),
             false_sharing(f, line_size)
         );
     }
     format!(
         "Two problems on one line. True sharing: {} False sharing: {}",
-        true_sharing(&t),
+        true_sharing_per_variable(&t, line_size),
         false_sharing(&fs, line_size)
     )
 }
@@ -270,6 +270,63 @@ fn false_sharing_global(f: &Finding, align: u32, prefetch: &str, attr: &str, who
     )
 }
 
+/// True sharing on a line holding several variables (or fields): `modified` re-written by
+/// every thread next to `num_points` that they only read. One sentence per variable the
+/// threads really share (its pattern and remedy, with its own name in the snippet, never
+/// `if (modified, num_points != v)`), then the neighbours that merely sit on the line: they
+/// false-share with it, and moving the shared variable to a line of its own ends that.
+/// A line with one variable, or with no per-source field names, gets [`true_sharing`].
+fn true_sharing_per_variable(f: &Finding, line_size: u32) -> String {
+    if f.data.kind != "global" || f.data.fields.len() < 2 {
+        return true_sharing(f);
+    }
+    let mut sentences: Vec<String> = Vec::new();
+    let mut shared: Vec<String> = Vec::new();
+    let mut neighbours: Vec<String> = Vec::new();
+    for field in &f.data.fields {
+        let mut p = f.clone();
+        p.sources.retain(|s| s.fields.contains(field));
+        if p.sources.is_empty() {
+            continue;
+        }
+        p.data.name = field.clone();
+        p.data.fields = vec![field.clone()];
+        if true_shared_mask(&p.sources) != 0 {
+            sentences.push(true_sharing(&p));
+            shared.push(field.clone());
+        } else {
+            neighbours.push(field.clone());
+        }
+    }
+    if sentences.is_empty() {
+        return true_sharing(f);
+    }
+    if !neighbours.is_empty() {
+        let (align, prefetch) = align_words(line_size);
+        let (verb, it) = match (neighbours.len(), shared.len()) {
+            (1, 1) => ("shares", "it"),
+            (1, _) => ("shares", "them"),
+            (_, 1) => ("share", "it"),
+            _ => ("share", "them"),
+        };
+        let one = if shared.len() == 1 {
+            "its own cache line"
+        } else {
+            "cache lines of their own"
+        };
+        sentences.push(format!(
+            "{} {verb} the line with {} and false-share{} with {it}: put {} on {one} (declare \
+             with `__attribute__((aligned({align})))`, C++ `alignas({align})`, or pad \
+             around {it}).{prefetch}",
+            quoted(&neighbours),
+            quoted(&shared),
+            if verb == "shares" { "s" } else { "" },
+            quoted(&shared),
+        ));
+    }
+    sentences.join(" ")
+}
+
 /// The pattern of a truly shared line and its remedy.
 /// ", taken at app.c:15 (from_a), app.c:21 (from_b)": the program's lines that called into
 /// the library code contending on the line (most samples first, at most 3), or nothing.
@@ -308,13 +365,21 @@ fn true_sharing(f: &Finding) -> String {
         let all = f.sources.iter().fold(0u128, |m, s| m | s.mask());
         let label = format!("The {} data at bytes {}", f.data.kind, byte_ranges(all));
         (label, "x".to_string())
-    } else {
-        let name = if f.data.fields.len() == 1 {
-            f.data.fields[0].clone()
+    } else if let [field] = f.data.fields.as_slice() {
+        (format!("`{field}`"), field.clone())
+    } else if f.data.fields.len() >= 2 || f.data.objects.len() >= 2 {
+        // Several variables the sources do not tell apart: no one name fits a snippet.
+        let names: Vec<String> = if f.data.fields.len() >= 2 {
+            f.data.fields.clone()
         } else {
-            f.data.name.clone()
+            f.data.objects.iter().map(|o| o.name.clone()).collect()
         };
-        (format!("`{name}`"), name)
+        (
+            format!("The line's data ({})", quoted(&names)),
+            "x".to_string(),
+        )
+    } else {
+        (format!("`{}`", f.data.name), f.data.name.clone())
     };
     let threads_with = |pred: &dyn Fn(&Source) -> bool| -> BTreeSet<u32> {
         f.sources
@@ -354,10 +419,16 @@ fn true_sharing(f: &Finding) -> String {
             .join(", ")
     };
     let lockish = {
+        // The library frames too: a header-only spinlock's `spin_mutex::lock()` inlined
+        // into the program's function is headlined at the program's line.
         let hay = f
             .sources
             .iter()
-            .flat_map(|s| [s.function.as_deref(), s.symbol.as_deref()])
+            .flat_map(|s| {
+                [s.function.as_deref(), s.symbol.as_deref()]
+                    .into_iter()
+                    .chain(s.library_frames.iter().map(|l| l.function.as_deref()))
+            })
             .flatten()
             .chain(std::iter::once(f.data.name.as_str()))
             .chain(f.data.fields.iter().map(String::as_str))
@@ -431,6 +502,7 @@ mod tests {
             function: Some("worker".into()),
             symbol: None,
             inlined: vec![],
+            library_frames: vec![],
             debug_info: true,
             text: None,
             op,
@@ -604,6 +676,24 @@ mod tests {
             fix.contains("contended by T1, T2, taken at app.c:15 (from_a), app.c:21 (from_b):"),
             "{fix}"
         );
+        // A header-only spinlock inlined into the program: its library frame says "lock".
+        let mut s1 = src(Op::Rmw, 0..4, 1, 45);
+        s1.library_frames = vec![crate::report::Inlined {
+            function: Some("tbb::spin_mutex::lock()".into()),
+            file: Some("/usr/include/tbb/spin_mutex.h".into()),
+            line: Some(80),
+        }];
+        let f = finding(
+            Kind::TrueSharing,
+            "guard",
+            vec![],
+            vec![s1.clone(), {
+                let mut s2 = s1;
+                s2.threads = vec![2];
+                s2
+            }],
+        );
+        assert!(suggest(&f, 64).contains("lock word"), "{}", suggest(&f, 64));
         // One writer, one reader.
         let f = finding(
             Kind::TrueSharing,
@@ -637,6 +727,64 @@ mod tests {
         assert!(t.contains("`cfg.total` is a counter"), "{fix}");
         assert!(fs.contains("`cfg.in[0].hi` and `cfg.in[1].hi`"), "{fix}");
         assert!(!fs.contains("total"), "{fix}");
+    }
+
+    /// streamcluster's line: every thread sets `modified`, and reads `num_points` next to it.
+    #[test]
+    fn two_globals_on_a_truly_shared_line_get_a_sentence_each() {
+        let field = |mut s: Source, name: &str| {
+            s.fields = vec![name.to_string()];
+            s
+        };
+        let mut f = finding(
+            Kind::TrueSharing,
+            "modified, num_points",
+            vec![
+                obj("modified", "bool", None),
+                obj("num_points", "int", None),
+            ],
+            vec![
+                field(src(Op::Store, 0..1, 1, 80), "modified"),
+                field(src(Op::Store, 0..1, 2, 80), "modified"),
+                field(src(Op::Load, 4..8, 1, 81), "num_points"),
+                field(src(Op::Load, 4..8, 2, 81), "num_points"),
+            ],
+        );
+        f.data.fields = vec!["modified".into(), "num_points".into()];
+        let fix = suggest(&f, 64);
+        assert!(!fix.contains("modified, num_points"), "{fix}");
+        assert!(
+            fix.contains("`modified` is re-written by every thread (T1, T2)")
+                && fix.contains("`if (modified != v) modified = v;`"),
+            "{fix}"
+        );
+        assert!(
+            fix.contains(
+                "`num_points` shares the line with `modified` and false-shares with it: put \
+                 `modified` on its own cache line"
+            ),
+            "{fix}"
+        );
+        // Both written by every thread: two sentences, no neighbour.
+        f.sources[2].op = Op::Store;
+        f.sources[3].op = Op::Store;
+        let fix = suggest(&f, 64);
+        assert!(
+            fix.contains("`if (num_points != v) num_points = v;`"),
+            "{fix}"
+        );
+        assert!(fix.contains("`if (modified != v) modified = v;`"), "{fix}");
+        assert!(!fix.contains("false-share"), "{fix}");
+        // Without per-source fields there is nothing to split: the line's name stays.
+        for s in &mut f.sources {
+            s.fields.clear();
+        }
+        let fix = suggest(&f, 64);
+        assert!(
+            fix.contains("The line's data (`modified` and `num_points`) is re-written")
+                && fix.contains("`if (x != v) x = v;`"),
+            "{fix}"
+        );
     }
 
     #[test]

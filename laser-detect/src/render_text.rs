@@ -432,17 +432,28 @@ fn source(out: &mut String, label: &str, s: &Source, f: &Finding) {
     if let Some(text) = &s.text {
         let _ = writeln!(out, "{pad}| {text}");
     }
-    for frame in &s.inlined {
-        let at = match (&frame.file, frame.line) {
-            (Some(file), Some(line)) => {
-                format!(" at {}:{line}", file.rsplit('/').next().unwrap_or(file))
-            }
-            _ => String::new(),
-        };
+    let at = |frame: &crate::report::Inlined| match (&frame.file, frame.line) {
+        (Some(file), Some(line)) => {
+            format!(" at {}:{line}", file.rsplit('/').next().unwrap_or(file))
+        }
+        _ => String::new(),
+    };
+    // Outermost library frame first: the order a reader follows from their own line down
+    // to the header line that holds the instruction.
+    for frame in s.library_frames.iter().rev() {
         let _ = writeln!(
             out,
-            "{pad}inlined into {}{at}",
-            frame.function.as_deref().unwrap_or("?")
+            "{pad}via {}{}",
+            frame.function.as_deref().unwrap_or("?"),
+            at(frame)
+        );
+    }
+    for frame in &s.inlined {
+        let _ = writeln!(
+            out,
+            "{pad}inlined into {}{}",
+            frame.function.as_deref().unwrap_or("?"),
+            at(frame)
         );
     }
     if !s.called_from.is_empty() {

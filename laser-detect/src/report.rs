@@ -186,7 +186,8 @@ pub struct Source {
     pub line: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub column: Option<u32>,
-    /// Innermost function, demangled.
+    /// The headline frame's function, demangled: the innermost frame of the program's own code
+    /// (see `library_frames`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub function: Option<String>,
     /// ELF symbol + offset, e.g. `worker+0x1c`.
@@ -195,6 +196,12 @@ pub struct Source {
     /// Callers `function` was inlined into, innermost first, each with its call site.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inlined: Vec<Inlined>,
+    /// When the instruction is library code (a system header such as `atomic_base.h`, another
+    /// package) inlined into the program: those library frames, innermost first, the first
+    /// at the instruction's own line. `file`/`line`/`function` are then the program's frame.
+    /// Added within `laser-report/1`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub library_frames: Vec<Inlined>,
     /// False when the module had no DWARF: only `symbol` (if any) is known.
     #[serde(default = "yes")]
     pub debug_info: bool,
@@ -435,6 +442,7 @@ mod tests {
                     function: None,
                     symbol: Some("worker+0xfe".into()),
                     inlined: vec![],
+                    library_frames: vec![],
                     debug_info: false,
                     text: None,
                     op: Op::Rmw,
@@ -473,6 +481,22 @@ mod tests {
         none.findings[0].sources[0].called_from.clear();
         assert!(!none.to_json().contains("called_from"));
         assert_eq!(Report::from_json(&none.to_json()).unwrap(), none);
+    }
+
+    #[test]
+    fn library_frames_are_additive() {
+        let mut r = sample();
+        // Written only when present: a report of a program with no inlined header code is
+        // byte for byte what older writers wrote, and older reports read back with none.
+        assert!(!r.to_json().contains("library_frames"));
+        r.findings[0].sources[0].library_frames = vec![Inlined {
+            function: Some("std::__atomic_base<int>::fetch_add(int, std::memory_order)".into()),
+            file: Some("/usr/include/c++/12/bits/atomic_base.h".into()),
+            line: Some(618),
+        }];
+        let json = r.to_json();
+        assert!(json.contains("\"library_frames\": ["), "{json}");
+        assert_eq!(Report::from_json(&json).unwrap(), r);
     }
 
     #[test]

@@ -140,7 +140,7 @@ fn remap_paths(r: &mut Report, map: &[(String, String)]) {
             for p in [&mut s.module, &mut s.file].into_iter().flatten() {
                 remap(p, map);
             }
-            for i in &mut s.inlined {
+            for i in s.inlined.iter_mut().chain(&mut s.library_frames) {
                 if let Some(p) = &mut i.file {
                     remap(p, map);
                 }
@@ -410,6 +410,7 @@ fn source(
         function: None,
         symbol: None,
         inlined: vec![],
+        library_frames: vec![],
         debug_info: false,
         text: None,
         op: s.op,
@@ -435,15 +436,17 @@ fn source(
         out.symbol = loc.symbol;
         out.function = loc.function;
         out.column = loc.column;
-        out.inlined = loc
-            .inlined
-            .into_iter()
-            .map(|f| Inlined {
-                function: f.function,
-                file: f.file,
-                line: f.line,
-            })
-            .collect();
+        let frames = |v: Vec<crate::symbolize::InlinedFrame>| -> Vec<Inlined> {
+            v.into_iter()
+                .map(|f| Inlined {
+                    function: f.function,
+                    file: f.file,
+                    line: f.line,
+                })
+                .collect()
+        };
+        out.inlined = frames(loc.inlined);
+        out.library_frames = frames(loc.library);
         if let (Some(file), Some(line), true) = (&loc.file, loc.line, opts.source_text) {
             out.text = sym.source_line(file, line);
         }
@@ -496,7 +499,7 @@ fn called_from(c: &CallSite, sym: &mut Symbolizer, modules: &mut BTreeSet<String
         out.module = Some(path.clone());
         out.offset = Some(*vaddr);
         out.symbol = sym.symbolize(path, *vaddr).symbol;
-        // Innermost, as for the sources: the line the call is written on.
+        // The headline frame, as for the sources: the program line the call is written on.
         out.function = loc.function;
         out.file = loc.file;
         out.line = loc.line;

@@ -5,12 +5,17 @@
 //! context, and answers every lookup from that cache. A module without debug info still gives
 //! `function+offset` from its ELF symbols and says "no debug info"; a module that cannot be
 //! read at all gives only the address. Nothing here fails a report.
+//!
+//! The headline frame is the program's own: an instruction inlined from a system header
+//! (`std::atomic`'s `atomic_base.h`) is reported at the program line it was inlined into,
+//! with the header frames kept in [`CodeLocation::library`] ([`crate::own_frame`] has the rule).
 
 use std::collections::HashMap;
 use std::io;
 
 use crate::dataname::{DataIndex, LineData};
 use crate::debug_module::{debug_file_candidates, DebugModule, DwarfReader, SymKind};
+use crate::own_frame;
 
 /// Reads a whole file (module, separate debug file, or source file) by path. `Send` so a
 /// symbolizer can move to a worker thread.
@@ -29,14 +34,23 @@ pub struct InlinedFrame {
 /// Where an instruction comes from in the source.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct CodeLocation {
-    /// Innermost function (an inlined callee if the instruction was inlined), demangled.
+    /// The headline function, demangled: the innermost frame in the program's own code (an
+    /// inlined callee if the instruction was inlined from the program's own code), else the
+    /// innermost frame.
     pub function: Option<String>,
+    /// Source position of the headline frame: the instruction's own line, or, when the
+    /// instruction was inlined from library code, the program line that code was inlined at.
     pub file: Option<String>,
     pub line: Option<u32>,
     pub column: Option<u32>,
-    /// Callers the innermost function was inlined into, innermost first; the last one is the
+    /// Callers the headline function was inlined into, innermost first; the last one is the
     /// out-of-line function that holds the instruction. Empty when nothing was inlined.
     pub inlined: Vec<InlinedFrame>,
+    /// Library frames (system headers, other packages) inlined into the headline frame,
+    /// innermost first: the first is the instruction's own location in its function, each
+    /// next one a library function's call site of the one before. Empty when the innermost
+    /// frame is the headline.
+    pub library: Vec<InlinedFrame>,
     /// ELF symbol and offset, e.g. `worker+0x1c` (demangled); present whenever a symbol covers
     /// the address, with or without debug info.
     pub symbol: Option<String>,
@@ -206,8 +220,22 @@ impl Symbolizer {
         // addr2line computes `probe + 1` (an overflow panic in debug builds at u64::MAX, an
         // address no module has anyway).
         if let (Some(ctx), true) = (&m.ctx, vaddr < u64::MAX) {
+            let roots = ctx
+                .find_dwarf_and_unit(vaddr)
+                .skip_all_loads()
+                .map(|unit| {
+                    use gimli::Reader as _;
+                    let text = |r: Option<&DwarfReader>| {
+                        r.and_then(|r| r.to_string_lossy().ok().map(|s| s.into_owned()))
+                    };
+                    own_frame::unit_roots(
+                        text(unit.comp_dir.as_ref()).as_deref(),
+                        text(unit.name.as_ref()).as_deref(),
+                    )
+                })
+                .unwrap_or_default();
             if let Ok(frames) = ctx.find_frames(vaddr).skip_all_loads() {
-                fill_frames(&mut out, frames);
+                fill_frames(&mut out, frames, &roots);
             }
         }
         if out.function.is_none() {
@@ -260,9 +288,15 @@ impl Symbolizer {
 }
 
 /// addr2line yields the innermost frame first, with the probe's own location; each following
-/// frame is a caller with the call site as its location.
-fn fill_frames(out: &mut CodeLocation, mut frames: addr2line::FrameIter<'_, DwarfReader>) {
-    let mut first = true;
+/// frame is a caller with the call site as its location. The frame [`own_frame::headline`]
+/// picks becomes the location; the frames inside it are `library`, the ones around it
+/// `inlined`.
+fn fill_frames(
+    out: &mut CodeLocation,
+    mut frames: addr2line::FrameIter<'_, DwarfReader>,
+    roots: &[String],
+) {
+    let mut chain: Vec<(InlinedFrame, Option<u32>)> = Vec::new();
     while let Ok(Some(frame)) = frames.next() {
         let function = frame.function.as_ref().and_then(|f| {
             let raw = f.raw_name().ok()?;
@@ -272,23 +306,29 @@ fn fill_frames(out: &mut CodeLocation, mut frames: addr2line::FrameIter<'_, Dwar
             Some(loc) => (loc.file.map(str::to_string), loc.line, loc.column),
             None => (None, None, None),
         };
-        if first {
-            out.function = function;
-            out.file = file;
-            out.line = line;
-            out.column = column;
-            first = false;
-        } else {
-            out.inlined.push(InlinedFrame {
+        chain.push((
+            InlinedFrame {
                 function,
                 file,
                 line,
-            });
-        }
-        if out.inlined.len() >= 64 {
+            },
+            column,
+        ));
+        if chain.len() > 64 {
             break; // malformed DWARF could loop; no real inline chain is this deep
         }
     }
+    let files: Vec<Option<&str>> = chain.iter().map(|(f, _)| f.file.as_deref()).collect();
+    let k = own_frame::headline(&files, roots);
+    let mut rest = chain.into_iter();
+    out.library = rest.by_ref().take(k).map(|(f, _)| f).collect();
+    if let Some((head, column)) = rest.next() {
+        out.function = head.function;
+        out.file = head.file;
+        out.line = head.line;
+        out.column = column;
+    }
+    out.inlined = rest.map(|(f, _)| f).collect();
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use laser_detect::findings::{
 };
 use laser_detect::{build_report, render_text, Report, ReportOptions};
 use laser_driver::BackendKind;
-use report_common::{build, fixture, marker, Built, BIAS, MODULE};
+use report_common::{build, golden, marker, Built, BIAS, MODULE};
 
 /// Named addresses used in the analysis, for building it and for normalizing output.
 struct Addrs {
@@ -445,38 +445,6 @@ fn analysis(b: &Built) -> (Analysis, Addrs) {
         survey: None,
     };
     (analysis, a)
-}
-
-/// Compares with `fixtures/<name>`, or writes it when `LASER_BLESS=1`.
-fn golden(name: &str, actual: &str) {
-    let path = fixture(name);
-    if std::env::var("LASER_BLESS").is_ok_and(|v| v == "1") {
-        std::fs::write(&path, actual).unwrap();
-        return;
-    }
-    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}; run with LASER_BLESS=1 to create it",
-            path.display()
-        )
-    });
-    if expected != actual {
-        let diff: Vec<String> = expected
-            .lines()
-            .zip(actual.lines())
-            .enumerate()
-            .filter(|(_, (e, a))| e != a)
-            .take(5)
-            .map(|(i, (e, a))| format!("line {}:\n  expected: {e}\n  actual:   {a}", i + 1))
-            .collect();
-        panic!(
-            "{name} differs from the golden ({} vs {} lines); first differences:\n{}\n\
-             If the change is intended, rerun with LASER_BLESS=1 and review the diff.",
-            expected.lines().count(),
-            actual.lines().count(),
-            diff.join("\n")
-        );
-    }
 }
 
 #[test]

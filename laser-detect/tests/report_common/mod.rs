@@ -177,3 +177,35 @@ pub fn marker_in(file: &str, tag: &str) -> u32 {
         .unwrap_or_else(|| panic!("no marker {tag} in {file}"));
     idx as u32 + 1
 }
+
+/// Compares with `fixtures/<name>`, or writes it when `LASER_BLESS=1`.
+pub fn golden(name: &str, actual: &str) {
+    let path = fixture(name);
+    if std::env::var("LASER_BLESS").is_ok_and(|v| v == "1") {
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run with LASER_BLESS=1 to create it",
+            path.display()
+        )
+    });
+    if expected != actual {
+        let diff: Vec<String> = expected
+            .lines()
+            .zip(actual.lines())
+            .enumerate()
+            .filter(|(_, (e, a))| e != a)
+            .take(5)
+            .map(|(i, (e, a))| format!("line {}:\n  expected: {e}\n  actual:   {a}", i + 1))
+            .collect();
+        panic!(
+            "{name} differs from the golden ({} vs {} lines); first differences:\n{}\n\
+             If the change is intended, rerun with LASER_BLESS=1 and review the diff.",
+            expected.lines().count(),
+            actual.lines().count(),
+            diff.join("\n")
+        );
+    }
+}
