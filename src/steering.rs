@@ -33,8 +33,9 @@ const ENOUGH_ARMED_S: f64 = 0.3;
 /// A settled line is watched again after this long (contention can change by phase).
 const REFRESH: Duration = Duration::from_secs(5);
 /// Counting time of one survey turn: a line contended at the default threshold (1,000
-/// transfers/s) shows ~40 transfers in it.
-pub const SURVEY_TURN: Duration = Duration::from_millis(40);
+/// transfers/s) shows ~20 transfers in it. Store-only windows on quiet words cost no traps,
+/// so turns are short and many.
+pub const SURVEY_TURN: Duration = Duration::from_millis(20);
 /// Trap-budget windows a survey turn spans at most. A line one thread reads hot fills a
 /// window in microseconds; the other thread's rare store shows up in some windows, not all,
 /// so a turn spans several (each after its cooldown), then moves on.

@@ -199,49 +199,71 @@ fn line_turns(
     }
 }
 
-/// The lines of the program's globals and, per line, the slots objects cover. Small objects
-/// are covered whole; a large one only on its first and last line, where it meets its
-/// neighbours.
-fn global_lines(globals: &[(u64, u64)], line_size: u32) -> Vec<(u64, Vec<u64>)> {
+/// The 8-byte slots of `objects` worth a survey, best first, with the line each lies on:
+/// slots of scalars (≤ 8 bytes: flags, counters, pointers) first, then of small objects, then
+/// of large objects' first and last lines (where they meet their neighbours; a large object's
+/// inside is the heap's problem, not a survey's), each group in address order.
+fn object_slots(objects: &[(u64, u64)], line_size: u32) -> Vec<u64> {
     let ls = u64::from(line_size);
-    let mut slots: Vec<u64> = Vec::new();
-    for &(addr, size) in globals {
+    let mut ranked: Vec<(u8, u64)> = Vec::new();
+    for &(addr, size) in objects {
         if size == 0 {
             continue;
         }
         let end = addr.saturating_add(size);
-        let mut add_range = |lo: u64, hi: u64| {
+        let mut add_range = |rank: u8, lo: u64, hi: u64| {
             let mut s = lo & !7;
             while s < hi {
-                slots.push(s);
+                ranked.push((rank, s));
                 s += 8;
             }
         };
-        if size <= WHOLE_OBJECT_MAX {
-            add_range(addr, end);
+        if size <= 8 {
+            add_range(0, addr, end);
+        } else if size <= WHOLE_OBJECT_MAX {
+            add_range(1, addr, end);
         } else {
             let first_end = ((addr & !(ls - 1)) + ls).min(end);
-            add_range(addr, first_end);
+            add_range(2, addr, first_end);
             let last_start = ((end - 1) & !(ls - 1)).max(first_end);
-            add_range(last_start, end);
+            add_range(2, last_start, end);
         }
     }
-    slots.sort_unstable();
-    slots.dedup();
-    let mut out: Vec<(u64, Vec<u64>)> = Vec::new();
-    for s in slots {
-        let line = s & !(ls - 1);
-        match out.last_mut() {
-            Some((l, v)) if *l == line => v.push(s),
-            _ => {
-                if out.len() == MAX_GLOBAL_LINES {
-                    break;
-                }
-                out.push((line, vec![s]));
+    // Each slot once, at its best rank.
+    ranked.sort_unstable_by_key(|&(rank, s)| (s, rank));
+    ranked.dedup_by_key(|r| r.1);
+    ranked.sort_unstable();
+    let mut lines: Vec<u64> = Vec::new();
+    ranked
+        .into_iter()
+        .map(|(_, s)| s)
+        .filter(|s| {
+            let line = s & !(ls - 1);
+            if lines.contains(&line) {
+                return true;
             }
-        }
+            if lines.len() == MAX_GLOBAL_LINES {
+                return false;
+            }
+            lines.push(line);
+            true
+        })
+        .collect()
+}
+
+/// Survey turns over object slots: 4 slots a turn, from any lines (the debug registers need
+/// not share a line; each line is its own window in the stream), so scattered flags and
+/// counters are covered 4 at a time.
+fn object_turns(slots: &[u64], source: SurveySource, out: &mut Vec<SurveyTarget>) {
+    for chunk in slots.chunks(crate::candidates::MAX_WORDS) {
+        out.push(SurveyTarget {
+            source,
+            watch: WatchCandidate {
+                line_addr: chunk[0] & !63,
+                words: chunk.iter().map(|&a| (a, 8)).collect(),
+            },
+        });
     }
-    out
 }
 
 /// Words of writable globals read for pointers at most, per look.
@@ -314,24 +336,29 @@ pub fn plan(
         }
     }
     let sampled_shared = |line: u64| hot.get(line).is_some_and(shared);
+    let ls = u64::from(line_size);
+    let keep = |s: &u64| !skip(s & !(ls - 1)) && !sampled_shared(s & !(ls - 1));
+    let global_slots: Vec<u64> = object_slots(globals, line_size)
+        .into_iter()
+        .filter(keep)
+        .collect();
+    let pointed_slots: Vec<u64> = object_slots(pointed, line_size)
+        .into_iter()
+        .filter(|s| keep(s) && !global_slots.contains(s))
+        .collect();
+    let covered = |line: u64| {
+        global_slots
+            .iter()
+            .chain(&pointed_slots)
+            .any(|s| s & !(ls - 1) == line)
+    };
     let mut tier2 = Vec::new();
-    for (line, words) in global_lines(globals, line_size) {
-        if !skip(line) && !sampled_shared(line) {
-            turns(line, words, SurveySource::Global, &mut tier2);
-        }
-    }
-    let taken = |t: &[SurveyTarget], line: u64| t.iter().any(|t| t.watch.line_addr == line);
+    object_turns(&global_slots, SurveySource::Global, &mut tier2);
     let mut tier3 = Vec::new();
-    for (line, words) in global_lines(pointed, line_size) {
-        if !skip(line) && !sampled_shared(line) && !taken(&tier2, line) {
-            turns(line, words, SurveySource::PointedHeap, &mut tier3);
-        }
-    }
+    object_turns(&pointed_slots, SurveySource::PointedHeap, &mut tier3);
     let hot_lines = sampled
         .iter()
-        .filter(|(l, h)| {
-            !shared(h) && h.samples >= MIN_HOT_SAMPLES && !taken(&tier2, **l) && !taken(&tier3, **l)
-        })
+        .filter(|(l, h)| !shared(h) && h.samples >= MIN_HOT_SAMPLES && !covered(**l))
         .take(MAX_HOT_SURVEYED);
     let mut tier4 = Vec::new();
     for (&line, h) in hot_lines {
@@ -425,19 +452,24 @@ mod tests {
     }
 
     #[test]
-    fn big_globals_are_surveyed_at_their_edges() {
+    fn scalars_first_then_small_objects_then_the_edges_of_big_ones() {
         // A 4 KiB array at 0x10020 shares its first line with a counter at 0x10000 and its
-        // last line (0x11000) with a flag at 0x11020.
-        let g = [(0x10000, 8), (0x10020, 4096), (0x11020, 4)];
-        let lines = global_lines(&g, 64);
-        let l: Vec<u64> = lines.iter().map(|x| x.0).collect();
-        assert_eq!(l, [0x10000, 0x11000]);
-        assert_eq!(lines[0].1, [0x10000, 0x10020, 0x10028, 0x10030, 0x10038]);
-        assert_eq!(lines[1].1, [0x11000, 0x11008, 0x11010, 0x11018, 0x11020]);
-        // 5 slots on a line: two turns.
+        // last line (0x11000) with a flag at 0x11020; a 16-byte struct at 0x12000.
+        let g = [(0x10000, 8), (0x10020, 4096), (0x11020, 4), (0x12000, 16)];
+        let slots = object_slots(&g, 64);
+        assert_eq!(
+            slots,
+            [
+                0x10000, 0x11020, // scalars
+                0x12000, 0x12008, // the small struct
+                0x10020, 0x10028, 0x10030, 0x10038, 0x11000, 0x11008, 0x11010, 0x11018,
+            ]
+        );
+        // 4 slots a turn, whatever lines they are on.
         let p = plan(&HotLines::default(), &g, &[], 64, |_| false);
-        assert_eq!(p.len(), 4);
-        assert_eq!(words(&p[1]), [0x10038]);
+        assert_eq!(p.len(), 3);
+        assert_eq!(words(&p[0]), [0x10000, 0x11020, 0x12000, 0x12008]);
+        assert!(p.iter().all(|t| t.source == SurveySource::Global));
     }
 
     #[test]
