@@ -4,9 +4,14 @@ mod analyze;
 mod backend;
 mod cli;
 mod commands;
+mod diff;
 mod exit;
+mod gate;
+mod interval;
 mod live_heap;
 mod monitor;
+mod output;
+mod private_file;
 mod recording;
 mod repair;
 mod steering;
@@ -25,6 +30,7 @@ fn main() {
         cli::Command::Backends => backend::list().map(|()| exit::OK),
         cli::Command::Dump(a) => recording::dump(&a.input, a.limit).map(|()| exit::OK),
         cli::Command::Repair(a) => repair::run(a),
+        cli::Command::Diff(a) => diff::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),
