@@ -68,6 +68,9 @@ impl Gate {
         };
         let mut details: Vec<String> = Vec::new();
         let shown = hits.first().copied();
+        if self.per_finding() && shown.is_none() {
+            details.push(format!("no finding satisfies it, {} checked", s.items()));
+        }
         if let Some(i) = shown {
             let more = match hits.len() {
                 1 => String::new(),
