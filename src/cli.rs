@@ -178,6 +178,14 @@ pub struct AnalysisArgs {
     /// Write a JUnit XML file: one test case per --fail-on gate and per finding.
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
+    /// Write the report as a pprof profile (profile.proto, gzipped) for fleet backends
+    /// (Parca, Pyroscope, `go tool pprof`): samples weighted by contention events, labels
+    /// kind, data, cache_line, op.
+    #[arg(long, value_name = "FILE")]
+    pub pprof: Option<PathBuf>,
+    /// Write collapsed stacks (`frame;frame;[kind data] events`) for flame graphs.
+    #[arg(long, value_name = "FILE")]
+    pub collapsed: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -366,6 +374,8 @@ impl Default for AnalysisArgs {
             fail_on: Vec::new(),
             format: Format::Text,
             junit: None,
+            pprof: None,
+            collapsed: None,
         }
     }
 }

@@ -6,6 +6,7 @@ mod cli;
 mod commands;
 mod diff;
 mod exit;
+mod export;
 mod gate;
 mod interval;
 mod live_heap;

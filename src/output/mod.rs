@@ -32,6 +32,7 @@ pub fn deliver(report: &Report, args: &AnalysisArgs, title: &str) -> Result<bool
     if let Some(path) = &args.junit {
         write_junit(path, &junit::report(title, report, &verdicts))?;
     }
+    crate::export::write_requested(report, args)?;
     Ok(tripped)
 }
 
