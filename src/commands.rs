@@ -74,6 +74,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         steer_watchpoints: config.watch,
         skip_pcs: Vec::new(),
         forced_watch: monitor::forced_watch(&args.monitor.watch_addr),
+        live_view: !args.analysis.quiet,
     };
     let mut monitor = |session: &mut Session, detector: &mut _, opts: &LoopOptions| {
         monitor::run_loop(
@@ -183,6 +184,7 @@ pub fn record(args: RecordArgs) -> Result<i32> {
         steer_watchpoints: config.watch,
         skip_pcs: Vec::new(),
         forced_watch: monitor::forced_watch(&args.monitor.watch_addr),
+        live_view: true,
     };
     let outcome = monitor::run_loop(
         &mut session,
@@ -295,6 +297,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
         steer_watchpoints: config.watch,
         skip_pcs: Vec::new(),
         forced_watch: monitor::forced_watch(&args.monitor.watch_addr),
+        live_view: !args.analysis.quiet,
     };
     let mut heap = heap_naming().then(|| LiveHeap::new(pid, args.analysis.line));
     let outcome = monitor::run_loop(

@@ -10,6 +10,7 @@ mod export;
 mod gate;
 mod interval;
 mod live_heap;
+mod live_view;
 mod monitor;
 mod output;
 mod private_file;
