@@ -351,3 +351,29 @@ fn diff_matches_findings_across_aslr_and_classifies_them() {
     let (_, text) = run(&["diff", b, onep.to_str().unwrap()]);
     assert!(text.contains("gone      true_sharing"), "{text}");
 }
+
+#[test]
+fn the_programs_own_failure_wins_over_a_tripped_gate() {
+    // `findings >= 0` always trips: what decides the status is precedence alone.
+    let gate = ["run", "-q", "--fail-on", "findings >= 0", "--"];
+    let with = |prog: &[&str]| {
+        let args: Vec<&str> = gate.iter().chain(prog).copied().collect();
+        run(&args)
+    };
+    let (code, text) = with(&["true"]);
+    assert_eq!(code, 3, "{text}");
+    assert!(
+        text.contains("laser: gate tripped: findings >= 0"),
+        "{text}"
+    );
+    let (code, text) = with(&["sh", "-c", "exit 7"]);
+    assert_eq!(code, 7, "{text}");
+    assert!(
+        text.contains("laser: gate tripped"),
+        "the verdict is still printed\n{text}"
+    );
+    let (code, text) = with(&["sh", "-c", "kill -9 $$"]);
+    assert_eq!(code, 128 + 9, "{text}");
+    let (code, text) = run(&["run", "-q", "--fail-on", "findings > 0", "--", "true"]);
+    assert_eq!(code, 0, "{text}");
+}

@@ -185,3 +185,87 @@ pub fn gzipped(report: &Report) -> std::io::Result<Vec<u8>> {
     gz.write_all(&profile(report).encode_to_vec())?;
     gz.finish()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use laser_detect::report::{CalledFrom, Inlined};
+
+    /// A libc instruction inlined twice, called from the program: pprof wants one location
+    /// for the instruction with its inlined frames as extra lines (innermost first) and the
+    /// call site as the next location up.
+    #[test]
+    fn inlined_frames_are_lines_of_one_location_and_call_sites_are_callers() {
+        let json = include_str!("../../tests/fixtures/gates/two.report.json");
+        let mut report = Report::from_json(json).unwrap();
+        report.findings.truncate(1);
+        let f = &mut report.findings[0];
+        f.sources.truncate(1);
+        let s = &mut f.sources[0];
+        s.module = Some("/lib/libc.so.6".into());
+        s.function = Some("inner".into());
+        s.line = Some(5);
+        s.inlined = vec![
+            Inlined {
+                function: Some("middle".into()),
+                file: Some("m.c".into()),
+                line: Some(6),
+            },
+            Inlined {
+                function: Some("outer".into()),
+                file: Some("o.c".into()),
+                line: Some(7),
+            },
+        ];
+        s.called_from = vec![CalledFrom {
+            ret: 0x1234,
+            module: Some("/bin/app".into()),
+            offset: Some(0x234),
+            file: Some("app.c".into()),
+            line: Some(99),
+            function: Some("worker".into()),
+            symbol: None,
+            samples: 3,
+            share: 1.0,
+        }];
+        let p = profile(&report);
+        let name = |fid: u64| {
+            let f = p.function.iter().find(|f| f.id == fid).unwrap();
+            p.string_table[f.name as usize].clone()
+        };
+        let loc = |id: u64| p.location.iter().find(|l| l.id == id).unwrap();
+        let sample = &p.sample[0];
+        assert_eq!(sample.location_id.len(), 2, "{p:?}");
+        let leaf = loc(sample.location_id[0]);
+        let lines: Vec<(String, i64)> = leaf
+            .line
+            .iter()
+            .map(|l| (name(l.function_id), l.line))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                ("inner".into(), 5),
+                ("middle".into(), 6),
+                ("outer".into(), 7)
+            ]
+        );
+        let caller = loc(sample.location_id[1]);
+        assert_eq!(caller.address, 0x1234);
+        assert_eq!(
+            (name(caller.line[0].function_id), caller.line[0].line),
+            ("worker".into(), 99)
+        );
+        // Collapsed stacks read the same, outermost first.
+        let folded = crate::export::collapsed::render(&report);
+        let lines: Vec<&str> = folded.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                // The finding's 55 events less the 20 of the one source kept.
+                "[unattributed];[false_sharing counters] 35",
+                "worker app.c:99;outer o.c:7;middle m.c:6;inner fs.c:5;[false_sharing counters] 20"
+            ],
+        );
+    }
+}
