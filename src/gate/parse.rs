@@ -378,3 +378,64 @@ pub fn parse(text: &str, context: Context) -> Result<Expr, ParseError> {
     }
     Ok(e)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tree in prefix form, for compact assertions.
+    fn show(e: &Expr) -> String {
+        match e {
+            Expr::Or(a, b) => format!("(or {} {})", show(a), show(b)),
+            Expr::And(a, b) => format!("(and {} {})", show(a), show(b)),
+            Expr::Not(a) => format!("(not {})", show(a)),
+            Expr::Cmp(c) => format!(
+                "{}{}{}",
+                c.metric.name(),
+                c.op.as_str(),
+                match &c.value {
+                    Value::Number(n) => n.to_string(),
+                    Value::Pattern(p) => p.clone(),
+                }
+            ),
+        }
+    }
+
+    fn tree(text: &str) -> String {
+        show(&parse(text, Context::Diff).unwrap())
+    }
+
+    #[test]
+    fn and_binds_tighter_than_or_and_not_binds_tightest() {
+        assert_eq!(
+            tree("findings > 0 || lost > 0 && samples < 10"),
+            "(or findings>0 (and lost>0 samples<10))"
+        );
+        assert_eq!(
+            tree("(findings > 0 || lost > 0) && samples < 1_000"),
+            "(and (or findings>0 lost>0) samples<1000)"
+        );
+        assert_eq!(
+            tree("!finding.data == 'a b' && finding.file != *.h"),
+            "(and (not finding.data==a b) finding.file!=*.h)"
+        );
+        assert_eq!(tree("finding.rate>=5e3"), "finding.rate>=5000");
+        assert_eq!(tree("regressed.rate_ratio > 2"), "regressed.rate_ratio>2");
+    }
+
+    #[test]
+    fn columns_count_characters_not_bytes() {
+        // `≥` is 3 bytes in UTF-8 but one column.
+        let e = parse("findings ≥ 1", Context::Report).unwrap_err();
+        assert_eq!(e.column, 10, "{e}");
+        let e = parse("finding.data == ünïcode && x > 1", Context::Report).unwrap_err();
+        assert_eq!(e.column, 28, "{e}");
+    }
+
+    #[test]
+    fn diff_metrics_are_refused_outside_diff() {
+        let e = parse("findings > 0 || regressed.rate_ratio > 2", Context::Report).unwrap_err();
+        assert_eq!(e.column, 17);
+        assert!(e.message.contains("only for `laser diff`"), "{e}");
+    }
+}
