@@ -206,14 +206,17 @@ pub fn record(args: RecordArgs) -> Result<i32> {
 }
 
 /// `laser report`: analyse a recording, or re-deliver a saved JSON report (gates, exports,
-/// other formats; `--threshold` can only raise its threshold).
-pub fn report(args: ReportArgs) -> Result<i32> {
+/// other formats; a `--threshold` given can only raise its threshold, and without one the
+/// report keeps its own).
+pub fn report(args: ReportArgs, threshold_given: bool) -> Result<i32> {
     if is_json(&args.input)? {
         let text = std::fs::read_to_string(&args.input)
             .with_context(|| format!("reading {}", args.input.display()))?;
         let mut report = laser_detect::Report::from_json(&text)
             .with_context(|| format!("parsing {}", args.input.display()))?;
-        report.apply_threshold(args.analysis.threshold);
+        if threshold_given {
+            report.apply_threshold(args.analysis.threshold);
+        }
         let title = format!("laser report {}", args.input.display());
         let tripped = crate::output::deliver(&report, &args.analysis, &title)?;
         return Ok(gate::exit_code(exit::OK, tripped));

@@ -377,3 +377,31 @@ fn the_programs_own_failure_wins_over_a_tripped_gate() {
     let (code, text) = run(&["run", "-q", "--fail-on", "findings > 0", "--", "true"]);
     assert_eq!(code, 0, "{text}");
 }
+
+#[test]
+fn a_saved_report_keeps_its_threshold_unless_one_is_given() {
+    // A report made with --threshold 100 holding a 500 ev/s line.
+    let mut low: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("gates/two.report.json")).unwrap())
+            .unwrap();
+    low["threshold"] = 100.0.into();
+    low["findings"][1]["rate_per_s"] = 500.0.into();
+    let path = tmp("low.json");
+    std::fs::write(&path, low.to_string()).unwrap();
+    let r = path.to_str().unwrap();
+    // Without --threshold both findings stay (the default 1,000 would drop the 500 ev/s one)…
+    let (code, text) = run(&["report", "-q", r, "--fail-on", "findings > 1"]);
+    assert_eq!(code, 3, "{text}");
+    // …and a threshold given drops lines under it before the gates see the report.
+    let (code, text) = run(&[
+        "report",
+        "-q",
+        r,
+        "--threshold",
+        "5000",
+        "--fail-on",
+        "findings > 0 && findings < 2",
+    ]);
+    assert_eq!(code, 3, "{text}");
+    assert!(text.contains("findings = 1"), "{text}");
+}
