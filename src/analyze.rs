@@ -1,14 +1,12 @@
 //! From a detector's analysis to the reports people and machines read.
 
 use std::borrow::Cow;
-use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use laser_detect::code::{FileMapping, ModuleLayout};
 use laser_detect::heap_names::HeapBlocks;
 use laser_detect::{
-    build_report, render_text, Analysis, CodeSource, Detector, ElfCode, Report, ReportOptions,
-    Symbolizer,
+    build_report, Analysis, CodeSource, Detector, ElfCode, Report, ReportOptions, Symbolizer,
 };
 
 use crate::cli::AnalysisArgs;
@@ -71,17 +69,24 @@ pub fn detector(args: &AnalysisArgs, duration_s: Option<f64>) -> Detector<Code> 
     Detector::new(config, code)
 }
 
-/// Symbolizes, thresholds and prints (text unless `--quiet`, JSON if `--json`). `heap`: the
-/// malloc blocks of heap lines, read from the live process (`None` for recordings).
-pub fn emit(analysis: &Analysis, args: &AnalysisArgs, heap: Option<HeapBlocks>) -> Result<Report> {
+/// What `emit` made: the report, and whether a `--fail-on` gate tripped on it.
+pub struct Emitted {
+    pub report: Report,
+    pub tripped: bool,
+}
+
+/// Symbolizes, thresholds and delivers the report (text unless `--quiet`, JSON if `--json`,
+/// gates, JUnit: `output::deliver`). `heap`: the malloc blocks of heap lines, read from the
+/// live process (`None` for recordings). `title` names the run in JUnit.
+pub fn emit(
+    analysis: &Analysis,
+    args: &AnalysisArgs,
+    heap: Option<HeapBlocks>,
+    title: &str,
+) -> Result<Emitted> {
     let report = build(analysis, args, heap);
-    if !args.quiet {
-        print!("{}", render_text(&report));
-    }
-    if let Some(path) = &args.json {
-        write_json(&report, path)?;
-    }
-    Ok(report)
+    let tripped = crate::output::deliver(&report, args, title)?;
+    Ok(Emitted { report, tripped })
 }
 
 /// Symbolizes and thresholds, printing nothing (`run --repair` decides from this mid-run).
@@ -96,11 +101,6 @@ pub fn build(analysis: &Analysis, args: &AnalysisArgs, heap: Option<HeapBlocks>)
         std::fs::read(map.apply(p).as_ref())
     }));
     build_report(analysis, &mut symbolizer, &opts)
-}
-
-fn write_json(report: &Report, path: &Path) -> Result<()> {
-    std::fs::write(path, report.to_json() + "\n")
-        .with_context(|| format!("writing the JSON report to {}", path.display()))
 }
 
 #[cfg(test)]

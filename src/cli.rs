@@ -15,7 +15,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     after_help = "Exit status: `laser run` (with or without --repair) exits with the program's own \
 status (128+N if a signal N killed it). Otherwise: 0 ok (for `repair` and `attach --repair`: \
 everything found was repaired, or nothing needed it), 1 laser failed, 2 bad usage, 3 a --fail-on \
-gate tripped, 4 a repair was refused (the output says which and why), 125 laser failed while the \
+gate tripped (only when nothing else failed: the program's own non-zero status, and laser's \
+own failure, win over 3; the report is written either way), 4 a repair was refused (the output says which and why), 125 laser failed while the \
 program ran, 126 the program could not be executed, 127 not found."
 )]
 pub struct Cli {
@@ -39,7 +40,86 @@ pub enum Command {
     Dump(DumpArgs),
     /// Repair false sharing in a running process (or undo laser's repairs there).
     Repair(RepairArgs),
+    /// Compare two JSON reports: findings new, gone, better or worse (matched by source
+    /// lines and data name, not addresses).
+    Diff(DiffArgs),
 }
+
+/// How the report (or diff) is printed on stdout.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// For people.
+    Text,
+    /// GitHub Actions workflow commands: one `::warning file=…,line=…::` per source line of
+    /// each finding (`::error` where a --fail-on gate tripped on it).
+    Github,
+}
+
+/// `laser diff`'s output formats.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DiffFormat {
+    Text,
+    /// The comparison as JSON (schema laser-diff/1).
+    Json,
+    /// GitHub Actions workflow commands for new and worse findings.
+    Github,
+}
+
+const GATE_HELP: &str = "Fail (exit 3) when EXPR holds; repeatable, gates OR together. \
+EXPR compares metrics with > >= < <= == != and joins them with && || ! ( ): e.g. \
+'false_sharing_rate > 1000', 'finding.kind == false_sharing && finding.rate > 5000', \
+'finding.file == *.c && finding.function == worker*', 'finding.data == counters'. An \
+expression with finding.* trips when any finding satisfies it. Text compares as a glob (a \
+pattern without / matches file names alone). Each gate prints one verdict line on stderr; \
+one whose rate's 95% interval straddles its threshold says UNSTABLE. A malformed EXPR is a \
+usage error (exit 2) naming the column. The program's own non-zero status wins over 3.";
+
+/// The --fail-on help with every metric usable there.
+fn gate_help(intro: &str, context: crate::gate::Context) -> String {
+    format!(
+        "{intro}\n\nMetrics (rates in events/s; totals over the findings at or above \
+         --threshold):\n{}",
+        crate::gate::metric::Metric::help(context)
+    )
+}
+
+fn parse_report_gate(s: &str) -> Result<crate::gate::Gate, String> {
+    crate::gate::Gate::parse(s, crate::gate::Context::Report).map_err(|e| e.to_string())
+}
+
+fn parse_diff_gate(s: &str) -> Result<crate::gate::Gate, String> {
+    crate::gate::Gate::parse(s, crate::gate::Context::Diff).map_err(|e| e.to_string())
+}
+
+#[derive(Args, Debug)]
+pub struct DiffArgs {
+    /// The base report (e.g. from main), JSON.
+    pub base: PathBuf,
+    /// The new report, JSON.
+    pub new: PathBuf,
+    #[arg(long = "fail-on", value_name = "EXPR", value_parser = parse_diff_gate, help = "Fail (exit 3) when EXPR holds (see --help)", long_help = gate_help(DIFF_GATE_HELP, crate::gate::Context::Diff))]
+    pub fail_on: Vec<crate::gate::Gate>,
+    /// Output format on stdout.
+    #[arg(long, value_enum, default_value_t = DiffFormat::Text)]
+    pub format: DiffFormat,
+    /// Also write the comparison as JSON (laser-diff/1) to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write a JUnit XML file: one test case per gate and per new or worse finding.
+    #[arg(long)]
+    pub junit: Option<PathBuf>,
+    /// Print nothing on stdout (gate verdicts still go to stderr).
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+const DIFF_GATE_HELP: &str = "Fail (exit 3) when EXPR holds; repeatable, gates OR together. \
+Besides every metric of `laser run --fail-on` (evaluated on the new report), EXPR may use \
+new.findings, gone.findings, worse.findings (= regressed.findings), better.findings, \
+regressed.rate_ratio (largest new/base rate ratio of a matched finding), and per finding \
+finding.status (new, gone, worse, better, unchanged), finding.base_rate, finding.rate_ratio. \
+E.g. 'new.findings > 0', 'regressed.rate_ratio > 2'. A malformed EXPR is a usage error (exit \
+2) naming the column.";
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendArg {
@@ -90,6 +170,22 @@ pub struct AnalysisArgs {
     /// recording analysed on another machine). Repeatable; the first matching prefix wins.
     #[arg(long = "path-map", value_name = "FROM=TO", value_parser = parse_path_map)]
     pub path_map: Vec<(String, String)>,
+    #[arg(long = "fail-on", value_name = "EXPR", value_parser = parse_report_gate, help = "Fail (exit 3) when EXPR holds, e.g. 'false_sharing_rate > 1000' (see --help)", long_help = gate_help(GATE_HELP, crate::gate::Context::Report))]
+    pub fail_on: Vec<crate::gate::Gate>,
+    /// How the report is printed on stdout.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+    /// Write a JUnit XML file: one test case per --fail-on gate and per finding.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+    /// Write the report as a pprof profile (profile.proto, gzipped) for fleet backends
+    /// (Parca, Pyroscope, `go tool pprof`): samples weighted by contention events, labels
+    /// kind, data, cache_line, op.
+    #[arg(long, value_name = "FILE")]
+    pub pprof: Option<PathBuf>,
+    /// Write collapsed stacks (`frame;frame;[kind data] events`) for flame graphs.
+    #[arg(long, value_name = "FILE")]
+    pub collapsed: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -275,6 +371,11 @@ impl Default for AnalysisArgs {
             json: None,
             quiet: false,
             path_map: Vec::new(),
+            fail_on: Vec::new(),
+            format: Format::Text,
+            junit: None,
+            pprof: None,
+            collapsed: None,
         }
     }
 }

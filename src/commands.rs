@@ -10,7 +10,7 @@ use crate::live_heap::LiveHeap;
 use crate::monitor::{self, LoopOptions};
 use crate::recording::{self, Recorder};
 use crate::repair::{self, online::Online};
-use crate::{analyze, backend, exit};
+use crate::{analyze, backend, exit, gate};
 
 /// Whether to name heap lines by their malloc blocks while the target runs. On by default;
 /// `LASER_HEAP_BLOCKS=0` turns it off (to measure what it costs).
@@ -74,6 +74,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         steer_watchpoints: config.watch,
         skip_pcs: Vec::new(),
         forced_watch: monitor::forced_watch(&args.monitor.watch_addr),
+        live_view: !args.analysis.quiet,
     };
     let mut monitor = |session: &mut Session, detector: &mut _, opts: &LoopOptions| {
         monitor::run_loop(
@@ -144,7 +145,8 @@ pub fn run(args: RunArgs) -> Result<i32> {
         ));
     }
     let blocks = heap_blocks(heap.as_ref(), &mut analysis);
-    analyze::emit(&analysis, &args.analysis, blocks)?;
+    let title = format!("laser run {}", command_line(&args.command));
+    let emitted = analyze::emit(&analysis, &args.analysis, blocks, &title)?;
     if let Some(o) = &online {
         let section = o.section(args.repair_after, outcome.skipped);
         // stdout carries the report; with --quiet the section still reaches the user.
@@ -154,7 +156,18 @@ pub fn run(args: RunArgs) -> Result<i32> {
             print!("{section}");
         }
     }
-    Ok(outcome.exit.map_or(exit::OK, exit::of_program))
+    // The program's own failure wins over a tripped gate (README, "Exit status").
+    let status = outcome.exit.map_or(exit::OK, exit::of_program);
+    Ok(gate::exit_code(status, emitted.tripped))
+}
+
+/// The program and its arguments as one string, for titles.
+fn command_line(command: &[std::ffi::OsString]) -> String {
+    command
+        .iter()
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `laser record`: launch and write every event to a file.
@@ -171,6 +184,7 @@ pub fn record(args: RecordArgs) -> Result<i32> {
         steer_watchpoints: config.watch,
         skip_pcs: Vec::new(),
         forced_watch: monitor::forced_watch(&args.monitor.watch_addr),
+        live_view: true,
     };
     let outcome = monitor::run_loop(
         &mut session,
@@ -191,8 +205,22 @@ pub fn record(args: RecordArgs) -> Result<i32> {
     Ok(outcome.exit.map_or(exit::OK, exit::of_program))
 }
 
-/// `laser report`: analyse a recording.
-pub fn report(args: ReportArgs) -> Result<i32> {
+/// `laser report`: analyse a recording, or re-deliver a saved JSON report (gates, exports,
+/// other formats; a `--threshold` given can only raise its threshold, and without one the
+/// report keeps its own).
+pub fn report(args: ReportArgs, threshold_given: bool) -> Result<i32> {
+    if is_json(&args.input)? {
+        let text = std::fs::read_to_string(&args.input)
+            .with_context(|| format!("reading {}", args.input.display()))?;
+        let mut report = laser_detect::Report::from_json(&text)
+            .with_context(|| format!("parsing {}", args.input.display()))?;
+        if threshold_given {
+            report.apply_threshold(args.analysis.threshold);
+        }
+        let title = format!("laser report {}", args.input.display());
+        let tripped = crate::output::deliver(&report, &args.analysis, &title)?;
+        return Ok(gate::exit_code(exit::OK, tripped));
+    }
     let mut detector = analyze::detector(&args.analysis, None);
     let replay = recording::replay(&args.input, Some(&mut detector))?;
     let h = &replay.header;
@@ -219,8 +247,23 @@ pub fn report(args: ReportArgs) -> Result<i32> {
             .notes
             .push("the recording ended early: counts cover only what was read".into());
     }
-    analyze::emit(&analysis, &args.analysis, None)?;
-    Ok(exit::OK)
+    let title = format!("laser report {}", args.input.display());
+    let emitted = analyze::emit(&analysis, &args.analysis, None, &title)?;
+    Ok(gate::exit_code(exit::OK, emitted.tripped))
+}
+
+/// Whether `path` holds a JSON report rather than a recording (which starts with a binary
+/// magic): its first non-blank byte is `{`.
+fn is_json(path: &std::path::Path) -> Result<bool> {
+    use std::io::Read;
+    let mut head = [0u8; 64];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .with_context(|| format!("opening {}", path.display()))?;
+    Ok(head[..n]
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|&b| b == b'{'))
 }
 
 /// Target memory `attach` may read at the end to name the report's heap lines.
@@ -257,6 +300,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
         steer_watchpoints: config.watch,
         skip_pcs: Vec::new(),
         forced_watch: monitor::forced_watch(&args.monitor.watch_addr),
+        live_view: !args.analysis.quiet,
     };
     let mut heap = heap_naming().then(|| LiveHeap::new(pid, args.analysis.line));
     let outcome = monitor::run_loop(
@@ -285,17 +329,19 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
         h.name(&lines, ATTACH_HEAP_BUDGET);
     }
     let blocks = heap_blocks(heap.as_ref(), &mut analysis);
-    let report = analyze::emit(&analysis, &args.analysis, blocks)?;
+    let title = format!("laser attach -p {pid}");
+    let emitted = analyze::emit(&analysis, &args.analysis, blocks, &title)?;
+    let (report, tripped) = (emitted.report, emitted.tripped);
     if !args.repair {
-        return Ok(exit::OK);
+        return Ok(gate::exit_code(exit::OK, tripped));
     }
     if outcome.exit.is_some() {
         println!("repair: process {pid} exited while monitored; nothing to repair");
-        return Ok(exit::OK);
+        return Ok(gate::exit_code(exit::OK, tripped));
     }
     if monitor::interrupted() {
         println!("repair: interrupted; process {pid} not repaired");
-        return Ok(exit::OK);
+        return Ok(gate::exit_code(exit::OK, tripped));
     }
     let settings = repair::Settings {
         dry_run: false,
@@ -315,5 +361,6 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
             }
         );
     }
-    Ok(summary.exit_code())
+    // A refused or failed repair (4, 1) wins over a tripped gate, as a program's status does.
+    Ok(gate::exit_code(summary.exit_code(), tripped))
 }

@@ -8,11 +8,12 @@
 pub const OK: i32 = 0;
 /// laser failed before or after the program ran (bad recording, unreadable file, …).
 pub const FAILED: i32 = 1;
-/// Bad usage (clap's own code for argument errors).
+/// Bad usage (clap's own code for argument errors, malformed `--fail-on` expressions
+/// included).
 #[allow(dead_code)]
 pub const USAGE: i32 = 2;
-/// A `--fail-on` gate tripped.
-#[allow(dead_code)]
+/// A `--fail-on` gate tripped, and nothing else failed: the program's own non-zero status
+/// (`run`), a refused or failed repair, or laser's own failure take precedence.
 pub const GATE: i32 = 3;
 /// `laser repair` or `laser attach --repair` refused (the planner's or the tracee's reason is
 /// printed); the refused function was left untouched. With several functions to repair, the

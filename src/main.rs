@@ -4,27 +4,42 @@ mod analyze;
 mod backend;
 mod cli;
 mod commands;
+mod diff;
 mod exit;
+mod export;
+mod gate;
+mod interval;
 mod live_heap;
+mod live_view;
 mod monitor;
+mod output;
+mod private_file;
 mod recording;
 mod repair;
 mod steering;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches};
 use laser_driver::DriverError;
 
 fn main() {
-    let cli = cli::Cli::parse();
+    let matches = cli::Cli::command().get_matches();
+    let cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // `laser report saved.json` keeps the saved report's threshold unless one is given.
+    let threshold_given = matches
+        .subcommand_matches("report")
+        .and_then(|m| m.value_source("threshold"))
+        == Some(ValueSource::CommandLine);
     monitor::install_signal_handlers();
     let result = match cli.command {
         cli::Command::Run(a) => commands::run(a),
         cli::Command::Record(a) => commands::record(a),
-        cli::Command::Report(a) => commands::report(a),
+        cli::Command::Report(a) => commands::report(a, threshold_given),
         cli::Command::Attach(a) => commands::attach(a),
         cli::Command::Backends => backend::list().map(|()| exit::OK),
         cli::Command::Dump(a) => recording::dump(&a.input, a.limit).map(|()| exit::OK),
         cli::Command::Repair(a) => repair::run(a),
+        cli::Command::Diff(a) => diff::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

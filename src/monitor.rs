@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use laser_detect::{Detector, WatchCandidate};
 use laser_driver::{Event, ExitStatus, Session, Status};
 
@@ -56,6 +55,8 @@ pub struct LoopOptions {
     pub skip_pcs: Vec<Range<u64>>,
     /// Lines to watch in turn with the detector's candidates (`--watch-addr`).
     pub forced_watch: Vec<WatchCandidate>,
+    /// Draw the live view on a terminal (off with `--quiet`; `live_view.rs`).
+    pub live_view: bool,
 }
 
 /// `--watch-addr` words grouped by 64-byte line, at most 4 words per line (debug registers).
@@ -99,7 +100,7 @@ pub fn run_loop(
 ) -> Result<Outcome> {
     let start = Instant::now();
     raise_reader_priority();
-    let progress = progress_bar(session.pid());
+    let mut view = crate::live_view::LiveView::new(session.pid(), opts.live_view);
     let mut steering = Steering::default();
     let mut record_error: Option<anyhow::Error> = None;
     let mut skipped = 0;
@@ -162,14 +163,10 @@ pub fn run_loop(
         if let (Some(h), Some(d)) = (heap.as_deref_mut(), detector.as_deref()) {
             h.tick(d);
         }
-        let st = session.stats();
-        progress.set_message(format!(
-            "pid {} · {:.1} s · {} samples · {} lost",
-            session.pid(),
-            start.elapsed().as_secs_f64(),
-            st.samples,
-            st.lost
-        ));
+        if view.is_shown() {
+            let st = session.stats();
+            view.update(st.samples, st.lost, detector.as_deref());
+        }
     };
     if opts.steer_watchpoints {
         if let Ok(w) = session.watch_mut() {
@@ -177,7 +174,7 @@ pub fn run_loop(
             let _ = w.disarm();
         }
     }
-    progress.finish_and_clear();
+    view.finish();
     Ok(Outcome {
         exit,
         elapsed: start.elapsed(),
@@ -213,19 +210,4 @@ fn reaped_elsewhere(e: &laser_driver::DriverError) -> bool {
         src = s.source();
     }
     false
-}
-
-fn progress_bar(pid: i32) -> ProgressBar {
-    // indicatif draws nothing when stderr is not a terminal, so logs and CI stay clean.
-    let pb = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-    pb.set_style(
-        ProgressStyle::with_template("{spinner} laser: monitoring {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-    );
-    pb.set_message(format!("pid {pid}"));
-    // The steady tick is a thread waking 5 times a second: only worth it when someone sees it.
-    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        pb.enable_steady_tick(Duration::from_millis(200));
-    }
-    pb
 }

@@ -17,7 +17,7 @@ pub struct Recorder {
 
 impl Recorder {
     pub fn create(path: &Path, info: &HeaderInfo) -> Result<Recorder> {
-        let file = File::create(path)
+        let file = crate::private_file::create(path)
             .with_context(|| format!("creating the recording {}", path.display()))?;
         let writer = Writer::new(BufWriter::new(file), &header(info))
             .with_context(|| format!("writing the header of {}", path.display()))?;

@@ -1,4 +1,5 @@
 //! Shared by the tests that compile a small C program and run it under `laser run --json`.
+#![allow(dead_code)] // each test binary uses a different part
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
