@@ -48,12 +48,30 @@ pub struct Report {
     pub below_threshold: BelowThreshold,
     #[serde(default)]
     pub notes: Vec<String>,
+    /// What watchpoint survey windows covered beyond the lines samples showed contended
+    /// (absent when none ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub survey: Option<Survey>,
     /// Ranked: highest rate first.
     pub findings: Vec<Finding>,
 }
 
 fn default_line_size() -> u32 {
     64
+}
+
+/// The watchpoint survey's coverage (see `laser_detect::survey`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Survey {
+    /// Lines surveyed, of them in the program's globals and on the heap.
+    pub lines: u64,
+    pub global_lines: u64,
+    pub heap_lines: u64,
+    /// Distinct bytes watched, over all surveyed lines.
+    pub bytes: u64,
+    pub windows: u64,
+    /// Surveyed lines found contended (above or below the threshold).
+    pub found: u64,
 }
 
 /// What the threshold left out, so a report never silently hides contention.
@@ -414,6 +432,7 @@ mod tests {
                 events: 40,
             },
             notes: vec!["estimated".into()],
+            survey: None,
             findings: vec![Finding {
                 kind: Kind::FalseSharing,
                 line_addr: 0x5555_5555_8080,

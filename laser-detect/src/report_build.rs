@@ -8,7 +8,7 @@ use crate::fix;
 use crate::heap_names::HeapBlocks;
 use crate::report::{
     mask_offsets, ranges, BelowThreshold, CalledFrom, Data, DataObject, Finding, HeapBlock,
-    Inlined, Report, Source, SCHEMA,
+    Inlined, Report, Source, Survey, SCHEMA,
 };
 use crate::symbolize::Symbolizer;
 
@@ -117,6 +117,14 @@ pub fn build_report(
         threshold: finite(opts.threshold),
         below_threshold: below,
         notes,
+        survey: analysis.survey.as_ref().map(|s| Survey {
+            lines: s.lines,
+            global_lines: s.global_lines,
+            heap_lines: s.heap_lines,
+            bytes: s.bytes,
+            windows: s.windows,
+            found: s.found.len() as u64,
+        }),
         findings,
     };
     if !opts.path_map.is_empty() {
