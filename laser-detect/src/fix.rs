@@ -535,6 +535,7 @@ mod tests {
             },
             sources,
             fix: String::new(),
+            extent: None,
         }
     }
 

@@ -25,6 +25,7 @@ pub mod line_kind;
 pub mod line_model;
 pub mod line_table;
 pub mod maps;
+pub mod migratory;
 pub mod own_frame;
 pub mod pccache;
 pub mod prefetch;

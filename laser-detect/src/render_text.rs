@@ -280,6 +280,14 @@ fn finding(out: &mut String, n: usize, f: &Finding, line_size: u32) {
             thousands(f.false_events)
         );
     }
+    if let Some(e) = &f.extent {
+        let _ = writeln!(
+            out,
+            "    extent   {} lines {:#x}..{:#x} ({} bytes): migratory, each line under the \
+             threshold, the byte map lays them on one line",
+            e.lines, e.start, e.end, e.bytes
+        );
+    }
     let _ = writeln!(out, "    data     {}", data_line(f));
     if !f.data.fields.is_empty() {
         wrap(out, "    fields  ", &f.data.fields.join(", "), 13);

@@ -60,6 +60,20 @@ fn default_line_size() -> u32 {
     64
 }
 
+/// The lines a migratory finding spans (see `laser_detect::migratory`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Extent {
+    /// Contended lines in it (each under the threshold on its own).
+    pub lines: u64,
+    /// `[start, end)`: from the first line's first byte to the last line's end (run-time
+    /// addresses, valid for that run only).
+    #[serde(with = "hex")]
+    pub start: u64,
+    #[serde(with = "hex")]
+    pub end: u64,
+    pub bytes: u64,
+}
+
 /// The watchpoint survey's coverage (see `laser_detect::survey`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Survey {
@@ -102,6 +116,11 @@ pub struct Finding {
     /// Most events first.
     pub sources: Vec<Source>,
     pub fix: String,
+    /// Migratory contention: this finding is several lines, each under the threshold, whose
+    /// contention comes from the same instructions (rates and events summed, `line_addr` the
+    /// first line, the byte map all lines laid on one). Absent for a single line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extent: Option<Extent>,
 }
 
 /// Which data a line holds.
@@ -482,6 +501,7 @@ mod tests {
                     }],
                 }],
                 fix: "pad".into(),
+                extent: None,
             }],
         }
     }

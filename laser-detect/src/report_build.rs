@@ -6,9 +6,10 @@ use crate::dataname::LineData;
 use crate::findings::{Analysis, CallSite, LineFinding, Location, SourceAccess};
 use crate::fix;
 use crate::heap_names::HeapBlocks;
+use crate::migratory::Extent;
 use crate::report::{
-    mask_offsets, ranges, BelowThreshold, CalledFrom, Data, DataObject, Finding, HeapBlock,
-    Inlined, Report, Source, Survey, SCHEMA,
+    mask_offsets, ranges, BelowThreshold, CalledFrom, Data, DataObject, Extent as ReportExtent,
+    Finding, HeapBlock, Inlined, Report, Source, Survey, SCHEMA,
 };
 use crate::symbolize::Symbolizer;
 
@@ -56,27 +57,46 @@ pub fn build_report(
     } else {
         analysis.line_size
     };
-    let mut kept: Vec<&LineFinding> = Vec::new();
+    // Lines under the threshold that one loop moves along add up (`migratory`): they are
+    // reported as one finding with their extent, not counted below the threshold.
+    let migratory = crate::migratory::migratory(&analysis.findings, opts.threshold);
+    let in_extent = |line: u64| migratory.iter().any(|m| m.1.lines.contains(&line));
+    let mut kept: Vec<(&LineFinding, Option<&Extent>)> = Vec::new();
     let mut below = BelowThreshold::default();
     for f in &analysis.findings {
         // NaN rates (a zero-length run) are never above a threshold.
         if f.rate_per_s >= opts.threshold {
-            kept.push(f);
-        } else {
+            kept.push((f, None));
+        } else if !in_extent(f.line_addr) {
             below.lines += 1;
             below.events += f.events;
         }
     }
+    kept.extend(migratory.iter().map(|(f, e)| (f, Some(e))));
     kept.sort_by(|a, b| {
-        b.rate_per_s
-            .total_cmp(&a.rate_per_s)
-            .then(a.line_addr.cmp(&b.line_addr))
+        b.0.rate_per_s
+            .total_cmp(&a.0.rate_per_s)
+            .then(a.0.line_addr.cmp(&b.0.line_addr))
     });
     let mut modules: BTreeSet<String> = BTreeSet::new();
     let mut notes = analysis.notes.clone();
     let findings: Vec<Finding> = kept
         .into_iter()
-        .map(|f| finding(f, line_size, symbolizer, opts, &mut modules, &mut notes))
+        .map(|(f, extent)| {
+            let mut out = finding(f, line_size, symbolizer, opts, &mut modules, &mut notes);
+            if let Some(e) = extent {
+                out.extent = Some(report_extent(e, line_size));
+                out.fix = format!(
+                    "Contention moves along {} lines ({} bytes) that the same code touches one \
+                     after another, each under the threshold, together {:.0} ev/s. {}",
+                    e.lines.len(),
+                    out.extent.as_ref().map_or(0, |x| x.bytes),
+                    f.rate_per_s,
+                    out.fix
+                );
+            }
+            out
+        })
         .collect();
     heap_summary(&findings, opts, &mut notes);
     for info in &analysis.modules {
@@ -241,6 +261,7 @@ fn finding(
         data,
         sources,
         fix: String::new(),
+        extent: None,
     };
     out.fix = fix::suggest(&out, line_size);
     out
@@ -383,6 +404,18 @@ pub fn heap_fields(
 }
 
 /// One note for the heap lines a live run could not look at.
+/// A migratory finding's extent as the report states it.
+fn report_extent(e: &Extent, line_size: u32) -> ReportExtent {
+    let first = e.lines.first().copied().unwrap_or(0);
+    let last = e.lines.last().copied().unwrap_or(0);
+    ReportExtent {
+        lines: e.lines.len() as u64,
+        start: first,
+        end: last + u64::from(line_size),
+        bytes: (last + u64::from(line_size)).saturating_sub(first),
+    }
+}
+
 fn heap_summary(findings: &[Finding], opts: &ReportOptions, notes: &mut Vec<String>) {
     let Some(h) = &opts.heap_blocks else {
         return;
