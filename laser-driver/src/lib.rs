@@ -15,6 +15,7 @@ pub mod error;
 pub mod exec_ranges;
 pub mod launch;
 pub mod mmap_ring;
+pub mod pmu;
 pub mod probe;
 pub mod procinfo;
 pub mod ring;
