@@ -134,73 +134,82 @@ impl Decoder {
                     callers,
                 })
             }
-            EventRecord::Mmap2(m) => Event::Mmap(Mmap {
-                pid: m.pid as u32,
-                tid: m.tid as u32,
-                time,
-                addr: m.address,
-                len: m.length,
-                pgoff: m.page_offset,
-                prot: m.protection,
-                flags: m.flags,
-                path: String::from_utf8_lossy(&m.path.as_slice()).into_owned(),
-                build_id: match m.file_id {
-                    Mmap2FileId::BuildId(b) => Some(b),
-                    Mmap2FileId::InodeAndVersion(_) => None,
-                },
-            }),
-            EventRecord::Mmap(m) => Event::Mmap(Mmap {
-                pid: m.pid as u32,
-                tid: m.tid as u32,
-                time,
-                addr: m.address,
-                len: m.length,
-                pgoff: m.page_offset,
-                prot: if m.is_executable {
-                    (libc::PROT_READ | libc::PROT_EXEC) as u32
-                } else {
-                    libc::PROT_READ as u32
-                },
-                flags: 0,
-                path: String::from_utf8_lossy(&m.path.as_slice()).into_owned(),
-                build_id: None,
-            }),
-            EventRecord::Comm(c) => Event::Comm {
-                pid: c.pid as u32,
-                tid: c.tid as u32,
-                time,
-                name: String::from_utf8_lossy(&c.name.as_slice()).into_owned(),
-                exec: c.is_execve,
-            },
-            EventRecord::Fork(f) => Event::Fork {
-                pid: f.pid as u32,
-                ppid: f.ppid as u32,
-                tid: f.tid as u32,
-                ptid: f.ptid as u32,
-                time: f.timestamp,
-            },
-            EventRecord::Exit(f) => Event::Exit {
-                pid: f.pid as u32,
-                ppid: f.ppid as u32,
-                tid: f.tid as u32,
-                ptid: f.ptid as u32,
-                time: f.timestamp,
-            },
-            EventRecord::Lost(l) => Event::Lost {
-                count: l.count,
-                time,
-            },
-            EventRecord::Throttle(t) => Event::Throttle {
-                time: t.timestamp,
-                throttled: true,
-            },
-            EventRecord::Unthrottle(t) => Event::Throttle {
-                time: t.timestamp,
-                throttled: false,
-            },
-            _ => return Ok(None),
+            other => return Ok(side_band(other, time)),
         }))
     }
+}
+
+/// The event of a non-sample record (mmaps, thread names, forks, exits, losses,
+/// throttling), `time` being the record's `sample_id_all` timestamp (0 without one). Shared
+/// by the live rings and `import::perf_data`, so both emit the same events for the same record.
+pub(crate) fn side_band(parsed: EventRecord<'_>, time: u64) -> Option<Event> {
+    Some(match parsed {
+        EventRecord::Mmap2(m) => Event::Mmap(Mmap {
+            pid: m.pid as u32,
+            tid: m.tid as u32,
+            time,
+            addr: m.address,
+            len: m.length,
+            pgoff: m.page_offset,
+            prot: m.protection,
+            flags: m.flags,
+            path: String::from_utf8_lossy(&m.path.as_slice()).into_owned(),
+            build_id: match m.file_id {
+                Mmap2FileId::BuildId(b) => Some(b),
+                Mmap2FileId::InodeAndVersion(_) => None,
+            },
+        }),
+        EventRecord::Mmap(m) => Event::Mmap(Mmap {
+            pid: m.pid as u32,
+            tid: m.tid as u32,
+            time,
+            addr: m.address,
+            len: m.length,
+            pgoff: m.page_offset,
+            prot: if m.is_executable {
+                (libc::PROT_READ | libc::PROT_EXEC) as u32
+            } else {
+                libc::PROT_READ as u32
+            },
+            flags: 0,
+            path: String::from_utf8_lossy(&m.path.as_slice()).into_owned(),
+            build_id: None,
+        }),
+        EventRecord::Comm(c) => Event::Comm {
+            pid: c.pid as u32,
+            tid: c.tid as u32,
+            time,
+            name: String::from_utf8_lossy(&c.name.as_slice()).into_owned(),
+            exec: c.is_execve,
+        },
+        EventRecord::Fork(f) => Event::Fork {
+            pid: f.pid as u32,
+            ppid: f.ppid as u32,
+            tid: f.tid as u32,
+            ptid: f.ptid as u32,
+            time: f.timestamp,
+        },
+        EventRecord::Exit(f) => Event::Exit {
+            pid: f.pid as u32,
+            ppid: f.ppid as u32,
+            tid: f.tid as u32,
+            ptid: f.ptid as u32,
+            time: f.timestamp,
+        },
+        EventRecord::Lost(l) => Event::Lost {
+            count: l.count,
+            time,
+        },
+        EventRecord::Throttle(t) => Event::Throttle {
+            time: t.timestamp,
+            throttled: true,
+        },
+        EventRecord::Unthrottle(t) => Event::Throttle {
+            time: t.timestamp,
+            throttled: false,
+        },
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

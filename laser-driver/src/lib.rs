@@ -13,6 +13,7 @@ pub mod decode;
 pub mod duty;
 pub mod error;
 pub mod exec_ranges;
+pub mod import;
 pub mod launch;
 pub mod mmap_ring;
 pub mod pmu;
