@@ -39,6 +39,8 @@ pub enum Command {
     Dump(DumpArgs),
     /// Repair false sharing in a running process (or undo laser's repairs there).
     Repair(RepairArgs),
+    /// Analyse a perf.data recorded elsewhere with `perf c2c record` / `perf mem record`.
+    Import(ImportArgs),
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -177,6 +179,15 @@ pub struct ReportArgs {
     #[command(flatten)]
     pub analysis: AnalysisArgs,
     /// The recording to analyse.
+    pub input: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct ImportArgs {
+    #[command(flatten)]
+    pub analysis: AnalysisArgs,
+    /// The perf.data file (`perf c2c record`, `perf mem record`, or `perf record` with
+    /// `--user-regs` for timer samples).
     pub input: PathBuf,
 }
 

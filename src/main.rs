@@ -5,6 +5,7 @@ mod backend;
 mod cli;
 mod commands;
 mod exit;
+mod import;
 mod live_heap;
 mod monitor;
 mod recording;
@@ -25,6 +26,7 @@ fn main() {
         cli::Command::Backends => backend::list().map(|()| exit::OK),
         cli::Command::Dump(a) => recording::dump(&a.input, a.limit).map(|()| exit::OK),
         cli::Command::Repair(a) => repair::run(a),
+        cli::Command::Import(a) => import::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),
