@@ -72,11 +72,7 @@ impl Decoder {
 
     fn decode_inner(&self, raw: RawRecord<'_>) -> Result<Option<Event>, ()> {
         let kind = RecordType(raw.kind);
-        if kind == RecordType::MMAP2
-            && raw.misc & PERF_RECORD_MISC_MMAP_BUILD_ID != 0
-            && raw.body.get(32).is_none_or(|&n| n > 20)
-        {
-            // The parser asserts build_id_len <= 20; refuse before it can panic.
+        if !parser_safe(kind, raw.misc, raw.body) {
             return Err(());
         }
         let rec = RawEventRecord::new(kind, raw.misc, RawData::from(raw.body), self.info);
@@ -137,6 +133,15 @@ impl Decoder {
             other => return Ok(side_band(other, time)),
         }))
     }
+}
+
+/// Whether `linux-perf-event-reader` can parse this record without panicking: its MMAP2
+/// parser asserts that an in-record build-id is at most 20 bytes, so a forged length byte
+/// must be refused before it gets there.
+pub(crate) fn parser_safe(kind: RecordType, misc: u16, body: &[u8]) -> bool {
+    !(kind == RecordType::MMAP2
+        && misc & PERF_RECORD_MISC_MMAP_BUILD_ID != 0
+        && body.get(32).is_none_or(|&n| n > 20))
 }
 
 /// The event of a non-sample record (mmaps, thread names, forks, exits, losses,

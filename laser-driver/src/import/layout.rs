@@ -255,3 +255,85 @@ pub fn build_ids(s: &[u8]) -> Vec<(String, Vec<u8>)> {
     }
     out
 }
+
+/// `PERF_RECORD_AUXTRACE`: its data follows the record, `size` bytes not counted in the header.
+const PERF_RECORD_AUXTRACE: u32 = 71;
+/// A user record type no perf writes, for filler (the reader reads and passes it on; the
+/// importer skips user records).
+pub const FILLER_RECORD: u32 = 99;
+
+/// Where the damage in the data section starts, if any: (the offset from the data start after
+/// the last whole record, the offset of that record). A record cut off (perf killed, disk full), a header claiming less
+/// than itself, or an AUXTRACE record whose data runs past the end all count as damage.
+pub fn damage(bytes: &[u8], data: (u64, u64)) -> Option<(u64, u64)> {
+    let (off, size) = data;
+    let (mut at, mut prev) = (0u64, 0u64);
+    while at < size {
+        let h = usize::try_from(off + at)
+            .ok()
+            .and_then(|o| bytes.get(o..o.checked_add(16)?));
+        let whole = h.and_then(|h| {
+            let kind = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+            let mut n = u64::from(u16::from_le_bytes([h[6], h[7]]));
+            if kind == PERF_RECORD_AUXTRACE {
+                n = n.checked_add(u64::from_le_bytes(h[8..16].try_into().ok()?))?;
+            }
+            (n >= 8 && at.checked_add(n)? <= size).then_some(n)
+        });
+        // A final 8-byte record (FINISHED_ROUND) has no 16 bytes to look at.
+        let whole = whole.or_else(|| {
+            let o = usize::try_from(off + at).ok()?;
+            let h = bytes.get(o..o + 8)?;
+            let n = u64::from(u16::from_le_bytes([h[6], h[7]]));
+            (n == 8 && at + 8 <= size).then_some(8)
+        });
+        match whole {
+            Some(n) => {
+                prev = at;
+                at += n;
+            }
+            None => return Some((at, prev)),
+        }
+    }
+    None
+}
+
+/// Overwrites the damaged tail of the data section (from [`damage`]) with filler records, so
+/// a reader sees every record before the damage and then nothing. A tail too short for a
+/// record (< 8 bytes) is added to the last whole record instead (readers ignore bytes after
+/// the fields they read).
+pub fn fill(bytes: &mut [u8], data: (u64, u64), (keep, prev): (u64, u64)) {
+    let (off, size) = data;
+    let tail = size - keep;
+    if tail < 8 && keep > prev {
+        let o = (off + prev) as usize;
+        let n = u16::from_le_bytes([bytes[o + 6], bytes[o + 7]]);
+        if let Some(m) = n.checked_add(tail as u16) {
+            bytes[o + 6..o + 8].copy_from_slice(&m.to_le_bytes());
+            return;
+        }
+    }
+    let mut at = keep;
+    while at < size {
+        let left = size - at;
+        if left < 8 {
+            // Only a data section shorter than one header gets here: the reader's own error
+            // for it is the right answer.
+            break;
+        }
+        // Largest record size is 65535; never leave a tail under 8.
+        let n = if left <= 0xffff {
+            left
+        } else if left - 0xfff8 >= 8 {
+            0xfff8
+        } else {
+            0xfff0
+        };
+        let o = (off + at) as usize;
+        let rec = &mut bytes[o..o + n as usize];
+        rec.fill(0);
+        rec[..4].copy_from_slice(&FILLER_RECORD.to_le_bytes());
+        rec[6..8].copy_from_slice(&(n as u16).to_le_bytes());
+        at += n;
+    }
+}

@@ -19,7 +19,7 @@ use super::layout::{self, feature};
 use super::sample::{self, SampleLayout};
 use super::ImportError;
 use crate::datasrc::DataSrc;
-use crate::decode::side_band;
+use crate::decode::{parser_safe, side_band};
 use crate::event::{BackendKind, Callers, Event, Sample};
 
 /// What the file says about where and how it was recorded.
@@ -111,10 +111,24 @@ pub fn read(bytes: &[u8]) -> Result<PerfImport, ImportError> {
         .map(layout::build_ids)
         .unwrap_or_default();
 
+    // Damage inside the data section (a cut-off last record, a forged size) is overwritten
+    // with filler records in a copy, so the reader returns every record before it instead of
+    // failing in the middle of a sorting round (losing the round) or trusting the size.
+    let cut = layout::damage(bytes, lay.data);
+    let filled;
+    let reader_bytes = match cut {
+        Some(d) => {
+            let mut t = bytes.to_vec();
+            layout::fill(&mut t, lay.data, d);
+            filled = t;
+            &filled[..]
+        }
+        None => bytes,
+    };
     let PerfFileReader {
         mut perf_file,
         mut record_iter,
-    } = PerfFileReader::parse_file(Cursor::new(bytes))
+    } = PerfFileReader::parse_file(Cursor::new(reader_bytes))
         .map_err(|e| ImportError::Reader(e.to_string()))?;
     let plans: Vec<AttrPlan> = perf_file
         .event_attributes()
@@ -168,6 +182,12 @@ pub fn read(bytes: &[u8]) -> Result<PerfImport, ImportError> {
 
     let mut out = PerfImport {
         info,
+        stopped: cut.map(|(keep, _)| {
+            format!(
+                "the record at byte {keep} of the data section is cut off or malformed; the \
+                 records before it were read"
+            )
+        }),
         ..Default::default()
     };
     loop {
@@ -175,7 +195,7 @@ pub fn read(bytes: &[u8]) -> Result<PerfImport, ImportError> {
             Ok(Some(r)) => r,
             Ok(None) => break,
             Err(e) => {
-                out.stopped = Some(e.to_string());
+                out.stopped.get_or_insert(e.to_string());
                 break;
             }
         };
@@ -201,6 +221,10 @@ pub fn read(bytes: &[u8]) -> Result<PerfImport, ImportError> {
             });
             out.events.push(Event::Sample(e));
         } else {
+            if !parser_safe(record.record_type, record.misc, &record.data.as_slice()) {
+                out.counts.malformed += 1;
+                continue;
+            }
             let time = record.timestamp().unwrap_or(0);
             match record.parse() {
                 Ok(p) => out.events.extend(side_band(p, time)),
