@@ -85,6 +85,14 @@ fn notes(imp: &PerfImport) -> Vec<String> {
             c.memory_samples, c.loads, c.stores, c.hitm, c.peer
         ));
     }
+    if c.no_transfer > 0 {
+        v.push(format!(
+            "perf.data: {} loads were served without a cache-to-cache transfer (L1/L2/LFB hits, \
+             forwards, memory) and are not contention; the filter note counts them among \
+             instructions without memory operands",
+            c.no_transfer
+        ));
+    }
     if c.malformed > 0 {
         v.push(format!(
             "perf.data: {} unreadable records skipped",

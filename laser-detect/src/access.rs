@@ -239,15 +239,10 @@ fn watch(s: &Sample, info: &PcInfo, out: &mut Accesses) {
 /// thread pairs with them, which gives the report its byte map and writers. `None`: no
 /// `data_src` (decoded op and sample weight used as they are).
 fn precise_weight(s: &Sample) -> Option<Option<u64>> {
-    use laser_driver::datasrc::{DataSrc, LvlNum, MemLvl};
-    let ds = DataSrc::decode(s.data_src?);
-    // A word with no level (N/A) says nothing about where the line came from.
-    let located = ds.lvl.contains(MemLvl::HIT)
-        || ds.lvl.contains(MemLvl::MISS)
-        || !matches!(ds.lvl_num, LvlNum::Unset | LvlNum::Na);
+    let ds = laser_driver::datasrc::DataSrc::decode(s.data_src?);
     Some(if ds.is_store() {
         Some(0)
-    } else if ds.is_load() && located && !ds.is_hitm() {
+    } else if ds.is_load() && ds.names_a_level() && !ds.is_hitm() {
         None
     } else {
         Some(s.weight.max(1))

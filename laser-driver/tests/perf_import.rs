@@ -43,6 +43,8 @@ fn crafted_c2c_file_reads_header_attrs_and_every_sample() {
     let c = imp.counts;
     assert_eq!((c.samples, c.loads, c.stores), (200, 100, 100));
     assert_eq!((c.hitm, c.peer, c.malformed), (60, 0, 0));
+    // The 20 quiet rounds: an L1 hit and a forwarded load each.
+    assert_eq!(c.no_transfer, 40);
     let samples: Vec<_> = imp
         .events
         .iter()

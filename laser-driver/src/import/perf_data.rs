@@ -53,6 +53,9 @@ pub struct ImportCounts {
     pub hitm: u64,
     /// Loads c2c counts as peer transfers (AMD, ARM) and not HITM.
     pub peer: u64,
+    /// Loads whose `data_src` names where they were served from without a transfer (L1/L2/
+    /// LFB hits, forwards, memory): not contention, and dropped by the detector.
+    pub no_transfer: u64,
     /// Records that could not be parsed (skipped).
     pub malformed: u64,
 }
@@ -248,6 +251,9 @@ fn to_sample(s: &sample::RawSample, plan: &AttrPlan, counts: &mut ImportCounts) 
             let c = d.c2c();
             counts.hitm += u64::from(c.hitm());
             counts.peer += u64::from(c.peer() && !c.hitm());
+        }
+        if d.is_load() && !d.is_store() && !d.is_hitm() && d.names_a_level() {
+            counts.no_transfer += 1;
         }
     }
     Sample {
