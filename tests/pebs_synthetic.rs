@@ -3,7 +3,8 @@
 //! part) of HITM load samples and store samples at the tests' labelled instructions and
 //! shared bytes, imported with `laser import`, must give each test's manifest answer: the
 //! kind, the contending source lines (file:line from DWARF of the built test), their ops and
-//! bytes, the threads. Stands in for PEBS hardware, which no machine here has.
+//! bytes, the threads — for position-independent builds and a statically linked one. Stands
+//! in for PEBS hardware, which no machine here has.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -14,7 +15,8 @@ use laser_driver::import::sample::{bits, RawSample, SampleLayout};
 use serde_json::Value;
 
 const LASER: &str = env!("CARGO_BIN_EXE_laser");
-const BASE: u64 = 0x5610_0000_0000;
+/// Where the PIE tests are "loaded"; static (ET_EXEC) ones run at their link addresses.
+const PIE_BASE: u64 = 0x5610_0000_0000;
 const PID: u32 = 6000;
 const LOAD_PERIOD: u64 = 19; // the LASER paper's sample-after value
 const STORE_PERIOD: u64 = 10007;
@@ -61,6 +63,13 @@ fn build(dir: &Path, names: &[&str]) {
             .arg("-o")
             .arg(dir.join(n)));
     }
+    // One statically linked copy: no libraries, linked at a fixed address.
+    run(Command::new("gcc")
+        .args(["-g", "-pthread", "-static"])
+        .arg(dir.join(format!("{}.S", names[0])))
+        .arg(dir.join("harness.o"))
+        .arg("-o")
+        .arg(dir.join(format!("{}-static", names[0]))));
 }
 
 fn symbols(bin: &Path) -> Vec<(String, u64)> {
@@ -118,6 +127,8 @@ fn mem_attr(name: &str, config: u64, config1: u64, period: u64, id: u64) -> Craf
 
 /// Writes the c2c-style recording of `test` and returns it with the expected event count.
 fn craft(test: &Value, bin: &Path) -> (Vec<u8>, u64) {
+    let pie = run(Command::new("readelf").arg("-h").arg(bin)).contains("DYN (");
+    let base = if pie { PIE_BASE } else { 0 };
     let syms = symbols(bin);
     let sym = |n: &str| {
         syms.iter()
@@ -125,7 +136,7 @@ fn craft(test: &Value, bin: &Path) -> (Vec<u8>, u64) {
             .unwrap_or_else(|| panic!("{n}"))
             .1
     };
-    let shared = BASE + sym("asmtest_shared");
+    let shared = base + sym("asmtest_shared");
     let path = bin.display().to_string();
     let mut w = PerfDataWriter::default();
     let loads_ix = w.attr(mem_attr(
@@ -144,7 +155,7 @@ fn craft(test: &Value, bin: &Path) -> (Vec<u8>, u64) {
         w.mmap2(
             PID,
             1,
-            BASE + start,
+            base + start,
             end - start,
             offset & !0xfff,
             prot,
@@ -172,7 +183,7 @@ fn craft(test: &Value, bin: &Path) -> (Vec<u8>, u64) {
             w.sample(
                 attr,
                 &RawSample {
-                    ip: Some(BASE + sym(c["label"].as_str().unwrap())),
+                    ip: Some(base + sym(c["label"].as_str().unwrap())),
                     pid: Some(PID),
                     tid: Some(PID + thread as u32),
                     time: Some(t),
@@ -205,18 +216,20 @@ fn pebs_hitm_streams_give_the_asm_tests_expected_reports() {
         &std::fs::read_to_string(root().join("asm-tests/manifest.json")).unwrap(),
     )
     .unwrap();
-    for name in names {
+    let with_static = format!("{}-static", names[0]);
+    for bin_name in names.iter().copied().chain([with_static.as_str()]) {
+        let name = bin_name.trim_end_matches("-static");
         let test = manifest["tests"]
             .as_array()
             .unwrap()
             .iter()
             .find(|t| t["name"] == name)
             .unwrap();
-        let bin = dir.join(name);
+        let bin = dir.join(bin_name);
         let (bytes, expected_events) = craft(test, &bin);
-        let data = dir.join(format!("{name}.perf.data"));
+        let data = dir.join(format!("{bin_name}.perf.data"));
         std::fs::write(&data, bytes).unwrap();
-        let json = dir.join(format!("{name}.json"));
+        let json = dir.join(format!("{bin_name}.json"));
         run(Command::new(LASER)
             .env("HOME", &dir)
             .env_remove("PERF_BUILDID_DIR")
