@@ -233,16 +233,19 @@ fn watch(s: &Sample, info: &PcInfo, out: &mut Accesses) {
 /// a load that found the line modified in another core (HITM) or, where the hardware reports
 /// transfers rather than HITM (AMD IBS), took it from a peer cache, is a contention event with
 /// the sample's weight; any other load (an L1 hit, a forwarded clean line) is not, and is
-/// dropped (when the word names a level at all) — it would otherwise pair with the last writer and count a transfer the hardware
+/// dropped — it would otherwise pair with the last writer and count a transfer the hardware
 /// says did not happen. Stores carry no snoop result (Intel) so they count nothing (weight 0)
 /// but still tell the line model who writes which bytes: the next HITM load from another
 /// thread pairs with them, which gives the report its byte map and writers. `None`: no
-/// `data_src` (decoded op and sample weight used as they are).
+/// `data_src`, or one naming no level (decoded op and sample weight used as they are).
 fn precise_weight(s: &Sample) -> Option<Option<u64>> {
     let ds = laser_driver::datasrc::DataSrc::decode(s.data_src?);
+    if !ds.names_a_level() {
+        return None; // only the op is known: decoded op and sample weight as they are
+    }
     Some(if ds.is_store() {
         Some(0)
-    } else if ds.is_load() && ds.names_a_level() && !ds.is_hitm() {
+    } else if ds.is_load() && !ds.is_hitm() {
         None
     } else {
         Some(s.weight.max(1))

@@ -2,7 +2,8 @@
 //! corpus. It writes what perf 6.x writes for `perf mem record` / `perf c2c record` (an attr
 //! section, `EVENT_DESC` with ids, sample ids on every record, header strings, PMU mappings,
 //! build-ids) — only the parts the importer reads, byte for byte in perf's layout, so a file
-//! written here is one the real tool could have produced. (`perf report -i` reads them.)
+//! written here is one the real tool could have produced: `perf report`, `perf script` and
+//! `perf c2c report` (perf 6.1) read them, which the tests use as an independent check.
 
 use super::layout::feature;
 use super::sample::{self, bits, RawSample, SampleLayout};
@@ -267,6 +268,23 @@ impl PerfDataWriter {
             }
         }
         features.push((feature::EVENT_DESC, desc));
+        // A 2-CPU, 1-node machine: `perf c2c report` refuses files without the topology.
+        let mut nr = 2u32.to_le_bytes().to_vec();
+        nr.extend_from_slice(&2u32.to_le_bytes());
+        features.push((feature::NRCPUS, nr));
+        let mut numa = 1u32.to_le_bytes().to_vec();
+        numa.extend_from_slice(&0u32.to_le_bytes()); // node 0
+        numa.extend_from_slice(&(16u64 << 20).to_le_bytes()); // mem_total (kB)
+        numa.extend_from_slice(&(8u64 << 20).to_le_bytes()); // mem_free
+        header_string(&mut numa, "0-1");
+        features.push((feature::NUMA_TOPOLOGY, numa));
+        // One memory node of 128 blocks of 128 MiB (16 GiB) holding every physical address
+        // the samples carry: version, block size, node count, then node, size, bitmap.
+        let mut mem = Vec::new();
+        for v in [1u64, 128 << 20, 1, 0, 128, 128, u64::MAX, u64::MAX] {
+            mem.extend_from_slice(&v.to_le_bytes());
+        }
+        features.push((feature::MEM_TOPOLOGY, mem));
         if !self.pmus.is_empty() {
             let mut s = (self.pmus.len() as u32).to_le_bytes().to_vec();
             for (t, n) in &self.pmus {

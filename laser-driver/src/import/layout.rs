@@ -18,11 +18,14 @@ pub mod feature {
     pub const HOSTNAME: u32 = 3;
     pub const OSRELEASE: u32 = 4;
     pub const VERSION: u32 = 5;
+    pub const NRCPUS: u32 = 7;
     pub const CPUDESC: u32 = 8;
     pub const CPUID: u32 = 9;
     pub const CMDLINE: u32 = 11;
     pub const EVENT_DESC: u32 = 12;
+    pub const NUMA_TOPOLOGY: u32 = 14;
     pub const PMU_MAPPINGS: u32 = 16;
+    pub const MEM_TOPOLOGY: u32 = 22;
 }
 
 const HEADER_SIZE: u64 = 104;
