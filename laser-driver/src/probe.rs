@@ -11,10 +11,10 @@ use crate::pmu::sysfs::{self, DirTree, SysfsTree};
 use crate::pmu::{ibs, pebs, PmuError};
 use crate::sys;
 
-/// Whether laser's live PEBS/IBS sessions are wired (the events are planned from sysfs in
-/// [`crate::pmu`], but `Session` does not open them yet). While false, `auto` does not pick
-/// them even on hardware that has them, and asking for them says to record with perf instead.
-const PRECISE_BACKENDS_IMPLEMENTED: bool = false;
+/// Whether `auto` picks PEBS/IBS where the hardware has them. Live PEBS/IBS sessions are
+/// built from the kernel's interfaces but have not run on such hardware yet (this project has
+/// none), so `auto` keeps to `soft` and says so; `--backend pebs|ibs` opens them.
+const AUTO_PICKS_PRECISE: bool = false;
 
 /// What the backend request was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,25 +139,19 @@ fn pebs_summary(pmus: &[sysfs::Pmu]) -> Result<String, PmuError> {
 /// Picks a backend for `request` on a machine described by `facts`.
 pub fn decide(facts: &Facts, request: Request) -> Result<Choice, DriverError> {
     let unavailable = |backend, reason: String| DriverError::BackendUnavailable { backend, reason };
-    let not_built = |backend: BackendKind| {
-        unavailable(
+    let precise = |backend: BackendKind, plan: &Result<String, String>| match plan {
+        Err(why) => Err(unavailable(backend, format!("{why} — use --backend soft"))),
+        Ok(summary) => Ok(Choice {
             backend,
-            format!(
-                "this machine has {backend} hardware, but laser's live {backend} sessions are \
-                 not wired yet — record with `perf c2c record` (or `perf mem record`) and run \
-                 `laser import perf.data`, or use --backend soft"
+            reason: format!(
+                "requested with --backend {backend} ({summary}); first runs on real {backend} \
+                 hardware: compare with `perf c2c record` + `laser import` if in doubt"
             ),
-        )
+        }),
     };
     match request {
-        Request::Backend(BackendKind::Pebs) => Err(match facts.pebs_missing() {
-            Some(why) => unavailable(BackendKind::Pebs, format!("{why} — use --backend soft")),
-            None => not_built(BackendKind::Pebs),
-        }),
-        Request::Backend(BackendKind::Ibs) => Err(match facts.ibs_missing() {
-            Some(why) => unavailable(BackendKind::Ibs, format!("{why} — use --backend soft")),
-            None => not_built(BackendKind::Ibs),
-        }),
+        Request::Backend(BackendKind::Pebs) => precise(BackendKind::Pebs, &facts.pebs),
+        Request::Backend(BackendKind::Ibs) => precise(BackendKind::Ibs, &facts.ibs),
         Request::Backend(BackendKind::Soft) => match &facts.soft_open {
             Ok(()) => Ok(Choice {
                 backend: BackendKind::Soft,
@@ -186,15 +180,16 @@ pub fn decide(facts: &Facts, request: Request) -> Result<Choice, DriverError> {
             ] {
                 match missing {
                     Some(m) => why.push(m),
-                    None if PRECISE_BACKENDS_IMPLEMENTED => {
+                    None if AUTO_PICKS_PRECISE => {
                         return Ok(Choice {
                             backend: kind,
                             reason: format!("{kind} hardware found"),
                         })
                     }
                     None => why.push(format!(
-                        "{kind} hardware found but live {kind} sessions are not wired yet \
-                         (`laser import` reads perf c2c/mem recordings)"
+                        "{kind} hardware found, but auto does not pick {kind} until it has been \
+                         checked on such hardware (use --backend {kind}, or record with perf and \
+                         `laser import`)"
                     )),
                 }
             }
@@ -258,13 +253,15 @@ mod tests {
             m.contains("no event mem-loads") && m.contains("cpu/events"),
             "{m}"
         );
-        let m = decide(&fixture("skylake-sp"), Request::Backend(BackendKind::Pebs))
-            .unwrap_err()
-            .to_string();
+        let c = decide(&fixture("skylake-sp"), Request::Backend(BackendKind::Pebs)).unwrap();
+        assert_eq!(c.backend, BackendKind::Pebs);
         assert!(
-            m.contains("not wired yet") && m.contains("laser import"),
-            "{m}"
+            c.reason.contains("mem-loads type 4 config 0x1cd"),
+            "{}",
+            c.reason
         );
+        let c = decide(&fixture("zen4"), Request::Backend(BackendKind::Ibs)).unwrap();
+        assert!(c.reason.contains("ibs_op type 11"), "{}", c.reason);
         let m = decide(&vm(), Request::Backend(BackendKind::Ibs))
             .unwrap_err()
             .to_string();
@@ -277,7 +274,7 @@ mod tests {
             .unwrap()
             .reason;
         assert!(
-            m.contains("pebs hardware found but live pebs sessions"),
+            m.contains("pebs hardware found, but auto does not pick pebs"),
             "{m}"
         );
         assert!(m.contains("no IBS"), "{m}");
@@ -308,7 +305,7 @@ mod tests {
         // machine with one, this checks only that gathering and deciding agree.)
         let f = Facts::gather();
         let c = decide(&f, Request::Auto);
-        if f.soft_open.is_ok() && !PRECISE_BACKENDS_IMPLEMENTED {
+        if f.soft_open.is_ok() && !AUTO_PICKS_PRECISE {
             let c = c.unwrap();
             assert_eq!(c.backend, BackendKind::Soft, "{}", c.reason);
         } else {

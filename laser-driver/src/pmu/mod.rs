@@ -5,6 +5,7 @@
 
 pub mod cpuinfo;
 pub mod ibs;
+pub mod live;
 pub mod pebs;
 pub mod sysfs;
 
