@@ -200,8 +200,13 @@ impl Pmu {
             .map_err(|_| PmuError::BadType(name.to_string(), type_text.trim().to_string()))?;
         let mut formats = BTreeMap::new();
         for f in tree.list(&format!("{name}/format")) {
-            if let Some(text) = tree.read(&format!("{name}/format/{f}")) {
-                formats.insert(f, Format::parse(&text)?);
+            // A format this parser does not know (a future kernel's) only matters if an event
+            // uses that term, and then encoding says which term is missing.
+            if let Some(Ok(fmt)) = tree
+                .read(&format!("{name}/format/{f}"))
+                .map(|t| Format::parse(&t))
+            {
+                formats.insert(f, fmt);
             }
         }
         let mut events = BTreeMap::new();
@@ -277,11 +282,13 @@ impl Pmu {
     }
 }
 
-/// Every PMU in `tree` with a readable `type`.
+/// Every PMU in `tree` with a readable `type`. A PMU whose `type` does not parse is left out
+/// (an uncore or vendor PMU must not hide the core PMU); if it was a core PMU, planning then
+/// says the core PMU is missing.
 pub fn read_all(tree: &dyn SysfsTree) -> Result<Vec<Pmu>, PmuError> {
     let mut out = Vec::new();
     for name in tree.list("") {
-        if let Some(p) = Pmu::read(tree, &name)? {
+        if let Ok(Some(p)) = Pmu::read(tree, &name) {
             out.push(p);
         }
     }
@@ -315,6 +322,62 @@ mod tests {
         ] {
             assert!(Format::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    /// An in-memory tree: (path, text) pairs.
+    struct Mem(Vec<(&'static str, &'static str)>);
+    impl SysfsTree for Mem {
+        fn read(&self, rel: &str) -> Option<String> {
+            self.0.iter().find(|f| f.0 == rel).map(|f| f.1.to_string())
+        }
+        fn list(&self, rel: &str) -> Vec<String> {
+            let prefix = if rel.is_empty() {
+                String::new()
+            } else {
+                format!("{rel}/")
+            };
+            let mut v: Vec<String> = self
+                .0
+                .iter()
+                .filter_map(|f| f.0.strip_prefix(prefix.as_str()))
+                .map(|r| r.split('/').next().unwrap().to_string())
+                .collect();
+            v.sort();
+            v.dedup();
+            v
+        }
+    }
+
+    #[test]
+    fn odd_pmus_and_formats_do_not_hide_the_core_pmu() {
+        let t = Mem(vec![
+            ("cpu/type", "4\n"),
+            ("cpu/format/event", "config:0-7\n"),
+            ("cpu/format/umask", "config:8-15\n"),
+            ("cpu/format/ldlat", "config1:0-15\n"),
+            ("cpu/format/future", "config9:0-3\n"),
+            ("cpu/events/mem-loads", "event=0xcd,umask=0x1,ldlat=3\n"),
+            ("weird/type", "not a number\n"),
+        ]);
+        let pmus = read_all(&t).unwrap();
+        assert_eq!(pmus.len(), 1);
+        let cpu = &pmus[0];
+        assert!(!cpu.formats.contains_key("future"));
+        let e = cpu
+            .encode(
+                "mem-loads",
+                &[Term {
+                    name: "ldlat".into(),
+                    value: 30,
+                }],
+            )
+            .unwrap();
+        assert_eq!((e.config, e.config1), (0x1cd, 30));
+        let e = cpu.encode_terms(&[Term {
+            name: "future".into(),
+            value: 1,
+        }]);
+        assert!(matches!(e, Err(PmuError::NoFormat { .. })));
     }
 
     #[test]
