@@ -43,6 +43,8 @@ pub enum Command {
     /// Compare two JSON reports: findings new, gone, better or worse (matched by source
     /// lines and data name, not addresses).
     Diff(DiffArgs),
+    /// Analyse a perf.data recorded elsewhere with `perf c2c record` / `perf mem record`.
+    Import(ImportArgs),
 }
 
 /// How the report (or diff) is printed on stdout.
@@ -273,6 +275,15 @@ pub struct ReportArgs {
     #[command(flatten)]
     pub analysis: AnalysisArgs,
     /// The recording to analyse.
+    pub input: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct ImportArgs {
+    #[command(flatten)]
+    pub analysis: AnalysisArgs,
+    /// The perf.data file (`perf c2c record`, `perf mem record`, or `perf record` with
+    /// `--user-regs` for timer samples).
     pub input: PathBuf,
 }
 

@@ -9,6 +9,7 @@ mod exit;
 mod export;
 mod gate;
 mod interval;
+mod import;
 mod live_heap;
 mod live_view;
 mod monitor;
@@ -40,6 +41,7 @@ fn main() {
         cli::Command::Dump(a) => recording::dump(&a.input, a.limit).map(|()| exit::OK),
         cli::Command::Repair(a) => repair::run(a),
         cli::Command::Diff(a) => diff::run(a),
+        cli::Command::Import(a) => import::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -229,9 +229,37 @@ fn watch(s: &Sample, info: &PcInfo, out: &mut Accesses) {
     }
 }
 
+/// What a precise sample's `data_src` makes of it, as `perf c2c` counts (`c2c_decode_stats`):
+/// a load that found the line modified in another core (HITM) or, where the hardware reports
+/// transfers rather than HITM (AMD IBS), took it from a peer cache, is a contention event with
+/// the sample's weight; any other load (an L1 hit, a forwarded clean line) is not, and is
+/// dropped — it would otherwise pair with the last writer and count a transfer the hardware
+/// says did not happen. Stores carry no snoop result (Intel) so they count nothing (weight 0)
+/// but still tell the line model who writes which bytes: the next HITM load from another
+/// thread pairs with them, which gives the report its byte map and writers. `None`: no
+/// `data_src`, or one naming no level (decoded op and sample weight used as they are).
+fn precise_weight(s: &Sample) -> Option<Option<u64>> {
+    let ds = laser_driver::datasrc::DataSrc::decode(s.data_src?);
+    if !ds.names_a_level() {
+        return None; // only the op is known: decoded op and sample weight as they are
+    }
+    Some(if ds.is_store() {
+        Some(0)
+    } else if ds.is_load() && !ds.is_hitm() {
+        None
+    } else {
+        Some(s.weight.max(1))
+    })
+}
+
 fn precise(s: &Sample, info: &PcInfo, out: &mut Accesses) {
     let Some(addr) = s.addr else {
         return;
+    };
+    let weight = match precise_weight(s) {
+        Some(Some(w)) => w,
+        Some(None) => return,
+        None => s.weight.max(1),
     };
     let decoded = info.at.as_ref().and_then(|i| pick_operand(i, s, addr));
     let op = match (decoded.map(|m| m.op), s.data_src.and_then(op_from_data_src)) {
@@ -258,7 +286,7 @@ fn precise(s: &Sample, info: &PcInfo, out: &mut Accesses) {
         addr,
         size,
         op,
-        weight: s.weight.max(1),
+        weight,
     });
 }
 
@@ -484,6 +512,34 @@ mod tests {
             (Op::Load, 8, 1000, pcs[0])
         );
         assert_eq!(op_from_data_src(0x4), Some(Op::Store));
+    }
+
+    #[test]
+    fn precise_hitm_loads_count_stores_are_layout_other_loads_drop() {
+        let (m, pcs) = setup();
+        let mut s = soft_sample(pcs[0]);
+        s.backend = BackendKind::Pebs;
+        s.addr = Some(0x60_0000);
+        s.weight = 19;
+        // Intel "L3 hit, snoop HITM" (pebs_data_source[0x07]).
+        s.data_src = Some(0x6_0080_0842);
+        let (_, v) = run(&m, &s);
+        assert_eq!((v.len(), v[0].weight, v[0].op), (1, 19, Op::Load));
+        // An L1 hit (OP_LOAD | HIT | L1 | snoop NONE): no transfer, no access.
+        s.data_src = Some(0x2 | (0x0a << 5) | (0x02 << 19));
+        let (_, v) = run(&m, &s);
+        assert!(v.is_empty());
+        // A forwarded load (L3 hit, snoopx FWD) is not HITM for c2c either.
+        s.data_src = Some(0x2 | (0x42 << 5) | (1 << 38));
+        assert!(run(&m, &s).1.is_empty());
+        // A store: layout only.
+        let mut st = soft_sample(pcs[2]);
+        st.backend = BackendKind::Pebs;
+        st.addr = Some(0x60_0008);
+        st.weight = 10007;
+        st.data_src = Some(0x4 | (0x0a << 5));
+        let (_, v) = run(&m, &st);
+        assert_eq!((v.len(), v[0].weight, v[0].op), (1, 0, Op::Store));
         assert_eq!(op_from_data_src(0x1), None);
     }
 }

@@ -159,6 +159,44 @@ pub fn repoint(
     a
 }
 
+/// IDENTIFIER | IP | TID | TIME | ADDR | CPU | PERIOD | WEIGHT | DATA_SRC: what a precise
+/// memory sample (PEBS load latency / store, IBS op) carries — the layout `perf mem record`
+/// asks for, minus callchains. No registers or stack: the hardware gives the data address and
+/// the precise IP, so nothing has to be recomputed. (`PHYS_ADDR` is left out: the kernel
+/// fills it only for CAP_SYS_ADMIN.) `WEIGHT` is the load latency in cycles, not a count.
+pub const MEM_SAMPLE_TYPE: u64 = (b::PERF_SAMPLE_IDENTIFIER
+    | b::PERF_SAMPLE_IP
+    | b::PERF_SAMPLE_TID
+    | b::PERF_SAMPLE_TIME
+    | b::PERF_SAMPLE_ADDR
+    | b::PERF_SAMPLE_CPU
+    | b::PERF_SAMPLE_PERIOD
+    | b::PERF_SAMPLE_WEIGHT
+    | b::PERF_SAMPLE_DATA_SRC) as u64;
+
+/// A raw PMU event (`type_` from sysfs, config words from the PMU's formats) sampling every
+/// `period`-th occurrence with [`MEM_SAMPLE_TYPE`]; `period` 0 makes a counting event (the
+/// `mem-loads-aux` group leader). `precise_ip` is set by the caller, which tries 3 down.
+pub fn memory(
+    binding: Binding,
+    type_: u32,
+    config: u64,
+    config1: u64,
+    config2: u64,
+    period: u64,
+) -> b::perf_event_attr {
+    let mut a = base(binding);
+    a.type_ = type_;
+    a.config = config;
+    a.__bindgen_anon_3.config1 = config1;
+    a.__bindgen_anon_4.config2 = config2;
+    a.sample_type = if period == 0 { 0 } else { MEM_SAMPLE_TYPE };
+    a.sample_regs_user = 0;
+    a.sample_stack_user = 0;
+    a.__bindgen_anon_1.sample_period = period;
+    a
+}
+
 /// The attr's bytes as the kernel reads them (`size` bytes, native endian).
 pub fn to_bytes(a: &b::perf_event_attr) -> Vec<u8> {
     let n = std::mem::size_of::<b::perf_event_attr>();
@@ -198,7 +236,15 @@ pub fn describe(a: &b::perf_event_attr) -> String {
                 ""
             },
         ),
-        (t, c) => format!("type {t} config {c:#x}"),
+        (t, _) => {
+            // SAFETY: config1/config2 share their unions with u64 bp fields; any bits are valid.
+            let (c1, c2) = unsafe { (a.__bindgen_anon_3.config1, a.__bindgen_anon_4.config2) };
+            format!(
+                "type {t} config {:#x} config1 {c1:#x} config2 {c2:#x} precise_ip {}",
+                a.config,
+                a.precise_ip()
+            )
+        }
     };
     let rate = if a.freq() != 0 {
         format!("freq {period_or_freq} Hz")

@@ -342,6 +342,14 @@ impl DataSrc {
         self.op.contains(MemOp::STORE)
     }
 
+    /// The word says where the access was served from (a level hit or miss, or a level
+    /// number): without that, it says nothing about whether a transfer happened.
+    pub fn names_a_level(&self) -> bool {
+        self.lvl.contains(MemLvl::HIT)
+            || self.lvl.contains(MemLvl::MISS)
+            || !matches!(self.lvl_num, LvlNum::Unset | LvlNum::Na)
+    }
+
     /// A locked (atomic RMW) access; c2c counts `lock & LOCKED` whatever else is set.
     pub fn is_locked(&self) -> bool {
         self.lock.contains(MemLock::LOCKED)
@@ -722,6 +730,97 @@ mod tests {
         assert_eq!((d.hops, d.blk.0), (7, 0));
         let d = DataSrc::decode(full(shift::LVL, 14));
         assert_eq!((d.lvl.0, d.op.0, d.snoop.0), (0x3fff, 0, 0));
+    }
+
+    /// The kernel's Intel load data-source table (`arch/x86/events/intel/ds.c`,
+    /// `pebs_data_source[]`, built with its `OP_LH`/`LEVEL`/`REM`/`P(SNOOP, …)` macros), with
+    /// Skylake's remote entries (`__intel_pmu_pebs_data_source_skl`), and what `perf c2c`
+    /// counts each as: only the two HITM encodings are contention; a remote forward (FWD) is
+    /// not.
+    #[test]
+    fn intel_pebs_table_classifies_as_c2c_does() {
+        const OP_LH: u64 = OP_LOAD | LVL_HIT;
+        const LVL_NA: u64 = 0x01 << 5;
+        const LVL_REM_RAM1: u64 = 0x100 << 5;
+        const LVL_IO: u64 = 0x1000 << 5;
+        const LVL_UNC: u64 = 0x2000 << 5;
+        const LVLNUM_NA: u64 = 0x0f << 33;
+        const LVLNUM_L4: u64 = 0x04 << 33;
+        const LVLNUM_ANY_CACHE: u64 = 0x0b << 33;
+        const SNOOP_MISS: u64 = 0x08 << 19;
+        let none = C2cClass::default();
+        let lcl = C2cClass {
+            lcl_hitm: true,
+            ..none
+        };
+        let rmt = C2cClass {
+            rmt_hitm: true,
+            ..none
+        };
+        let table: [(&str, u64, C2cClass); 18] = [
+            ("0x00 unknown", OP_LH | LVL_NA | LVLNUM_NA | SNOOP_NA, none),
+            ("0x01 L1", OP_LH | LVL_L1 | LVLNUM_L1 | SNOOP_NONE, none),
+            ("0x02 LFB", OP_LH | LVL_LFB | LVLNUM_LFB | SNOOP_NONE, none),
+            ("0x03 L2", OP_LH | LVL_L2 | LVLNUM_L2 | SNOOP_NONE, none),
+            ("0x04 L3", OP_LH | LVL_L3 | LVLNUM_L3 | SNOOP_NONE, none),
+            (
+                "0x05 L3 snoop miss",
+                OP_LH | LVL_L3 | LVLNUM_L3 | SNOOP_MISS,
+                none,
+            ),
+            (
+                "0x06 L3 snoop hit",
+                OP_LH | LVL_L3 | LVLNUM_L3 | SNOOP_HIT,
+                none,
+            ),
+            ("0x07 L3 snoop hitm", PEBS_LOCAL_HITM, lcl),
+            (
+                "0x08 remote cache hit",
+                OP_LH | LVL_REM_CCE1 | REMOTE | LVLNUM_L3 | SNOOP_HIT,
+                none,
+            ),
+            ("0x09 remote cache hitm", PEBS_REMOTE_HITM, rmt),
+            (
+                "0x0a local RAM shared",
+                OP_LH | LVL_LOC_RAM | LVLNUM_RAM | SNOOP_HIT,
+                none,
+            ),
+            (
+                "0x0b remote RAM shared",
+                OP_LH | LVL_REM_RAM1 | REMOTE | LVLNUM_L3 | SNOOP_HIT,
+                none,
+            ),
+            (
+                "0x0c local RAM excl",
+                OP_LH | LVL_LOC_RAM | LVLNUM_RAM | SNOOP_NONE | SNOOP_MISS,
+                none,
+            ),
+            ("0x0e I/O", OP_LH | LVL_IO | LVLNUM_NA | SNOOP_NONE, none),
+            (
+                "0x0f uncached",
+                OP_LH | LVL_UNC | LVLNUM_NA | SNOOP_NONE,
+                none,
+            ),
+            ("skl 0x08 L4 hit", OP_LH | LVLNUM_L4 | SNOOP_HIT, none),
+            (
+                "skl 0x0c remote FWD",
+                OP_LH | LVLNUM_ANY_CACHE | REMOTE | SNOOPX_FWD,
+                none,
+            ),
+            (
+                "skl 0x0d remote HITM",
+                OP_LH | LVLNUM_ANY_CACHE | REMOTE | SNOOP_HITM,
+                rmt,
+            ),
+        ];
+        for (name, word, want) in table {
+            let d = DataSrc::decode(word);
+            assert_eq!(d.c2c(), want, "{name}: {d:?}");
+            assert_eq!(d.is_hitm(), want.hitm(), "{name}");
+            assert_eq!(d.encode(), word, "{name}");
+        }
+        // Loads that hit a line another core held modified are found, locked or not.
+        assert!(DataSrc::decode(PEBS_LOCAL_HITM | LOCK_LOCKED).is_hitm());
     }
 
     #[test]

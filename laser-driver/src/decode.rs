@@ -20,6 +20,10 @@ pub enum Source {
     Watch(u8),
     /// The dummy tracking event: it never samples.
     Tracking,
+    /// A precise memory event (PEBS load/store, IBS op) whose samples have their own layout
+    /// (`attr::MEM_SAMPLE_TYPE`, with WEIGHT and DATA_SRC) and share the ring of the tracking
+    /// event. Its `sample_id_all` trailer has the same fields as every other event's.
+    Precise(BackendKind),
 }
 
 /// Decoder state: the record layout, the id → source map and the executable mappings seen
@@ -28,6 +32,8 @@ pub enum Source {
 pub struct Decoder {
     info: RecordParseInfo,
     sources: HashMap<u64, Source>,
+    /// Sample layouts of [`Source::Precise`] ids.
+    precise: HashMap<u64, crate::import::sample::SampleLayout>,
     default_source: Source,
     exec: ExecRanges,
     /// Records that failed to parse (kernel/parser mismatch or corruption).
@@ -40,6 +46,7 @@ impl Decoder {
         Decoder {
             info,
             sources: HashMap::new(),
+            precise: HashMap::new(),
             default_source,
             exec: ExecRanges::default(),
             malformed: 0,
@@ -48,6 +55,48 @@ impl Decoder {
 
     pub fn add_source(&mut self, id: u64, source: Source) {
         self.sources.insert(id, source);
+    }
+
+    /// A precise memory event's id, with the `sample_type` its samples are written with.
+    pub fn add_precise(&mut self, id: u64, backend: BackendKind, sample_type: u64) {
+        self.sources.insert(id, Source::Precise(backend));
+        self.precise.insert(
+            id,
+            crate::import::sample::SampleLayout {
+                sample_type,
+                ..Default::default()
+            },
+        );
+    }
+
+    /// A precise event's sample: every laser sample type starts with IDENTIFIER, so the id
+    /// is the first word whatever the layout. `None`: not a precise event's sample.
+    fn precise_sample(&self, kind: RecordType, body: &[u8]) -> Option<Result<Event, ()>> {
+        if kind != RecordType::SAMPLE {
+            return None;
+        }
+        let id = u64::from_le_bytes(*body.first_chunk::<8>()?);
+        let Some(Source::Precise(backend)) = self.sources.get(&id).copied() else {
+            return None;
+        };
+        let layout = self.precise.get(&id)?;
+        let Some(s) = crate::import::sample::parse(body, layout) else {
+            return Some(Err(()));
+        };
+        Some(Ok(Event::Sample(Sample {
+            backend,
+            pid: s.pid.unwrap_or(0),
+            tid: s.tid.unwrap_or(0),
+            cpu: s.cpu.unwrap_or(0),
+            time: s.time.unwrap_or(0),
+            ip: s.ip.unwrap_or(0),
+            addr: s.addr.filter(|&a| a != 0),
+            data_src: s.data_src,
+            weight: s.period.unwrap_or(1).max(1),
+            regs: s.regs,
+            watch_slot: None,
+            callers: Callers::default(),
+        })))
     }
 
     /// A mapping that exists without a record in the rings (attach: read from
@@ -72,11 +121,10 @@ impl Decoder {
 
     fn decode_inner(&self, raw: RawRecord<'_>) -> Result<Option<Event>, ()> {
         let kind = RecordType(raw.kind);
-        if kind == RecordType::MMAP2
-            && raw.misc & PERF_RECORD_MISC_MMAP_BUILD_ID != 0
-            && raw.body.get(32).is_none_or(|&n| n > 20)
-        {
-            // The parser asserts build_id_len <= 20; refuse before it can panic.
+        if let Some(r) = self.precise_sample(kind, raw.body) {
+            return r.map(Some);
+        }
+        if !parser_safe(kind, raw.misc, raw.body) {
             return Err(());
         }
         let rec = RawEventRecord::new(kind, raw.misc, RawData::from(raw.body), self.info);
@@ -91,6 +139,8 @@ impl Decoder {
                     Source::Soft => (BackendKind::Soft, None),
                     Source::Watch(n) => (BackendKind::Watch, Some(n)),
                     Source::Tracking => return Ok(None),
+                    // Only reached for ids registered without a layout.
+                    Source::Precise(_) => return Err(()),
                 };
                 let regs = s.user_regs.map(|r| {
                     let mut u = UserRegs::default();
@@ -134,73 +184,91 @@ impl Decoder {
                     callers,
                 })
             }
-            EventRecord::Mmap2(m) => Event::Mmap(Mmap {
-                pid: m.pid as u32,
-                tid: m.tid as u32,
-                time,
-                addr: m.address,
-                len: m.length,
-                pgoff: m.page_offset,
-                prot: m.protection,
-                flags: m.flags,
-                path: String::from_utf8_lossy(&m.path.as_slice()).into_owned(),
-                build_id: match m.file_id {
-                    Mmap2FileId::BuildId(b) => Some(b),
-                    Mmap2FileId::InodeAndVersion(_) => None,
-                },
-            }),
-            EventRecord::Mmap(m) => Event::Mmap(Mmap {
-                pid: m.pid as u32,
-                tid: m.tid as u32,
-                time,
-                addr: m.address,
-                len: m.length,
-                pgoff: m.page_offset,
-                prot: if m.is_executable {
-                    (libc::PROT_READ | libc::PROT_EXEC) as u32
-                } else {
-                    libc::PROT_READ as u32
-                },
-                flags: 0,
-                path: String::from_utf8_lossy(&m.path.as_slice()).into_owned(),
-                build_id: None,
-            }),
-            EventRecord::Comm(c) => Event::Comm {
-                pid: c.pid as u32,
-                tid: c.tid as u32,
-                time,
-                name: String::from_utf8_lossy(&c.name.as_slice()).into_owned(),
-                exec: c.is_execve,
-            },
-            EventRecord::Fork(f) => Event::Fork {
-                pid: f.pid as u32,
-                ppid: f.ppid as u32,
-                tid: f.tid as u32,
-                ptid: f.ptid as u32,
-                time: f.timestamp,
-            },
-            EventRecord::Exit(f) => Event::Exit {
-                pid: f.pid as u32,
-                ppid: f.ppid as u32,
-                tid: f.tid as u32,
-                ptid: f.ptid as u32,
-                time: f.timestamp,
-            },
-            EventRecord::Lost(l) => Event::Lost {
-                count: l.count,
-                time,
-            },
-            EventRecord::Throttle(t) => Event::Throttle {
-                time: t.timestamp,
-                throttled: true,
-            },
-            EventRecord::Unthrottle(t) => Event::Throttle {
-                time: t.timestamp,
-                throttled: false,
-            },
-            _ => return Ok(None),
+            other => return Ok(side_band(other, time)),
         }))
     }
+}
+
+/// Whether `linux-perf-event-reader` can parse this record without panicking: its MMAP2
+/// parser asserts that an in-record build-id is at most 20 bytes, so a forged length byte
+/// must be refused before it gets there.
+pub(crate) fn parser_safe(kind: RecordType, misc: u16, body: &[u8]) -> bool {
+    !(kind == RecordType::MMAP2
+        && misc & PERF_RECORD_MISC_MMAP_BUILD_ID != 0
+        && body.get(32).is_none_or(|&n| n > 20))
+}
+
+/// The event of a non-sample record (mmaps, thread names, forks, exits, losses,
+/// throttling), `time` being the record's `sample_id_all` timestamp (0 without one). Shared
+/// by the live rings and `import::perf_data`, so both emit the same events for the same record.
+pub(crate) fn side_band(parsed: EventRecord<'_>, time: u64) -> Option<Event> {
+    Some(match parsed {
+        EventRecord::Mmap2(m) => Event::Mmap(Mmap {
+            pid: m.pid as u32,
+            tid: m.tid as u32,
+            time,
+            addr: m.address,
+            len: m.length,
+            pgoff: m.page_offset,
+            prot: m.protection,
+            flags: m.flags,
+            path: String::from_utf8_lossy(&m.path.as_slice()).into_owned(),
+            build_id: match m.file_id {
+                Mmap2FileId::BuildId(b) => Some(b),
+                Mmap2FileId::InodeAndVersion(_) => None,
+            },
+        }),
+        EventRecord::Mmap(m) => Event::Mmap(Mmap {
+            pid: m.pid as u32,
+            tid: m.tid as u32,
+            time,
+            addr: m.address,
+            len: m.length,
+            pgoff: m.page_offset,
+            prot: if m.is_executable {
+                (libc::PROT_READ | libc::PROT_EXEC) as u32
+            } else {
+                libc::PROT_READ as u32
+            },
+            flags: 0,
+            path: String::from_utf8_lossy(&m.path.as_slice()).into_owned(),
+            build_id: None,
+        }),
+        EventRecord::Comm(c) => Event::Comm {
+            pid: c.pid as u32,
+            tid: c.tid as u32,
+            time,
+            name: String::from_utf8_lossy(&c.name.as_slice()).into_owned(),
+            exec: c.is_execve,
+        },
+        EventRecord::Fork(f) => Event::Fork {
+            pid: f.pid as u32,
+            ppid: f.ppid as u32,
+            tid: f.tid as u32,
+            ptid: f.ptid as u32,
+            time: f.timestamp,
+        },
+        EventRecord::Exit(f) => Event::Exit {
+            pid: f.pid as u32,
+            ppid: f.ppid as u32,
+            tid: f.tid as u32,
+            ptid: f.ptid as u32,
+            time: f.timestamp,
+        },
+        EventRecord::Lost(l) => Event::Lost {
+            count: l.count,
+            time,
+        },
+        EventRecord::Throttle(t) => Event::Throttle {
+            time: t.timestamp,
+            throttled: true,
+        },
+        EventRecord::Unthrottle(t) => Event::Throttle {
+            time: t.timestamp,
+            throttled: false,
+        },
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

@@ -473,3 +473,61 @@ fn sampled_stacks_yield_return_addresses_into_other_modules() {
         .collect();
     assert_eq!(callers, vec![vec![], vec![0x401010], vec![]]);
 }
+
+/// A PEBS load sample sharing the tracking event's ring: its own layout (WEIGHT, DATA_SRC,
+/// no registers), told apart by its id, decoded with its data address, `data_src` and period.
+#[test]
+fn precise_samples_decode_with_their_own_layout() {
+    use crate::import::sample::{write, RawSample, SampleLayout};
+    const ID_PEBS: u64 = 0x99;
+    let mut d = decoder();
+    d.add_precise(ID_PEBS, BackendKind::Pebs, attr::MEM_SAMPLE_TYPE);
+    let layout = SampleLayout {
+        sample_type: attr::MEM_SAMPLE_TYPE,
+        ..Default::default()
+    };
+    let raw = RawSample {
+        id: Some(ID_PEBS),
+        ip: Some(0x40_1000),
+        pid: Some(7),
+        tid: Some(8),
+        time: Some(1234),
+        addr: Some(0x60_1040),
+        cpu: Some(1),
+        period: Some(1009),
+        weight: Some(212),
+        data_src: Some(0x6_0080_0842),
+        ..Default::default()
+    };
+    let body = write(&raw, &layout);
+    let e = d.decode(RawRecord {
+        kind: 9,
+        misc: 2,
+        body: &body,
+    });
+    let Some(Event::Sample(s)) = e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(
+        (s.backend, s.tid, s.ip, s.addr, s.data_src, s.weight, s.regs),
+        (
+            BackendKind::Pebs,
+            8,
+            0x40_1000,
+            Some(0x60_1040),
+            Some(0x6_0080_0842),
+            1009,
+            None
+        )
+    );
+    // A body cut short is malformed, not a panic and not a sample.
+    assert_eq!(
+        d.decode(RawRecord {
+            kind: 9,
+            misc: 2,
+            body: &body[..body.len() - 8],
+        }),
+        None
+    );
+    assert_eq!(d.malformed, 1);
+}

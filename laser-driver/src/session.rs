@@ -29,6 +29,7 @@ use crate::error::DriverError;
 use crate::event::{BackendKind, Event, StreamStats};
 use crate::launch::{self, ExitStatus};
 use crate::mmap_ring::MmapRing;
+use crate::pmu::live::PrecisePlan;
 use crate::procinfo;
 use crate::ring;
 use crate::sys;
@@ -119,6 +120,8 @@ struct Leader {
     fd: OwnedFd,
     ring: MmapRing,
     hup: bool,
+    /// PEBS/IBS events writing into this leader's ring (closed with it).
+    _precise: Vec<OwnedFd>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,6 +140,8 @@ pub struct Session {
     command: Vec<String>,
     config: Config,
     leader_attr: perf_event_attr,
+    /// The PEBS/IBS events opened with every leader (`--backend pebs|ibs`).
+    precise: Option<PrecisePlan>,
     leaders: Vec<Leader>,
     watcher: Option<Watcher>,
     decoder: Decoder,
@@ -237,9 +242,15 @@ impl Session {
         .max(1)
         .next_power_of_two();
         let wake = (pages * 4096 / 4).min(u32::MAX as usize) as u32;
+        // Precise backends sample with their own events; the leader only carries the
+        // side-band records and owns the ring they all write into.
         let (leader_attr, source) = match config.backend {
-            BackendKind::Watch => (attr::tracking(binding, wake), Source::Tracking),
-            _ => (attr::soft(binding, config.frequency, wake), Source::Soft),
+            BackendKind::Soft => (attr::soft(binding, config.frequency, wake), Source::Soft),
+            _ => (attr::tracking(binding, wake), Source::Tracking),
+        };
+        let precise = match config.backend {
+            b @ (BackendKind::Pebs | BackendKind::Ibs) => Some(PrecisePlan::system(b, binding)?),
+            _ => None,
         };
         let info = attr::parse_info(&attr::to_bytes(&leader_attr))
             .map_err(|e| DriverError::io("parsing our own perf_event_attr", e))?;
@@ -250,6 +261,7 @@ impl Session {
             command: Vec::new(),
             config: config.clone(),
             leader_attr,
+            precise,
             leaders: Vec::new(),
             watcher: watch.then(|| Watcher::new(binding, config.duty_cycle, Some(pid))),
             decoder: Decoder::new(info, source),
@@ -269,22 +281,23 @@ impl Session {
 
     /// Opens the leader (and watch events) for one CPU (`cpu >= 0`) or thread (`cpu = -1`).
     fn open_leader(&mut self, pid: i32, cpu: i32, key: i64) -> Result<(), DriverError> {
+        let soft = self.config.backend == BackendKind::Soft;
         let what = format!(
             "{} on pid {pid} cpu {cpu}",
-            if self.config.backend == BackendKind::Watch {
-                "tracking event"
-            } else {
+            if soft {
                 "cpu-clock sampling"
+            } else {
+                "tracking event"
             }
         );
         let fd = sys::open(&self.leader_attr, pid, cpu, &what)?;
         let ring = MmapRing::new(&fd, self.ring_pages())?;
-        let source = if self.config.backend == BackendKind::Watch {
-            Source::Tracking
-        } else {
-            Source::Soft
-        };
+        let source = if soft { Source::Soft } else { Source::Tracking };
         self.decoder.add_source(sys::event_id(&fd)?, source);
+        let precise = match &self.precise {
+            Some(p) => p.open(pid, cpu, &fd, &mut self.decoder)?,
+            None => Vec::new(),
+        };
         if let Some(w) = &mut self.watcher {
             for (id, slot) in w.add(pid, cpu, key, &fd)? {
                 self.decoder.add_source(id, Source::Watch(slot));
@@ -295,6 +308,7 @@ impl Session {
             fd,
             ring,
             hup: false,
+            _precise: precise,
         });
         Ok(())
     }
@@ -567,6 +581,12 @@ impl Session {
             bytes: attr::to_bytes(&self.leader_attr),
             description: attr::describe(&self.leader_attr),
         }];
+        for a in self.precise.iter().flat_map(PrecisePlan::attrs) {
+            attrs.push(AttrInfo {
+                bytes: attr::to_bytes(&a),
+                description: attr::describe(&a),
+            });
+        }
         if self.watcher.is_some() {
             let binding = match self.mode {
                 Mode::Launched => Binding::Launch,
@@ -598,13 +618,10 @@ impl Session {
 fn checked(config: &Config) -> Result<Config, DriverError> {
     match config.backend {
         BackendKind::Soft | BackendKind::Watch => {}
+        // Plan now, before a program is started: without the hardware this says what is
+        // missing (no `cpu` PMU, no `mem-loads` event, no `ibs_op`, Zen 3).
         b @ (BackendKind::Pebs | BackendKind::Ibs) => {
-            return Err(DriverError::BackendUnavailable {
-                backend: b,
-                reason: "the pebs and ibs backends are not implemented yet (issue \"PEBS and \
-                         IBS backends\"); use --backend soft"
-                    .into(),
-            })
+            PrecisePlan::system(b, Binding::Launch)?;
         }
     }
     if config.backend == BackendKind::Soft {
@@ -690,12 +707,16 @@ mod tests {
     }
 
     #[test]
-    fn unimplemented_backends_are_refused_with_advice() {
+    fn precise_backends_without_hardware_are_refused_with_advice() {
+        // Machines of this project have no PMU; elsewhere the plan succeeds.
+        if std::path::Path::new("/sys/bus/event_source/devices/ibs_op").exists() {
+            return;
+        }
         let c = Config {
             backend: BackendKind::Ibs,
             ..Config::default()
         };
         let e = checked(&c).unwrap_err().to_string();
-        assert!(e.contains("ibs") && e.contains("--backend soft"), "{e}");
+        assert!(e.contains("no IBS") && e.contains("--backend soft"), "{e}");
     }
 }

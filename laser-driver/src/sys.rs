@@ -18,16 +18,30 @@ pub fn open(
     cpu: i32,
     what: &str,
 ) -> Result<OwnedFd, DriverError> {
+    open_in_group(attr, pid, cpu, None, what)
+}
+
+/// [`open`] as a member of `group`'s event group (scheduled on the PMU together with its
+/// leader: PEBS load-latency events on recent Intel cores must sit under `mem-loads-aux`).
+pub fn open_in_group(
+    attr: &b::perf_event_attr,
+    pid: i32,
+    cpu: i32,
+    group: Option<&OwnedFd>,
+    what: &str,
+) -> Result<OwnedFd, DriverError> {
     let mut a = *attr;
+    let group_fd = group.map_or(-1, |g| g.as_raw_fd());
     // SAFETY: `a` is a fully initialised perf_event_attr whose `size` is its own size; the
     // kernel only reads it (and may write back `size` on E2BIG, which is our local copy).
-    // No group fd; FD_CLOEXEC so the target never inherits laser's descriptors.
+    // `group_fd` is -1 or a perf event descriptor the caller owns; FD_CLOEXEC so the target
+    // never inherits laser's descriptors.
     let fd = unsafe {
         perf_event_open_sys::perf_event_open(
             &mut a,
             pid,
             cpu,
-            -1,
+            group_fd,
             b::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
         )
     };

@@ -241,14 +241,56 @@ fn launch_reports_exit_status_and_missing_program() {
         Err(e) => panic!("wrong error: {e}"),
         Ok(_) => panic!("launched a nonexistent program"),
     }
-    let unavailable = Config {
+    // Without a PMU (every machine of this project) PEBS is refused before the launch.
+    if !has_pebs() {
+        let unavailable = Config {
+            backend: BackendKind::Pebs,
+            ..Config::default()
+        };
+        assert!(matches!(
+            Session::launch(&argv(t, &["0.01", "0"]), &unavailable),
+            Err(DriverError::BackendUnavailable { .. })
+        ));
+    }
+}
+
+fn has_pebs() -> bool {
+    ["cpu", "cpu_core"].iter().any(|p| {
+        Path::new("/sys/bus/event_source/devices")
+            .join(p)
+            .join("events/mem-loads")
+            .exists()
+    })
+}
+
+/// A live PEBS session on the fixture: load samples with data addresses and `data_src` in
+/// both threads, some on the shared word. Needs PEBS hardware (bare metal or a VM with a
+/// virtual PMU that passes PEBS through): `cargo test -p laser-driver --test live -- --ignored`.
+#[test]
+#[ignore = "needs Intel PEBS hardware"]
+fn pebs_session_samples_loads_with_data_src() {
+    assert!(has_pebs(), "no cpu/events/mem-loads on this machine");
+    let t = target();
+    let cfg = Config {
         backend: BackendKind::Pebs,
+        watch: false,
         ..Config::default()
     };
-    assert!(matches!(
-        Session::launch(&argv(t, &["0.01", "0"]), &unavailable),
-        Err(DriverError::BackendUnavailable { .. })
-    ));
+    let mut s = Session::launch(&argv(t, &["0.6", "0"]), &cfg).unwrap();
+    let (events, status) = run_to_exit(&mut s);
+    assert_eq!(status, ExitStatus::Code(0));
+    let pebs: Vec<&Sample> = samples(&events)
+        .filter(|s| s.backend == BackendKind::Pebs)
+        .collect();
+    assert!(!pebs.is_empty(), "no PEBS samples");
+    assert!(pebs.iter().all(|s| s.data_src.is_some() && s.weight >= 1));
+    let tids: BTreeSet<u32> = pebs.iter().map(|s| s.tid).collect();
+    assert!(tids.len() >= 2, "{tids:?}");
+    assert!(
+        pebs.iter()
+            .any(|s| s.addr.map(|a| a & !7) == Some(t.shared_word & !7)),
+        "no sample on the shared word"
+    );
 }
 
 #[test]
