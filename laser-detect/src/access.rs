@@ -8,7 +8,10 @@
 //!     add $1,%rsi        ◀ sampled IP (no memory operand)
 //!     mov (%rax),%rax    ◀ prev of the next IP: overwrote rax → address lost  ✗
 //!   ```
-//!   Both are real accesses by that thread at (about) the sample time.
+//!   Both are real accesses by that thread at (about) the sample time. The access the sample
+//!   skidded past is found by walking back along the control flow, not the address order
+//!   ([`crate::skid`]): past `jmp`s to a loop head, over non-memory instructions, undoing
+//!   constant steps of the address registers; not across joins the sample cannot decide.
 //! - `watch`: `addr` is given; the IP is the instruction after the access (traps fire after
 //!   retirement), so op and size come from the previous instruction.
 //! - `pebs`/`ibs`: `addr` and `data_src` given at the precise IP; load/store from the
@@ -20,6 +23,7 @@ use crate::classify::{Insn, MemOperand, Segment};
 use crate::effaddr::{effective_address, NoAddr};
 use crate::findings::Op;
 use crate::pccache::PcInfo;
+use crate::skid::SkidPaths;
 
 /// One memory access by one thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,12 +100,18 @@ pub fn op_from_data_src(data_src: u64) -> Option<Op> {
     }
 }
 
-/// Resolve a sample into accesses. `info` is the decode of `s.ip`. Returns the reason when
+/// Resolve a sample into accesses. `info` is the decode of `s.ip`, `skid` the paths into it
+/// ([`crate::pccache::PcCache::skid_paths`]). Returns the reason when
 /// nothing was produced.
-pub fn resolve(s: &Sample, info: &PcInfo, out: &mut Accesses) -> Result<(), DropReason> {
+pub fn resolve(
+    s: &Sample,
+    info: &PcInfo,
+    skid: Option<&SkidPaths>,
+    out: &mut Accesses,
+) -> Result<(), DropReason> {
     out.clear();
     match s.backend {
-        BackendKind::Soft => soft(s, info, out),
+        BackendKind::Soft => soft(s, info, skid, out),
         BackendKind::Watch => watch(s, info, out),
         BackendKind::Pebs | BackendKind::Ibs => precise(s, info, out),
     }
@@ -153,7 +163,7 @@ fn push_operand(
     }
 }
 
-fn soft(s: &Sample, info: &PcInfo, out: &mut Accesses) {
+fn soft(s: &Sample, info: &PcInfo, skid: Option<&SkidPaths>, out: &mut Accesses) {
     let Some(regs) = s.regs.as_ref() else {
         out.missing += 1;
         return;
@@ -163,22 +173,14 @@ fn soft(s: &Sample, info: &PcInfo, out: &mut Accesses) {
             push_operand(s, at.pc, m, effective_address(m, regs), out);
         }
     }
-    if info.join {
-        // The predecessor in the code may not be what ran just before, unless the one jump
-        // into here was not taken according to the flags it tested (see `PcInfo::guard`).
-        let fell_through = match (info.guard, regs.get(laser_driver::Reg::Flags)) {
-            (Some(cc), Some(flags)) => !crate::classify::condition_holds(cc, flags),
-            _ => false,
-        };
-        if !fell_through {
-            return;
-        }
-    }
-    if let Some(prev) = &info.prev {
-        for m in prev.mem() {
-            if prev.address_survives(m) {
-                push_operand(s, prev.pc, m, effective_address(m, regs), out);
-            }
+    // The access the sample skidded past, when the control flow back from the IP leads to one
+    // access under this sample's flags and registers (see `skid`).
+    let Some(hit) = skid.and_then(|p| p.resolve(regs)) else {
+        return;
+    };
+    for (i, m) in hit.insn.mem().iter().enumerate() {
+        if let Some(addr) = hit.address(i, regs) {
+            push_operand(s, hit.insn.pc, m, addr, out);
         }
     }
 }
@@ -328,7 +330,7 @@ mod tests {
         let mut c = PcCache::new();
         let info = c.get(s.ip, m);
         let mut out = Accesses::default();
-        let r = resolve(s, &info, &mut out);
+        let r = resolve(s, &info, c.skid_paths(&info), &mut out);
         (r, out.iter().copied().collect())
     }
 
@@ -392,10 +394,17 @@ mod tests {
     #[test]
     fn soft_uses_the_instruction_at_ip_and_before() {
         let (m, pcs) = setup();
-        // At i2 (store [rcx+8]); before it i1 has no memory.
+        // At i2 (store [rcx+8]); before it i1 has no memory and leaves rcx alone, so the walk
+        // back reaches i0's load [rcx].
         let (_, v) = run(&m, &soft_sample(pcs[2]));
-        assert_eq!(v.len(), 1);
-        assert_eq!((v[0].addr, v[0].op), (0x60_0008, Op::Store));
+        let got: Vec<_> = v.iter().map(|a| (a.pc, a.addr, a.op)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (pcs[2], 0x60_0008, Op::Store),
+                (pcs[0], 0x60_0000, Op::Load)
+            ]
+        );
         // At i3 (load [rax]), prev i2 store [rcx+8]: both.
         let (_, v) = run(&m, &soft_sample(pcs[3]));
         let got: Vec<_> = v.iter().map(|a| (a.pc, a.addr, a.op)).collect();

@@ -320,7 +320,7 @@ impl<C: CodeSource> Detector<C> {
                 }
             }
         }
-        if let Err(why) = resolve(s, &info, &mut self.out) {
+        if let Err(why) = resolve(s, &info, self.pcs.skid_paths(&info), &mut self.out) {
             match why {
                 DropReason::Undecodable => self.filter.undecodable += 1,
                 DropReason::NoMemory => self.filter.no_memory += 1,

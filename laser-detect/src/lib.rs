@@ -31,6 +31,7 @@ pub mod recent;
 pub mod render_text;
 pub mod report;
 pub mod report_build;
+pub mod skid;
 pub mod symbolize;
 
 pub use code::{CodeSource, ElfCode, Fallback, MemoryCode, ProcessCode};

@@ -18,6 +18,7 @@ use iced_x86::{Decoder, DecoderOptions};
 
 use crate::classify::{Classifier, Insn};
 use crate::code::CodeSource;
+use crate::skid::{FunctionFlow, SkidPaths};
 
 /// Longest function swept (bytes); larger ones are assumed to be mis-sized symbols.
 const MAX_SWEEP: u64 = 1 << 20;
@@ -40,6 +41,10 @@ pub struct PcInfo {
     pub special: bool,
     /// The PC lies in a shared library's code (decided by the caller at first sight).
     pub library: bool,
+    /// The paths a skidded timer sample at this PC can have come by
+    /// ([`PcCache::skid_paths`]); 0: none known (no function around the PC, or not an
+    /// instruction boundary).
+    skid: u32,
 }
 
 /// What the caller of [`PcCache::get_with`] knows about where a new PC lies.
@@ -60,6 +65,8 @@ struct Sweep {
 pub struct PcCache {
     pcs: HashMap<u64, PcInfo>,
     sweeps: HashMap<u64, Sweep>,
+    /// Skid paths of the PCs decoded so far; `PcInfo::skid` is an index + 1.
+    skids: Vec<SkidPaths>,
     classifier: Classifier,
     buf: Vec<u8>,
 }
@@ -75,6 +82,7 @@ impl PcCache {
         Self {
             pcs: HashMap::new(),
             sweeps: HashMap::new(),
+            skids: Vec::new(),
             classifier: Classifier::new(),
             buf: Vec::new(),
         }
@@ -92,6 +100,15 @@ impl PcCache {
     pub fn clear(&mut self) {
         self.pcs.clear();
         self.sweeps.clear();
+        self.skids.clear();
+    }
+
+    /// The paths by which execution can have reached `info`'s PC (see [`crate::skid`]).
+    #[inline]
+    pub fn skid_paths(&self, info: &PcInfo) -> Option<&SkidPaths> {
+        info.skid
+            .checked_sub(1)
+            .and_then(|i| self.skids.get(i as usize))
     }
 
     /// The decoded facts for `pc`, decoding on first sight.
@@ -176,6 +193,21 @@ impl PcCache {
                     info.guard = Some(*cc);
                 }
             }
+        }
+        if s.starts.get(i) == Some(&pc) {
+            let flow = FunctionFlow {
+                start: fs,
+                end: fe,
+                starts: &s.starts,
+                branches: &s.branches,
+            };
+            let classifier = &mut self.classifier;
+            let paths = crate::skid::build(pc, &flow, |p| {
+                let n = code.read_code(p, &mut b);
+                classifier.classify(p, &b[..n])
+            });
+            self.skids.push(paths);
+            info.skid = self.skids.len() as u32;
         }
         info
     }
