@@ -78,7 +78,7 @@ class Op:
 @dataclass
 class Thread:
     ops: list
-    shape: str = "min"  # min | arith | big | call_asm | call_c
+    shape: str = "min"  # min | arith | big | call_asm | call_c | jmp_back
 
 
 @dataclass
@@ -261,6 +261,19 @@ def cases():
     add("helper_mixed_rw_false", two([Op("store", 0, 8, helper=True), Op("store", 8, 8)],
                                      [Op("load", 16, 8, helper=True)], shape="arith"),
         "read-write", "mov")
+
+    # H. timer skid past control flow (issue 11): the loop control sits at the head and the
+    # contending store is the last instruction before the `jmp` back, so samples that skid
+    # past it land on the `jmp` and at the head, where the instruction before in address
+    # order is the function's prologue.
+    add("skid_jmp_ww_false", two([Op("store", 0, 8)], [Op("store", 8, 8)], shape="jmp_back"),
+        "write-write", "mov", note="store; jmp to the loop head")
+    # Watch hits whose pointer the access overwrites (`movl (%rax),%eax`): the trap's registers
+    # cannot say which half of an 8-byte watched word the 4-byte load read.
+    add("watch_bytes_rw_false_s4",
+        two([Op("load", 0, 4, "reg:rax"), Op("store", 0, 4)],
+            [Op("load", 4, 4, "reg:rax"), Op("store", 4, 4)]),
+        "read-write", "mov", note="4-byte counters side by side, loads through a clobbered pointer")
 
     # F. more threads (run anywhere; on 2 CPUs they time-share).
     add("t4_ww_false_s8", [Thread([Op("store", 8 * t, 8)]) for t in range(4)], "write-write",
@@ -504,7 +517,17 @@ def gen_case(case):
         src.emit("    add %rax, %r14")
         src.emit(f"    mov ${thread_addend(t)}, %ebp")
         src.emit("    xor %r11d, %r11d")
+        if th.shape == "jmp_back":
+            # The head steps to iteration i and tests the count; the body ends with `jmp`.
+            src.emit("    sub %r15, %r14")
+            src.emit("    dec %rbx")
         src.emit(f".Lloop_{t}:")
+        if th.shape == "jmp_back":
+            src.emit("    add %r15, %r14")
+            src.emit("    inc %rbx")
+            src.emit("    dec %r13")
+            src.emit(f"    js .Ldone_{t}")
+            fill_arith(src, t)
         if th.shape == "arith":
             fill_arith(src, t)
         elif th.shape == "big":
@@ -539,10 +562,14 @@ def gen_case(case):
                 fill_arith(src, t)
         if th.shape == "big":
             fill_big_tail(src, t)
-        src.emit("    add %r15, %r14")
-        src.emit("    inc %rbx")
-        src.emit("    dec %r13")
-        src.emit(f"    jnz .Lloop_{t}")
+        if th.shape == "jmp_back":
+            src.emit(f"    jmp .Lloop_{t}")
+            src.emit(f".Ldone_{t}:")
+        else:
+            src.emit("    add %r15, %r14")
+            src.emit("    inc %rbx")
+            src.emit("    dec %r13")
+            src.emit(f"    jnz .Lloop_{t}")
         if needs_avx:
             src.emit("    vzeroupper")
         src.emit("    add $8, %rsp")
