@@ -12,8 +12,9 @@
 //!   skidded past is found by walking back along the control flow, not the address order
 //!   ([`crate::skid`]): past `jmp`s to a loop head, over non-memory instructions, undoing
 //!   constant steps of the address registers; not across joins the sample cannot decide.
-//! - `watch`: `addr` is given; the IP is the instruction after the access (traps fire after
-//!   retirement), so op and size come from the previous instruction.
+//! - `watch`: the IP is the instruction after the access (traps fire after retirement), so op,
+//!   size and the address come from the previous instruction and the trap's registers; `addr`
+//!   is only the watched word (see `watch` for when the bytes are not known).
 //! - `pebs`/`ibs`: `addr` and `data_src` given at the precise IP; load/store from the
 //!   `mem_op` field of `data_src` (bits 0–4: 0x2 load, 0x4 store), size from decoding the IP.
 
@@ -51,6 +52,9 @@ pub enum DropReason {
     ThreadLocal,
     /// A needed register is missing from the sample.
     MissingRegs,
+    /// A watch hit by an access narrower than the watched word that overwrote its own address
+    /// registers: which bytes it touched is unknown.
+    WatchBytesUnknown,
 }
 
 /// Fixed-capacity output (no allocation per sample): at most two operands at the IP and two
@@ -63,6 +67,8 @@ pub struct Accesses {
     pub stack: u8,
     pub tls: u8,
     pub missing: u8,
+    /// Watch hits whose bytes are not known (see `watch`).
+    pub watch_unknown: u8,
 }
 
 impl Accesses {
@@ -124,6 +130,8 @@ pub fn resolve(
         DropReason::ThreadLocal
     } else if out.missing > 0 {
         DropReason::MissingRegs
+    } else if out.watch_unknown > 0 {
+        DropReason::WatchBytesUnknown
     } else if info.at.is_none() && info.prev.is_none() {
         DropReason::Undecodable
     } else {
@@ -203,16 +211,26 @@ fn pick_operand<'a>(insn: &'a Insn, s: &Sample, addr: u64) -> Option<&'a MemOper
         .or(ops.first())
 }
 
-/// Watched words are at most 8 bytes.
+/// Watched words are at most 8 bytes (the watch backend arms 8-byte words).
 const WATCH_LEN: u64 = 8;
 
+/// A watch hit's bytes come from the instruction and its registers, never from the watched
+/// range: the kernel reports the watched word's start, and an 8-byte word can hold two
+/// threads' 4-byte counters.
+/// ```text
+///   watched word  W ──────────────┐
+///                 │ t0: [W, W+4)  │ t1: [W+4, W+8)     a hit by t1 is (W+4, 4), not (W, 4)
+/// ```
+/// - the operand's address registers survived the access (`movl %eax,4(%rdi)`): the address
+///   is recomputed from the trap's registers — exact;
+/// - they did not (`movl 4(%rax),%eax`) and the operand covers the whole watched word (8 bytes
+///   or more): the bytes are the watched word (the part of the access the trap proves);
+/// - they did not and the operand is narrower: which bytes of the word it touched is unknown;
+///   the hit is dropped ([`DropReason::WatchBytesUnknown`]) rather than guessed.
 fn watch(s: &Sample, info: &PcInfo, out: &mut Accesses) {
     let (Some(addr), Some(prev)) = (s.addr, info.prev.as_ref()) else {
         return;
     };
-    // The kernel reports the watchpoint's address, not the access's: a 4-byte store to the
-    // second half of a watched 8-byte word reports the word's start. With registers whose
-    // values survived the access, the exact address is recomputable.
     if let Some(regs) = s.regs.as_ref() {
         for m in prev.mem() {
             if !prev.address_survives(m) {
@@ -226,9 +244,18 @@ fn watch(s: &Sample, info: &PcInfo, out: &mut Accesses) {
             }
         }
     }
-    if let Some(m) = pick_operand(prev, s, addr) {
-        push_operand(s, prev.pc, m, Ok(addr), out);
+    let Some(m) = pick_operand(prev, s, addr) else {
+        return;
+    };
+    if (m.size as u64) < WATCH_LEN {
+        out.watch_unknown += 1;
+        return;
     }
+    let word = MemOperand {
+        size: WATCH_LEN as u8,
+        ..*m
+    };
+    push_operand(s, prev.pc, &word, Ok(addr), out);
 }
 
 fn precise(s: &Sample, info: &PcInfo, out: &mut Accesses) {
@@ -477,6 +504,60 @@ mod tests {
         s.regs.as_mut().unwrap().set(Reg::Cx, 0x90_0000);
         let (_, v) = run(&m, &s);
         assert_eq!(v[0].addr, 0x60_0004);
+    }
+
+    /// Two threads' 4-byte counters share one 8-byte watched word W (issue 11, class 5):
+    /// ```text
+    ///  i0: mov [rdi],esi      t0: rdi = W, t1: rdi = W+4    (rdi survives: exact)
+    ///  i1: mov eax,[rax]      ◀ trap of i0                  (rax overwritten by the load)
+    ///  i2: nop                ◀ trap of i1
+    ///        W            W+4          W+8
+    ///        │ t0 counter │ t1 counter │
+    /// ```
+    /// Every hit is pure false sharing; t1's load placed at the reported W would overlap t0's
+    /// counter and call the line true sharing.
+    #[test]
+    fn watch_hits_on_two_counters_in_one_word_stay_false_sharing() {
+        const W: u64 = 0x60_0000;
+        let mut a = CodeAssembler::new(64).unwrap();
+        a.mov(dword_ptr(rdi), esi).unwrap();
+        a.mov(eax, dword_ptr(rax)).unwrap();
+        a.nop().unwrap();
+        a.ret().unwrap();
+        let bytes = a.assemble(F).unwrap();
+        let pcs = crate::test_util::starts(F, &bytes);
+        let mut m = MemoryCode::new();
+        m.add_function(F, bytes);
+        let hit = |tid: u32, time: u64, ip: u64, ptr: u64| {
+            let mut s = soft_sample(ip);
+            s.backend = BackendKind::Watch;
+            s.tid = tid;
+            s.time = time;
+            s.addr = Some(W); // the kernel reports the watched word
+            s.weight = 1;
+            s.regs.as_mut().unwrap().set(Reg::Di, ptr);
+            s
+        };
+        let mut est = crate::estimate::Estimator::new(64);
+        est.begin_window(W, 0);
+        for k in 0..20u64 {
+            let (tid, ptr) = if k % 2 == 0 { (1, W) } else { (2, W + 4) };
+            let (r, v) = run(&m, &hit(tid, 10 + k, pcs[1], ptr));
+            assert_eq!(r, Ok(()));
+            assert_eq!((v[0].addr, v[0].size, v[0].op), (ptr, 4, Op::Store));
+            est.observe(&v[0]);
+            // Each thread also reads its own counter through a pointer the load overwrites.
+            let (_, v) = run(&m, &hit(tid, 10 + k, pcs[2], ptr));
+            v.iter().for_each(|a| est.observe(a));
+        }
+        est.end_window(W, 100);
+        let e = &est.estimates()[0];
+        assert!(e.false_transfers > 0, "{e:?}");
+        assert_eq!(e.true_transfers, 0, "{e:?}");
+        // The load overwrote its pointer: which half it read is unknown, so it is not counted.
+        let (r, v) = run(&m, &hit(2, 50, pcs[2], W + 4));
+        assert!(v.is_empty(), "{v:?}");
+        assert_eq!(r, Err(DropReason::WatchBytesUnknown));
     }
 
     #[test]
