@@ -20,11 +20,12 @@
 
 use laser_driver::{BackendKind, Sample};
 
-use crate::classify::{Insn, MemOperand, Segment};
+use crate::classify::{Insn, MemOperand, RegEffect, Segment};
 use crate::effaddr::{effective_address, NoAddr};
 use crate::findings::Op;
 use crate::pccache::PcInfo;
 use crate::skid::SkidPaths;
+use laser_driver::Reg;
 
 /// One memory access by one thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,7 +119,7 @@ pub fn resolve(
     out.clear();
     match s.backend {
         BackendKind::Soft => soft(s, info, skid, out),
-        BackendKind::Watch => watch(s, info, out),
+        BackendKind::Watch => watch(s, info, skid.and_then(|p| p.feeder.as_ref()), out),
         BackendKind::Pebs | BackendKind::Ibs => precise(s, info, out),
     }
     if !out.is_empty() {
@@ -223,19 +224,28 @@ const WATCH_LEN: u64 = 8;
 /// ```
 /// - the operand's address registers survived the access (`movl %eax,4(%rdi)`): the address
 ///   is recomputed from the trap's registers — exact;
-/// - they did not (`movl 4(%rax),%eax`) and the operand covers the whole watched word (8 bytes
-///   or more): the bytes are the watched word (the part of the access the trap proves);
+/// - they did not (`movl 4(%rax),%eax`), but the one instruction that ran before the access
+///   made the pointer from registers the access left alone (`lea 4(%r12),%rax`, `mov %r12,%rax`):
+///   the pointer is rebuilt from those — exact;
+/// - else, if the operand covers the whole watched word (8 bytes or more): the bytes are the
+///   watched word (the part of the access the trap proves);
 /// - they did not and the operand is narrower: which bytes of the word it touched is unknown;
 ///   the hit is dropped ([`DropReason::WatchBytesUnknown`]) rather than guessed.
-fn watch(s: &Sample, info: &PcInfo, out: &mut Accesses) {
+fn watch(s: &Sample, info: &PcInfo, feeder: Option<&Insn>, out: &mut Accesses) {
     let (Some(addr), Some(prev)) = (s.addr, info.prev.as_ref()) else {
         return;
     };
     if let Some(regs) = s.regs.as_ref() {
         for m in prev.mem() {
-            if !prev.address_survives(m) {
+            let rebuilt;
+            let regs = if prev.address_survives(m) {
+                regs
+            } else if let Some(r) = feeder.and_then(|f| rebuild_pointer(f, prev, m, regs)) {
+                rebuilt = r;
+                &rebuilt
+            } else {
                 continue;
-            }
+            };
             if let Ok(a) = effective_address(m, regs) {
                 if a < addr.wrapping_add(WATCH_LEN) && addr < a.wrapping_add(m.size as u64) {
                     push_operand(s, prev.pc, m, Ok(a), out);
@@ -256,6 +266,41 @@ fn watch(s: &Sample, info: &PcInfo, out: &mut Accesses) {
         ..*m
     };
     push_operand(s, prev.pc, &word, Ok(addr), out);
+}
+
+/// The registers at `access` with the one address register it overwrote rebuilt from how
+/// `feeder` (the instruction right before it) made it, when the access left the feeder's
+/// inputs alone.
+fn rebuild_pointer(
+    feeder: &Insn,
+    access: &Insn,
+    m: &MemOperand,
+    regs: &laser_driver::UserRegs,
+) -> Option<laser_driver::UserRegs> {
+    let Some((
+        dst,
+        RegEffect::Sum {
+            base,
+            index,
+            scale,
+            disp,
+        },
+    )) = feeder.reg_effect
+    else {
+        return None;
+    };
+    let lost = access.writes_regs & m.address_regs();
+    let inputs = base.map_or(0, |r| 1u32 << r as u32) | index.map_or(0, |r| 1u32 << r as u32);
+    if lost != 1 << dst as u32 || access.writes_regs & inputs != 0 {
+        return None;
+    }
+    let get = |r: Option<Reg>| r.map_or(Some(0), |r| regs.get(r));
+    let v = get(base)?
+        .wrapping_add(get(index)?.wrapping_mul(scale as u64))
+        .wrapping_add(disp);
+    let mut out = *regs;
+    out.set(dst, v);
+    Some(out)
 }
 
 fn precise(s: &Sample, info: &PcInfo, out: &mut Accesses) {
@@ -509,8 +554,10 @@ mod tests {
     /// Two threads' 4-byte counters share one 8-byte watched word W (issue 11, class 5):
     /// ```text
     ///  i0: mov [rdi],esi      t0: rdi = W, t1: rdi = W+4    (rdi survives: exact)
-    ///  i1: mov eax,[rax]      ◀ trap of i0                  (rax overwritten by the load)
-    ///  i2: nop                ◀ trap of i1
+    ///  i1: mov eax,[rax]      ◀ trap of i0                  (rax overwritten, origin unknown)
+    ///  i2: lea rax,[rdi]      ◀ trap of i1
+    ///  i3: mov eax,[rax]                                    (rax overwritten, made by i2)
+    ///  i4: nop                ◀ trap of i3
     ///        W            W+4          W+8
     ///        │ t0 counter │ t1 counter │
     /// ```
@@ -521,6 +568,8 @@ mod tests {
         const W: u64 = 0x60_0000;
         let mut a = CodeAssembler::new(64).unwrap();
         a.mov(dword_ptr(rdi), esi).unwrap();
+        a.mov(eax, dword_ptr(rax)).unwrap();
+        a.lea(rax, qword_ptr(rdi)).unwrap();
         a.mov(eax, dword_ptr(rax)).unwrap();
         a.nop().unwrap();
         a.ret().unwrap();
@@ -535,7 +584,9 @@ mod tests {
             s.time = time;
             s.addr = Some(W); // the kernel reports the watched word
             s.weight = 1;
-            s.regs.as_mut().unwrap().set(Reg::Di, ptr);
+            let r = s.regs.as_mut().unwrap();
+            r.set(Reg::Di, ptr);
+            r.set(Reg::Ax, 0x1234_5678); // the loaded value, not an address
             s
         };
         let mut est = crate::estimate::Estimator::new(64);
@@ -546,15 +597,17 @@ mod tests {
             assert_eq!(r, Ok(()));
             assert_eq!((v[0].addr, v[0].size, v[0].op), (ptr, 4, Op::Store));
             est.observe(&v[0]);
-            // Each thread also reads its own counter through a pointer the load overwrites.
-            let (_, v) = run(&m, &hit(tid, 10 + k, pcs[2], ptr));
-            v.iter().for_each(|a| est.observe(a));
+            // Each thread also reads its own counter through the pointer i2 made.
+            let (_, v) = run(&m, &hit(tid, 10 + k, pcs[4], ptr));
+            assert_eq!((v[0].pc, v[0].addr, v[0].size), (pcs[3], ptr, 4));
+            est.observe(&v[0]);
         }
         est.end_window(W, 100);
         let e = &est.estimates()[0];
         assert!(e.false_transfers > 0, "{e:?}");
         assert_eq!(e.true_transfers, 0, "{e:?}");
-        // The load overwrote its pointer: which half it read is unknown, so it is not counted.
+        // A load through a pointer of unknown origin: which half it read is unknown, so it is
+        // not counted (the watched word's start would be a guess).
         let (r, v) = run(&m, &hit(2, 50, pcs[2], W + 4));
         assert!(v.is_empty(), "{v:?}");
         assert_eq!(r, Err(DropReason::WatchBytesUnknown));

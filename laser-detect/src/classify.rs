@@ -106,6 +106,7 @@ pub struct Insn {
 ///   lea 0x10(%rdx),%rdx  Add(16)   inc / dec: Add(±1)
 ///   mov $5,%ecx          Set(5)    rcx_after  = 5  (32-bit writes zero-extend: still exact)
 ///   xor %ebx,%ebx        Set(0)
+///   lea 4(%r12),%rax     Sum { r12 + 4 }  rax_after from other registers (also `mov %r12,%rax`)
 /// ```
 /// 32-bit `add`/`sub` are not here: they zero-extend a truncated sum, which is not invertible.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +115,14 @@ pub enum RegEffect {
     Add(u64),
     /// `after = k`.
     Set(u64),
+    /// `after = base + index * scale + disp` over other registers' values (`lea`, `mov` of a
+    /// 64-bit register): what a pointer the next instruction overwrites was made from.
+    Sum {
+        base: Option<Reg>,
+        index: Option<Reg>,
+        scale: u8,
+        disp: u64,
+    },
 }
 
 impl Insn {
@@ -354,6 +363,34 @@ fn reg_effect(ins: &Instruction) -> Option<(Reg, RegEffect)> {
                 && !ins.is_ip_rel_memory_operand() =>
         {
             RegEffect::Add(ins.memory_displacement64())
+        }
+        Mnemonic::Lea
+            if is64
+                && !ins.is_ip_rel_memory_operand()
+                && ins.memory_base() != r0
+                && ins.memory_index() != r0
+                && (ins.memory_base() == Register::None || ins.memory_base().is_gpr64())
+                && (ins.memory_index() == Register::None || ins.memory_index().is_gpr64()) =>
+        {
+            RegEffect::Sum {
+                base: perf_reg(ins.memory_base()),
+                index: perf_reg(ins.memory_index()),
+                scale: ins.memory_index_scale() as u8,
+                disp: ins.memory_displacement64(),
+            }
+        }
+        Mnemonic::Mov
+            if is64
+                && ins.op1_kind() == OpKind::Register
+                && ins.op1_register().is_gpr64()
+                && !same_reg =>
+        {
+            RegEffect::Sum {
+                base: perf_reg(ins.op1_register()),
+                index: None,
+                scale: 1,
+                disp: 0,
+            }
         }
         Mnemonic::Mov if is64 && imm1 => RegEffect::Set(ins.immediate(1)),
         Mnemonic::Mov if is32 && imm1 => RegEffect::Set(ins.immediate(1) & 0xffff_ffff),
@@ -607,10 +644,42 @@ mod tests {
         // Not invertible or not a register-only write.
         assert_eq!(e(|a| a.add(eax, 8)), None, "32-bit sum truncates");
         assert_eq!(e(|a| a.add(rax, rbx)), None);
-        assert_eq!(e(|a| a.lea(rsi, qword_ptr(rdi + 0x40))), None);
         assert_eq!(e(|a| a.lea(rsi, qword_ptr(rsi + rcx))), None);
         assert_eq!(e(|a| a.add(qword_ptr(rax), 8)), None);
         assert_eq!(e(|a| a.xor(eax, ebx)), None);
+        assert_eq!(e(|a| a.mov(eax, ebx)), None, "32-bit copy truncates");
+        let rip_lea = {
+            let mut a = CodeAssembler::new(64).unwrap();
+            let mut l = a.create_label();
+            a.lea(rsi, qword_ptr(l)).unwrap();
+            a.set_label(&mut l).unwrap();
+            a.nop().unwrap();
+            let bytes = a.assemble(BASE).unwrap();
+            Classifier::new().classify(BASE, &bytes).unwrap()
+        };
+        assert_eq!(
+            rip_lea.reg_effect, None,
+            "rip-relative: the pc, not a register"
+        );
+        // Made from other registers: how a pointer the next access overwrites was built.
+        let sum = |base, index, scale, disp| RegEffect::Sum {
+            base,
+            index,
+            scale,
+            disp,
+        };
+        assert_eq!(
+            e(|a| a.lea(rsi, qword_ptr(rdi + 0x40))),
+            Some((Reg::Si, sum(Some(Reg::Di), None, 1, 0x40)))
+        );
+        assert_eq!(
+            e(|a| a.lea(rax, qword_ptr(rdi + rcx * 4 - 8))),
+            Some((Reg::Ax, sum(Some(Reg::Di), Some(Reg::Cx), 4, -8i64 as u64)))
+        );
+        assert_eq!(
+            e(|a| a.mov(rax, r12)),
+            Some((Reg::Ax, sum(Some(Reg::R12), None, 1, 0)))
+        );
     }
 
     #[test]

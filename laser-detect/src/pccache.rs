@@ -202,10 +202,23 @@ impl PcCache {
                 branches: &s.branches,
             };
             let classifier = &mut self.classifier;
-            let paths = crate::skid::build(pc, &flow, |p| {
+            let mut paths = crate::skid::build(pc, &flow, |p| {
                 let n = code.read_code(p, &mut b);
                 classifier.classify(p, &b[..n])
             });
+            // The feeder of `prev`: the one instruction that runs right before it.
+            let into_prev = info
+                .prev
+                .map(|x| x.pc)
+                .filter(|&x| x != fs && s.targets.binary_search(&x).is_err());
+            if let (Some(x), true) = (into_prev, i >= 2) {
+                let d = s.starts[i - 2];
+                let n = code.read_code(d, &mut b);
+                paths.feeder = self
+                    .classifier
+                    .classify(d, &b[..n])
+                    .filter(|f| f.falls_through && f.next_ip() == x);
+            }
             self.skids.push(paths);
             info.skid = self.skids.len() as u32;
         }

@@ -128,6 +128,10 @@ pub struct SkidPaths {
     checks: Vec<Check>,
     /// All paths end alike: the answer needs no look at the sample.
     fixed: Option<Option<u16>>,
+    /// The instruction that falls through into the one ending at this PC, when that is the
+    /// only way in: for a watch trap at this PC, it may say how the access's pointer was made
+    /// (`lea 4(%r12),%rax; movl (%rax),%eax`) when the access overwrote it.
+    pub feeder: Option<Insn>,
 }
 
 impl SkidPaths {
@@ -342,20 +346,20 @@ impl<F: FnMut(u64) -> Option<Insn>> Builder<'_, '_, F> {
 fn step_back(x: &Insn, s: &mut State) {
     let mut writes = x.writes_regs & !(1 << Reg::Ip as u32);
     if let Some((r, e)) = x.reg_effect {
-        let b = 1u32 << r as u32;
-        writes &= !b;
-        if s.lost & b == 0 {
-            match e {
-                // before = after - k
-                RegEffect::Add(k) => s.off[r as usize] = s.off[r as usize].wrapping_sub(k),
-                RegEffect::Set(k) => {
-                    s.checks.push(Check::RegIs {
-                        r,
-                        v: k.wrapping_sub(s.off[r as usize]),
-                    });
-                    s.lost |= b;
-                }
+        let (b, i) = (1u32 << r as u32, r as usize);
+        let known = s.lost & b == 0;
+        match e {
+            // before = after - k
+            RegEffect::Add(k) => {
+                writes &= !b;
+                s.off[i] = s.off[i].wrapping_sub(k);
             }
+            RegEffect::Set(k) if known => s.checks.push(Check::RegIs {
+                r,
+                v: k.wrapping_sub(s.off[i]),
+            }),
+            // A copy from other registers says nothing about the old value: a plain write.
+            RegEffect::Set(_) | RegEffect::Sum { .. } => {}
         }
     }
     s.lost |= writes;
