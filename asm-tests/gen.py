@@ -70,7 +70,7 @@ class Op:
     off: int
     size: int
     mode: str = "base"  # base | rip | idx1 | idx2 | idx4 | idx8 | reg:<r64>
-    cond: str = "always"  # always | even (only on even iterations: a branch in the loop)
+    cond: str = "always"  # always | even | odd (only on even/odd iterations: a branch)
     helper: bool = False  # the access lives in a function the loop calls
     vec: str = ""  # 16/32-byte form, filled in by the generator
 
@@ -78,7 +78,7 @@ class Op:
 @dataclass
 class Thread:
     ops: list
-    shape: str = "min"  # min | arith | big | call_asm | call_c
+    shape: str = "min"  # min | arith | big | call_asm | call_c | jmp_back | if_else
 
 
 @dataclass
@@ -261,6 +261,26 @@ def cases():
     add("helper_mixed_rw_false", two([Op("store", 0, 8, helper=True), Op("store", 8, 8)],
                                      [Op("load", 16, 8, helper=True)], shape="arith"),
         "read-write", "mov")
+
+    # H. timer skid past control flow (issue 11): the loop control sits at the head and the
+    # contending store is followed by two register steps and the `jmp` back, so samples that
+    # skid past it land on the steps, the `jmp` and at the head, where the instruction before
+    # in address order is the function's prologue.
+    add("skid_jmp_ww_false", two([Op("store", 0, 8)], [Op("store", 8, 8)], shape="jmp_back"),
+        "write-write", "mov", note="store; 2 register steps; jmp to the loop head")
+    # An if/else whose arms store to different words: the odd arm falls through into the
+    # join, which the even arm's `jmp` also targets, so the samples right after the odd
+    # store (at the join) need the sampled flags to say which arm ran.
+    add("skid_join_ww_false",
+        two([Op("store", 0, 8, cond="even"), Op("store", 16, 8, cond="odd")],
+            [Op("store", 8, 8, cond="even"), Op("store", 24, 8, cond="odd")], shape="if_else"),
+        "write-write", "mov", note="if (even) A = v; else B = v; at the join")
+    # Watch hits whose pointer the access overwrites (`movl (%rax),%eax`): the trap's registers
+    # cannot say which half of an 8-byte watched word the 4-byte load read.
+    add("watch_bytes_rw_false_s4",
+        two([Op("load", 0, 4, "reg:rax"), Op("store", 0, 4)],
+            [Op("load", 4, 4, "reg:rax"), Op("store", 4, 4)]),
+        "read-write", "mov", note="4-byte counters side by side, loads through a clobbered pointer")
 
     # F. more threads (run anywhere; on 2 CPUs they time-share).
     add("t4_ww_false_s8", [Thread([Op("store", 8 * t, 8)]) for t in range(4)], "write-write",
@@ -505,6 +525,12 @@ def gen_case(case):
         src.emit(f"    mov ${thread_addend(t)}, %ebp")
         src.emit("    xor %r11d, %r11d")
         src.emit(f".Lloop_{t}:")
+        if th.shape == "jmp_back":
+            # r11 counts this call's iterations from the prologue's `xor`: once it has moved,
+            # the prologue cannot be the way a sample came to the head.
+            src.emit("    inc %r11")
+            src.emit("    dec %r13")
+            src.emit(f"    js .Ldone_{t}")
         if th.shape == "arith":
             fill_arith(src, t)
         elif th.shape == "big":
@@ -517,9 +543,24 @@ def gen_case(case):
             src.emit("    mov %rbx, %rdi")
             src.emit("    call asmtest_c_mix")
             src.emit("    mov %rax, %r11")
+        if th.shape == "if_else":
+            # if (i even) op0; else op1;  — the else arm falls through into the join.
+            assert [op.cond for op in th.ops] == ["even", "odd"]
+            src.emit("    test $1, %bl")
+            src.emit(f"    jnz .Lodd_{t}")
         for i, op in enumerate(th.ops):
             label = labels[t][i]
             skip = f".Lskip_{t}_{i}"
+            if th.shape == "if_else":
+                if i == 1:
+                    src.emit(f"    jmp .Ljoin_{t}")
+                    src.emit(f".Lodd_{t}:")
+                opmarks = []
+                emit_op(op, t, label, src, opmarks)
+                tmarks.extend((lab, line, role, op, fn) for lab, line, role in opmarks)
+                if i == 1:
+                    src.emit(f".Ljoin_{t}:")
+                continue
             if op.cond == "even":
                 src.emit("    test $1, %bl             # odd iteration: skip the access")
                 src.emit(f"    jnz {skip}")
@@ -539,10 +580,18 @@ def gen_case(case):
                 fill_arith(src, t)
         if th.shape == "big":
             fill_big_tail(src, t)
-        src.emit("    add %r15, %r14")
-        src.emit("    inc %rbx")
-        src.emit("    dec %r13")
-        src.emit(f"    jnz .Lloop_{t}")
+        if th.shape == "jmp_back":
+            # The next iteration's value, then back to the head: the store is 3 instructions
+            # before the `jmp` and 4-6 before the head's instructions.
+            src.emit("    add %r15, %r14")
+            src.emit("    inc %rbx")
+            src.emit(f"    jmp .Lloop_{t}")
+            src.emit(f".Ldone_{t}:")
+        else:
+            src.emit("    add %r15, %r14")
+            src.emit("    inc %rbx")
+            src.emit("    dec %r13")
+            src.emit(f"    jnz .Lloop_{t}")
         if needs_avx:
             src.emit("    vzeroupper")
         src.emit("    add $8, %rsp")
@@ -643,7 +692,9 @@ def contending_ops(case, line_size):
 
 
 def value_expr(t, cond):
-    last = f"(n{t} - 1)" if cond == "always" else f"((n{t} - 1) // 2 * 2)"
+    # The last iteration index (from 0) of that parity; runs are ≥ 2 iterations.
+    last = {"always": f"(n{t} - 1)", "even": f"((n{t} - 1) // 2 * 2)",
+            "odd": f"(n{t} // 2 * 2 - 1)"}[cond]
     return f"(({thread_base(t):#x} + {last} * {thread_step(t):#x}) & {MASK64:#x})"
 
 

@@ -8,18 +8,24 @@
 //!     add $1,%rsi        ◀ sampled IP (no memory operand)
 //!     mov (%rax),%rax    ◀ prev of the next IP: overwrote rax → address lost  ✗
 //!   ```
-//!   Both are real accesses by that thread at (about) the sample time.
-//! - `watch`: `addr` is given; the IP is the instruction after the access (traps fire after
-//!   retirement), so op and size come from the previous instruction.
+//!   Both are real accesses by that thread at (about) the sample time. The access the sample
+//!   skidded past is found by walking back along the control flow, not the address order
+//!   ([`crate::skid`]): past `jmp`s to a loop head, over non-memory instructions, undoing
+//!   constant steps of the address registers; not across joins the sample cannot decide.
+//! - `watch`: the IP is the instruction after the access (traps fire after retirement), so op,
+//!   size and the address come from the previous instruction and the trap's registers; `addr`
+//!   is only the watched word (see `watch` for when the bytes are not known).
 //! - `pebs`/`ibs`: `addr` and `data_src` given at the precise IP; load/store from the
 //!   `mem_op` field of `data_src` (bits 0–4: 0x2 load, 0x4 store), size from decoding the IP.
 
 use laser_driver::{BackendKind, Sample};
 
-use crate::classify::{Insn, MemOperand, Segment};
+use crate::classify::{Insn, MemOperand, RegEffect, Segment};
 use crate::effaddr::{effective_address, NoAddr};
 use crate::findings::Op;
 use crate::pccache::PcInfo;
+use crate::skid::SkidPaths;
+use laser_driver::Reg;
 
 /// One memory access by one thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +53,9 @@ pub enum DropReason {
     ThreadLocal,
     /// A needed register is missing from the sample.
     MissingRegs,
+    /// A watch hit by an access narrower than the watched word that overwrote its own address
+    /// registers: which bytes it touched is unknown.
+    WatchBytesUnknown,
 }
 
 /// Fixed-capacity output (no allocation per sample): at most two operands at the IP and two
@@ -59,6 +68,8 @@ pub struct Accesses {
     pub stack: u8,
     pub tls: u8,
     pub missing: u8,
+    /// Watch hits whose bytes are not known (see `watch`).
+    pub watch_unknown: u8,
 }
 
 impl Accesses {
@@ -96,13 +107,19 @@ pub fn op_from_data_src(data_src: u64) -> Option<Op> {
     }
 }
 
-/// Resolve a sample into accesses. `info` is the decode of `s.ip`. Returns the reason when
+/// Resolve a sample into accesses. `info` is the decode of `s.ip`, `skid` the paths into it
+/// ([`crate::pccache::PcCache::skid_paths`]). Returns the reason when
 /// nothing was produced.
-pub fn resolve(s: &Sample, info: &PcInfo, out: &mut Accesses) -> Result<(), DropReason> {
+pub fn resolve(
+    s: &Sample,
+    info: &PcInfo,
+    skid: Option<&SkidPaths>,
+    out: &mut Accesses,
+) -> Result<(), DropReason> {
     out.clear();
     match s.backend {
-        BackendKind::Soft => soft(s, info, out),
-        BackendKind::Watch => watch(s, info, out),
+        BackendKind::Soft => soft(s, info, skid, out),
+        BackendKind::Watch => watch(s, info, skid.and_then(|p| p.feeder.as_ref()), out),
         BackendKind::Pebs | BackendKind::Ibs => precise(s, info, out),
     }
     if !out.is_empty() {
@@ -114,6 +131,8 @@ pub fn resolve(s: &Sample, info: &PcInfo, out: &mut Accesses) -> Result<(), Drop
         DropReason::ThreadLocal
     } else if out.missing > 0 {
         DropReason::MissingRegs
+    } else if out.watch_unknown > 0 {
+        DropReason::WatchBytesUnknown
     } else if info.at.is_none() && info.prev.is_none() {
         DropReason::Undecodable
     } else {
@@ -153,7 +172,7 @@ fn push_operand(
     }
 }
 
-fn soft(s: &Sample, info: &PcInfo, out: &mut Accesses) {
+fn soft(s: &Sample, info: &PcInfo, skid: Option<&SkidPaths>, out: &mut Accesses) {
     let Some(regs) = s.regs.as_ref() else {
         out.missing += 1;
         return;
@@ -163,22 +182,14 @@ fn soft(s: &Sample, info: &PcInfo, out: &mut Accesses) {
             push_operand(s, at.pc, m, effective_address(m, regs), out);
         }
     }
-    if info.join {
-        // The predecessor in the code may not be what ran just before, unless the one jump
-        // into here was not taken according to the flags it tested (see `PcInfo::guard`).
-        let fell_through = match (info.guard, regs.get(laser_driver::Reg::Flags)) {
-            (Some(cc), Some(flags)) => !crate::classify::condition_holds(cc, flags),
-            _ => false,
-        };
-        if !fell_through {
-            return;
-        }
-    }
-    if let Some(prev) = &info.prev {
-        for m in prev.mem() {
-            if prev.address_survives(m) {
-                push_operand(s, prev.pc, m, effective_address(m, regs), out);
-            }
+    // The access the sample skidded past, when the control flow back from the IP leads to one
+    // access under this sample's flags and registers (see `skid`).
+    let Some(hit) = skid.and_then(|p| p.resolve(regs)) else {
+        return;
+    };
+    for (i, m) in hit.insn.mem().iter().enumerate() {
+        if let Some(addr) = hit.address(i, regs) {
+            push_operand(s, hit.insn.pc, m, addr, out);
         }
     }
 }
@@ -201,21 +212,40 @@ fn pick_operand<'a>(insn: &'a Insn, s: &Sample, addr: u64) -> Option<&'a MemOper
         .or(ops.first())
 }
 
-/// Watched words are at most 8 bytes.
+/// Watched words are at most 8 bytes (the watch backend arms 8-byte words).
 const WATCH_LEN: u64 = 8;
 
-fn watch(s: &Sample, info: &PcInfo, out: &mut Accesses) {
+/// A watch hit's bytes come from the instruction and its registers, never from the watched
+/// range: the kernel reports the watched word's start, and an 8-byte word can hold two
+/// threads' 4-byte counters.
+/// ```text
+///   watched word  W ──────────────┐
+///                 │ t0: [W, W+4)  │ t1: [W+4, W+8)     a hit by t1 is (W+4, 4), not (W, 4)
+/// ```
+/// - the operand's address registers survived the access (`movl %eax,4(%rdi)`): the address
+///   is recomputed from the trap's registers — exact;
+/// - they did not (`movl 4(%rax),%eax`), but the one instruction that ran before the access
+///   made the pointer from registers the access left alone (`lea 4(%r12),%rax`, `mov %r12,%rax`):
+///   the pointer is rebuilt from those — exact;
+/// - else, if the operand covers the whole watched word (8 bytes or more): the bytes are the
+///   watched word (the part of the access the trap proves);
+/// - they did not and the operand is narrower: which bytes of the word it touched is unknown;
+///   the hit is dropped ([`DropReason::WatchBytesUnknown`]) rather than guessed.
+fn watch(s: &Sample, info: &PcInfo, feeder: Option<&Insn>, out: &mut Accesses) {
     let (Some(addr), Some(prev)) = (s.addr, info.prev.as_ref()) else {
         return;
     };
-    // The kernel reports the watchpoint's address, not the access's: a 4-byte store to the
-    // second half of a watched 8-byte word reports the word's start. With registers whose
-    // values survived the access, the exact address is recomputable.
     if let Some(regs) = s.regs.as_ref() {
         for m in prev.mem() {
-            if !prev.address_survives(m) {
+            let rebuilt;
+            let regs = if prev.address_survives(m) {
+                regs
+            } else if let Some(r) = feeder.and_then(|f| rebuild_pointer(f, prev, m, regs)) {
+                rebuilt = r;
+                &rebuilt
+            } else {
                 continue;
-            }
+            };
             if let Ok(a) = effective_address(m, regs) {
                 if a < addr.wrapping_add(WATCH_LEN) && addr < a.wrapping_add(m.size as u64) {
                     push_operand(s, prev.pc, m, Ok(a), out);
@@ -224,9 +254,53 @@ fn watch(s: &Sample, info: &PcInfo, out: &mut Accesses) {
             }
         }
     }
-    if let Some(m) = pick_operand(prev, s, addr) {
-        push_operand(s, prev.pc, m, Ok(addr), out);
+    let Some(m) = pick_operand(prev, s, addr) else {
+        return;
+    };
+    if (m.size as u64) < WATCH_LEN {
+        out.watch_unknown += 1;
+        return;
     }
+    let word = MemOperand {
+        size: WATCH_LEN as u8,
+        ..*m
+    };
+    push_operand(s, prev.pc, &word, Ok(addr), out);
+}
+
+/// The registers at `access` with the one address register it overwrote rebuilt from how
+/// `feeder` (the instruction right before it) made it, when the access left the feeder's
+/// inputs alone.
+fn rebuild_pointer(
+    feeder: &Insn,
+    access: &Insn,
+    m: &MemOperand,
+    regs: &laser_driver::UserRegs,
+) -> Option<laser_driver::UserRegs> {
+    let Some((
+        dst,
+        RegEffect::Sum {
+            base,
+            index,
+            scale,
+            disp,
+        },
+    )) = feeder.reg_effect
+    else {
+        return None;
+    };
+    let lost = access.writes_regs & m.address_regs();
+    let inputs = base.map_or(0, |r| 1u32 << r as u32) | index.map_or(0, |r| 1u32 << r as u32);
+    if lost != 1 << dst as u32 || access.writes_regs & inputs != 0 {
+        return None;
+    }
+    let get = |r: Option<Reg>| r.map_or(Some(0), |r| regs.get(r));
+    let v = get(base)?
+        .wrapping_add(get(index)?.wrapping_mul(scale as u64))
+        .wrapping_add(disp);
+    let mut out = *regs;
+    out.set(dst, v);
+    Some(out)
 }
 
 /// What a precise sample's `data_src` makes of it, as `perf c2c` counts (`c2c_decode_stats`):
@@ -356,7 +430,7 @@ mod tests {
         let mut c = PcCache::new();
         let info = c.get(s.ip, m);
         let mut out = Accesses::default();
-        let r = resolve(s, &info, &mut out);
+        let r = resolve(s, &info, c.skid_paths(&info), &mut out);
         (r, out.iter().copied().collect())
     }
 
@@ -420,10 +494,17 @@ mod tests {
     #[test]
     fn soft_uses_the_instruction_at_ip_and_before() {
         let (m, pcs) = setup();
-        // At i2 (store [rcx+8]); before it i1 has no memory.
+        // At i2 (store [rcx+8]); before it i1 has no memory and leaves rcx alone, so the walk
+        // back reaches i0's load [rcx].
         let (_, v) = run(&m, &soft_sample(pcs[2]));
-        assert_eq!(v.len(), 1);
-        assert_eq!((v[0].addr, v[0].op), (0x60_0008, Op::Store));
+        let got: Vec<_> = v.iter().map(|a| (a.pc, a.addr, a.op)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (pcs[2], 0x60_0008, Op::Store),
+                (pcs[0], 0x60_0000, Op::Load)
+            ]
+        );
         // At i3 (load [rax]), prev i2 store [rcx+8]: both.
         let (_, v) = run(&m, &soft_sample(pcs[3]));
         let got: Vec<_> = v.iter().map(|a| (a.pc, a.addr, a.op)).collect();
@@ -496,6 +577,68 @@ mod tests {
         s.regs.as_mut().unwrap().set(Reg::Cx, 0x90_0000);
         let (_, v) = run(&m, &s);
         assert_eq!(v[0].addr, 0x60_0004);
+    }
+
+    /// Two threads' 4-byte counters share one 8-byte watched word W (issue 11, class 5):
+    /// ```text
+    ///  i0: mov [rdi],esi      t0: rdi = W, t1: rdi = W+4    (rdi survives: exact)
+    ///  i1: mov eax,[rax]      ◀ trap of i0                  (rax overwritten, origin unknown)
+    ///  i2: lea rax,[rdi]      ◀ trap of i1
+    ///  i3: mov eax,[rax]                                    (rax overwritten, made by i2)
+    ///  i4: nop                ◀ trap of i3
+    ///        W            W+4          W+8
+    ///        │ t0 counter │ t1 counter │
+    /// ```
+    /// Every hit is pure false sharing; t1's load placed at the reported W would overlap t0's
+    /// counter and call the line true sharing.
+    #[test]
+    fn watch_hits_on_two_counters_in_one_word_stay_false_sharing() {
+        const W: u64 = 0x60_0000;
+        let mut a = CodeAssembler::new(64).unwrap();
+        a.mov(dword_ptr(rdi), esi).unwrap();
+        a.mov(eax, dword_ptr(rax)).unwrap();
+        a.lea(rax, qword_ptr(rdi)).unwrap();
+        a.mov(eax, dword_ptr(rax)).unwrap();
+        a.nop().unwrap();
+        a.ret().unwrap();
+        let bytes = a.assemble(F).unwrap();
+        let pcs = crate::test_util::starts(F, &bytes);
+        let mut m = MemoryCode::new();
+        m.add_function(F, bytes);
+        let hit = |tid: u32, time: u64, ip: u64, ptr: u64| {
+            let mut s = soft_sample(ip);
+            s.backend = BackendKind::Watch;
+            s.tid = tid;
+            s.time = time;
+            s.addr = Some(W); // the kernel reports the watched word
+            s.weight = 1;
+            let r = s.regs.as_mut().unwrap();
+            r.set(Reg::Di, ptr);
+            r.set(Reg::Ax, 0x1234_5678); // the loaded value, not an address
+            s
+        };
+        let mut est = crate::estimate::Estimator::new(64);
+        est.begin_window(W, 0);
+        for k in 0..20u64 {
+            let (tid, ptr) = if k % 2 == 0 { (1, W) } else { (2, W + 4) };
+            let (r, v) = run(&m, &hit(tid, 10 + k, pcs[1], ptr));
+            assert_eq!(r, Ok(()));
+            assert_eq!((v[0].addr, v[0].size, v[0].op), (ptr, 4, Op::Store));
+            est.observe(&v[0]);
+            // Each thread also reads its own counter through the pointer i2 made.
+            let (_, v) = run(&m, &hit(tid, 10 + k, pcs[4], ptr));
+            assert_eq!((v[0].pc, v[0].addr, v[0].size), (pcs[3], ptr, 4));
+            est.observe(&v[0]);
+        }
+        est.end_window(W, 100);
+        let e = &est.estimates()[0];
+        assert!(e.false_transfers > 0, "{e:?}");
+        assert_eq!(e.true_transfers, 0, "{e:?}");
+        // A load through a pointer of unknown origin: which half it read is unknown, so it is
+        // not counted (the watched word's start would be a guess).
+        let (r, v) = run(&m, &hit(2, 50, pcs[2], W + 4));
+        assert!(v.is_empty(), "{v:?}");
+        assert_eq!(r, Err(DropReason::WatchBytesUnknown));
     }
 
     #[test]

@@ -93,6 +93,36 @@ pub struct Insn {
     pub branch_cond: Option<iced_x86::ConditionCode>,
     /// Writes any status flag (so flags sampled after it no longer say how a jump went).
     pub writes_flags: bool,
+    /// When the instruction's only register write is an invertible or constant one on a
+    /// 64-bit register (see [`RegEffect`]): which register and how. A walk back from a skidded
+    /// sample uses it to recover that register's earlier value from the sampled one.
+    pub reg_effect: Option<(Reg, RegEffect)>,
+}
+
+/// A register write whose old value (or whose new value) is known without running the code.
+///
+/// ```text
+///   sub $8,%rax          Add(-8)   rax_before = rax_after + 8       (invertible)
+///   lea 0x10(%rdx),%rdx  Add(16)   inc / dec: Add(±1)
+///   mov $5,%ecx          Set(5)    rcx_after  = 5  (32-bit writes zero-extend: still exact)
+///   xor %ebx,%ebx        Set(0)
+///   lea 4(%r12),%rax     Sum { r12 + 4 }  rax_after from other registers (also `mov %r12,%rax`)
+/// ```
+/// 32-bit `add`/`sub` are not here: they zero-extend a truncated sum, which is not invertible.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RegEffect {
+    /// `after = before + k` (wrapping).
+    Add(u64),
+    /// `after = k`.
+    Set(u64),
+    /// `after = base + index * scale + disp` over other registers' values (`lea`, `mov` of a
+    /// 64-bit register): what a pointer the next instruction overwrites was made from.
+    Sum {
+        base: Option<Reg>,
+        index: Option<Reg>,
+        scale: u8,
+        disp: u64,
+    },
 }
 
 impl Insn {
@@ -230,6 +260,7 @@ impl Classifier {
             branch_target: None,
             branch_cond: None,
             writes_flags: ins.rflags_modified() != 0,
+            reg_effect: reg_effect(ins),
         };
         out.rep = out.string && (ins.has_rep_prefix() || ins.has_repne_prefix());
         for r in info.used_registers() {
@@ -297,6 +328,76 @@ impl Classifier {
         }
         out
     }
+}
+
+/// The [`RegEffect`] of `ins`, when it is one of the simple forms (register destination, no
+/// memory, no other register written).
+fn reg_effect(ins: &Instruction) -> Option<(Reg, RegEffect)> {
+    if ins.op0_kind() != OpKind::Register || ins.has_lock_prefix() {
+        return None;
+    }
+    let r0 = ins.op0_register();
+    let (is64, is32) = (r0.is_gpr64(), r0.is_gpr32());
+    let reg = perf_reg(r0)?;
+    let imm1 = matches!(
+        ins.op1_kind(),
+        OpKind::Immediate8
+            | OpKind::Immediate32
+            | OpKind::Immediate64
+            | OpKind::Immediate8to32
+            | OpKind::Immediate8to64
+            | OpKind::Immediate32to64
+    );
+    let same_reg =
+        ins.op_count() == 2 && ins.op1_kind() == OpKind::Register && ins.op1_register() == r0;
+    let effect = match ins.mnemonic() {
+        // iced gives immediates sign-extended to the operand size, as the CPU applies them.
+        Mnemonic::Add if is64 && imm1 => RegEffect::Add(ins.immediate(1)),
+        Mnemonic::Sub if is64 && imm1 => RegEffect::Add(ins.immediate(1).wrapping_neg()),
+        Mnemonic::Inc if is64 => RegEffect::Add(1),
+        Mnemonic::Dec if is64 => RegEffect::Add(u64::MAX),
+        Mnemonic::Lea
+            if is64
+                && ins.memory_base() == r0
+                && ins.memory_index() == Register::None
+                && !ins.is_ip_rel_memory_operand() =>
+        {
+            RegEffect::Add(ins.memory_displacement64())
+        }
+        Mnemonic::Lea
+            if is64
+                && !ins.is_ip_rel_memory_operand()
+                && ins.memory_base() != r0
+                && ins.memory_index() != r0
+                && (ins.memory_base() == Register::None || ins.memory_base().is_gpr64())
+                && (ins.memory_index() == Register::None || ins.memory_index().is_gpr64()) =>
+        {
+            RegEffect::Sum {
+                base: perf_reg(ins.memory_base()),
+                index: perf_reg(ins.memory_index()),
+                scale: ins.memory_index_scale() as u8,
+                disp: ins.memory_displacement64(),
+            }
+        }
+        Mnemonic::Mov
+            if is64
+                && ins.op1_kind() == OpKind::Register
+                && ins.op1_register().is_gpr64()
+                && !same_reg =>
+        {
+            RegEffect::Sum {
+                base: perf_reg(ins.op1_register()),
+                index: None,
+                scale: 1,
+                disp: 0,
+            }
+        }
+        Mnemonic::Mov if is64 && imm1 => RegEffect::Set(ins.immediate(1)),
+        Mnemonic::Mov if is32 && imm1 => RegEffect::Set(ins.immediate(1) & 0xffff_ffff),
+        Mnemonic::Xor | Mnemonic::Sub if (is64 || is32) && same_reg => RegEffect::Set(0),
+        _ => return None,
+    };
+    Some((reg, effect))
 }
 
 /// Whether a conditional jump with condition `cc` is taken under `rflags` (x86 encoding:
@@ -508,6 +609,77 @@ mod tests {
         let call = one(|a| a.call(0x40_2000u64));
         assert!(!call.falls_through);
         assert_eq!(call.branch_target, Some(0x40_2000));
+    }
+
+    #[test]
+    fn register_effects_that_a_walk_back_can_undo() {
+        let e = |f: fn(&mut CodeAssembler) -> Result<(), IcedError>| one(f).reg_effect;
+        assert_eq!(
+            e(|a| a.sub(rax, 8)),
+            Some((Reg::Ax, RegEffect::Add(-8i64 as u64)))
+        );
+        assert_eq!(
+            e(|a| a.add(rdx, -0x100)),
+            Some((Reg::Dx, RegEffect::Add(-0x100i64 as u64)))
+        );
+        assert_eq!(
+            e(|a| a.dec(r13)),
+            Some((Reg::R13, RegEffect::Add(u64::MAX)))
+        );
+        assert_eq!(
+            e(|a| a.lea(rsi, qword_ptr(rsi + 0x40))),
+            Some((Reg::Si, RegEffect::Add(0x40)))
+        );
+        assert_eq!(e(|a| a.mov(ecx, 5)), Some((Reg::Cx, RegEffect::Set(5))));
+        assert_eq!(
+            e(|a| a.mov(rcx, -1i64)),
+            Some((Reg::Cx, RegEffect::Set(u64::MAX)))
+        );
+        assert_eq!(
+            e(|a| a.mov(ecx, -1)),
+            Some((Reg::Cx, RegEffect::Set(0xffff_ffff))),
+            "zero-extends"
+        );
+        assert_eq!(e(|a| a.xor(ebx, ebx)), Some((Reg::Bx, RegEffect::Set(0))));
+        // Not invertible or not a register-only write.
+        assert_eq!(e(|a| a.add(eax, 8)), None, "32-bit sum truncates");
+        assert_eq!(e(|a| a.add(rax, rbx)), None);
+        assert_eq!(e(|a| a.lea(rsi, qword_ptr(rsi + rcx))), None);
+        assert_eq!(e(|a| a.add(qword_ptr(rax), 8)), None);
+        assert_eq!(e(|a| a.xor(eax, ebx)), None);
+        assert_eq!(e(|a| a.mov(eax, ebx)), None, "32-bit copy truncates");
+        let rip_lea = {
+            let mut a = CodeAssembler::new(64).unwrap();
+            let mut l = a.create_label();
+            a.lea(rsi, qword_ptr(l)).unwrap();
+            a.set_label(&mut l).unwrap();
+            a.nop().unwrap();
+            let bytes = a.assemble(BASE).unwrap();
+            Classifier::new().classify(BASE, &bytes).unwrap()
+        };
+        assert_eq!(
+            rip_lea.reg_effect, None,
+            "rip-relative: the pc, not a register"
+        );
+        // Made from other registers: how a pointer the next access overwrites was built.
+        let sum = |base, index, scale, disp| RegEffect::Sum {
+            base,
+            index,
+            scale,
+            disp,
+        };
+        assert_eq!(
+            e(|a| a.lea(rsi, qword_ptr(rdi + 0x40))),
+            Some((Reg::Si, sum(Some(Reg::Di), None, 1, 0x40)))
+        );
+        assert_eq!(
+            e(|a| a.lea(rax, qword_ptr(rdi + rcx * 4 - 8))),
+            Some((Reg::Ax, sum(Some(Reg::Di), Some(Reg::Cx), 4, -8i64 as u64)))
+        );
+        assert_eq!(
+            e(|a| a.mov(rax, r12)),
+            Some((Reg::Ax, sum(Some(Reg::R12), None, 1, 0)))
+        );
     }
 
     #[test]

@@ -87,6 +87,9 @@ pub struct FilterStats {
     pub stack: u64,
     pub thread_local: u64,
     pub missing_regs: u64,
+    /// Watch hits by a narrow access that overwrote its address registers: the bytes it
+    /// touched in the watched word are unknown, so the hit is not counted.
+    pub watch_bytes_unknown: u64,
     /// Accesses dropped because their data address is stack, vdso or kernel.
     pub stack_data: u64,
     /// Accesses that reached the line model.
@@ -102,6 +105,7 @@ impl FilterStats {
             + self.stack
             + self.thread_local
             + self.missing_regs
+            + self.watch_bytes_unknown
     }
 }
 
@@ -391,13 +395,14 @@ impl<C: CodeSource> Detector<C> {
                 }
             }
         }
-        if let Err(why) = resolve(s, &info, &mut self.out) {
+        if let Err(why) = resolve(s, &info, self.pcs.skid_paths(&info), &mut self.out) {
             match why {
                 DropReason::Undecodable => self.filter.undecodable += 1,
                 DropReason::NoMemory => self.filter.no_memory += 1,
                 DropReason::Stack => self.filter.stack += 1,
                 DropReason::ThreadLocal => self.filter.thread_local += 1,
                 DropReason::MissingRegs => self.filter.missing_regs += 1,
+                DropReason::WatchBytesUnknown => self.filter.watch_bytes_unknown += 1,
             }
             return;
         }

@@ -33,6 +33,7 @@ pub mod recent;
 pub mod render_text;
 pub mod report;
 pub mod report_build;
+pub mod skid;
 pub mod survey;
 pub mod symbolize;
 

@@ -1,6 +1,7 @@
 //! Decode each PC once: the instruction at the PC and, found by a linear sweep of the enclosing
-//! function, the instruction that ends at it (the one a skidded timer sample or a watchpoint
-//! trap really refers to).
+//! function, the instruction that ends at it (the one a watchpoint trap refers to), and the
+//! control-flow paths into the PC that a skidded timer sample can have come by
+//! ([`crate::skid`], built from the same sweep).
 //!
 //! ```text
 //!   function start ─▶ i0 │ i1 │ i2 │ pc │ …      linear sweep: instruction starts
@@ -18,6 +19,7 @@ use iced_x86::{Decoder, DecoderOptions};
 
 use crate::classify::{Classifier, Insn};
 use crate::code::CodeSource;
+use crate::skid::{FunctionFlow, SkidPaths};
 
 /// Longest function swept (bytes); larger ones are assumed to be mis-sized symbols.
 const MAX_SWEEP: u64 = 1 << 20;
@@ -31,15 +33,14 @@ pub struct PcInfo {
     pub prev: Option<Insn>,
     /// Whether `pc` is the target of a direct branch inside its function.
     pub join: bool,
-    /// For a join reached only by fall-through from `prev` or by one conditional jump placed
-    /// right before `prev` (`jcc pc; prev; pc:`, the shape of `if (c) store;`), where `prev`
-    /// leaves the flags alone: that jump's condition. The sampled RFLAGS then still hold the
-    /// flags the jump tested, so they say whether `prev` ran (condition false: it fell through).
-    pub guard: Option<iced_x86::ConditionCode>,
     /// The PC lies in vdso/vvar/vsyscall (decided by the caller at first sight).
     pub special: bool,
     /// The PC lies in a shared library's code (decided by the caller at first sight).
     pub library: bool,
+    /// The paths a skidded timer sample at this PC can have come by
+    /// ([`PcCache::skid_paths`]); 0: none known (no function around the PC, or not an
+    /// instruction boundary).
+    skid: u32,
 }
 
 /// What the caller of [`PcCache::get_with`] knows about where a new PC lies.
@@ -60,6 +61,8 @@ struct Sweep {
 pub struct PcCache {
     pcs: HashMap<u64, PcInfo>,
     sweeps: HashMap<u64, Sweep>,
+    /// Skid paths of the PCs decoded so far; `PcInfo::skid` is an index + 1.
+    skids: Vec<SkidPaths>,
     classifier: Classifier,
     buf: Vec<u8>,
 }
@@ -75,6 +78,7 @@ impl PcCache {
         Self {
             pcs: HashMap::new(),
             sweeps: HashMap::new(),
+            skids: Vec::new(),
             classifier: Classifier::new(),
             buf: Vec::new(),
         }
@@ -92,6 +96,15 @@ impl PcCache {
     pub fn clear(&mut self) {
         self.pcs.clear();
         self.sweeps.clear();
+        self.skids.clear();
+    }
+
+    /// The paths by which execution can have reached `info`'s PC (see [`crate::skid`]).
+    #[inline]
+    pub fn skid_paths(&self, info: &PcInfo) -> Option<&SkidPaths> {
+        info.skid
+            .checked_sub(1)
+            .and_then(|i| self.skids.get(i as usize))
     }
 
     /// The decoded facts for `pc`, decoding on first sight.
@@ -164,18 +177,33 @@ impl PcCache {
                 }
             }
         }
-        if let (true, Some(prev)) = (info.join, info.prev.as_ref()) {
-            let from = s.branches.partition_point(|b| b.0 < pc);
-            let into: Vec<_> = s.branches[from..]
-                .iter()
-                .take_while(|b| b.0 == pc)
-                .collect();
-            if let [(_, _, next, Some(cc))] = into[..] {
-                let prev_is_join = s.targets.binary_search(&prev.pc).is_ok();
-                if *next == prev.pc && !prev.writes_flags && !prev_is_join {
-                    info.guard = Some(*cc);
-                }
+        if s.starts.get(i) == Some(&pc) {
+            let flow = FunctionFlow {
+                start: fs,
+                end: fe,
+                starts: &s.starts,
+                branches: &s.branches,
+            };
+            let classifier = &mut self.classifier;
+            let mut paths = crate::skid::build(pc, &flow, |p| {
+                let n = code.read_code(p, &mut b);
+                classifier.classify(p, &b[..n])
+            });
+            // The feeder of `prev`: the one instruction that runs right before it.
+            let into_prev = info
+                .prev
+                .map(|x| x.pc)
+                .filter(|&x| x != fs && s.targets.binary_search(&x).is_err());
+            if let (Some(x), true) = (into_prev, i >= 2) {
+                let d = s.starts[i - 2];
+                let n = code.read_code(d, &mut b);
+                paths.feeder = self
+                    .classifier
+                    .classify(d, &b[..n])
+                    .filter(|f| f.falls_through && f.next_ip() == x);
             }
+            self.skids.push(paths);
+            info.skid = self.skids.len() as u32;
         }
         info
     }
@@ -319,30 +347,45 @@ mod tests {
         (m, offs)
     }
 
-    #[test]
-    fn a_join_reached_by_one_jcc_over_a_flag_neutral_store_is_guarded() {
-        let (m, pcs) = guarded(false, false);
+    /// The store the skid walk attributes at `skip`, under flags `flags`.
+    fn skipped_store(m: &MemoryCode, pcs: &[u64], flags: Option<u64>) -> Option<u64> {
         let mut c = PcCache::new();
-        let skip = c.get(pcs[3], &m);
+        let info = c.get(pcs[3], m);
+        let mut r = laser_driver::UserRegs::default();
+        if let Some(f) = flags {
+            r.set(laser_driver::Reg::Flags, f);
+        }
+        c.skid_paths(&info)?.resolve(&r).map(|s| s.insn.pc)
+    }
+
+    const ZF: u64 = 1 << 6;
+
+    #[test]
+    fn a_join_after_a_jcc_over_a_flag_neutral_store_is_decided_by_the_flags() {
+        let (m, pcs) = guarded(false, false);
+        let skip = PcCache::new().get(pcs[3], &m);
         assert!(skip.join);
         assert_eq!(skip.prev.unwrap().pc, pcs[2]);
-        assert_eq!(skip.guard, Some(iced_x86::ConditionCode::ne));
-        // The loop head is a join too, but its jump is not right before its predecessor.
-        assert_eq!(c.get(pcs[0], &m).guard, None);
+        assert_eq!(
+            skipped_store(&m, &pcs, Some(ZF)),
+            Some(pcs[2]),
+            "jnz fell through"
+        );
+        assert_eq!(skipped_store(&m, &pcs, Some(0)), None, "jnz jumped over it");
+        assert_eq!(skipped_store(&m, &pcs, None), None, "no flags: either");
     }
 
     #[test]
-    fn no_guard_when_the_skipped_instruction_writes_flags_or_two_jumps_arrive() {
+    fn the_flags_cannot_decide_when_the_store_writes_them_or_a_second_jump_arrives() {
+        // `add [m]` sets flags: the jump's flags are gone once it ran. Taken (ZF=0) is still
+        // possible as far as the sample can tell, so nothing; not taken (ZF=1) must be the
+        // store.
         let (m, pcs) = guarded(true, false);
-        assert_eq!(
-            PcCache::new().get(pcs[3], &m).guard,
-            None,
-            "add [m] sets flags"
-        );
+        assert_eq!(skipped_store(&m, &pcs, Some(0)), None);
+        assert_eq!(skipped_store(&m, &pcs, Some(ZF)), Some(pcs[2]));
+        // The `jmp skip` after the loop is a third way in, with nothing to rule it out.
         let (m, pcs) = guarded(false, true);
-        let skip = PcCache::new().get(pcs[3], &m);
-        assert!(skip.join);
-        assert_eq!(skip.guard, None, "a second jump also reaches skip");
+        assert_eq!(skipped_store(&m, &pcs, Some(ZF)), None);
     }
 
     #[test]
