@@ -313,11 +313,14 @@ fn laser_run_report_then_repair_from_it() {
     let b = bin();
     let json = b.path.with_file_name("run-report.json");
     // Sampling on a loaded 2-core machine: threads that are not running at once do not
-    // contend, so a run may see nothing; three tries.
+    // contend, so a run may see nothing; three tries. The threshold keeps bump's line (10^5+
+    // ev/s) and leaves out the few stores of `rounds[k]` at exit, which the watchpoint survey
+    // finds (real false sharing, a handful of events) and the repair would refuse (a
+    // function without a loop), making this a test of something else.
     let mut found = false;
     for _ in 0..3 {
         let mut run = Command::new(LASER)
-            .args(["run", "--threshold", "1", "-q", "--json"])
+            .args(["run", "--threshold", "100", "-q", "--json"])
             .arg(&json)
             .arg("--")
             .arg(&b.path)

@@ -191,6 +191,9 @@ impl TypeTable {
             } => {
                 let inner = target.map_or_else(|| "void".into(), |t| self.type_name(t, depth + 1));
                 match qualifier {
+                    // gcc qualifies a `volatile long a[n]` twice, on the array and on its
+                    // element: C writes the qualifier once.
+                    Some(q) if inner.starts_with(&format!("{q} ")) && !inner.contains('*') => inner,
                     Some(q) => format!("{q} {inner}"),
                     None => inner,
                 }
