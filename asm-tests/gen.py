@@ -262,12 +262,14 @@ def cases():
                                      [Op("load", 16, 8, helper=True)], shape="arith"),
         "read-write", "mov")
 
-    # H. timer skid past control flow (issue 11): the loop control sits at the head and the
-    # contending store is followed by two register steps and the `jmp` back, so samples that
-    # skid past it land on the steps, the `jmp` and at the head, where the instruction before
-    # in address order is the function's prologue.
-    add("skid_jmp_ww_false", two([Op("store", 0, 8)], [Op("store", 8, 8)], shape="jmp_back"),
-        "write-write", "mov", note="store; 2 register steps; jmp to the loop head")
+    # H. timer skid past control flow (issue 11): the loop control sits at the head; on even
+    # iterations the contending store runs, then two register steps and the `jmp` back. The
+    # samples that skid past the store land on the steps (the first is the join of the odd
+    # iterations' branch), the `jmp` and at the head, where the instruction before in address
+    # order is the function's prologue.
+    add("skid_jmp_ww_false", two([Op("store", 0, 8, cond="even")], [Op("store", 8, 8, cond="even")],
+                                 shape="jmp_back"),
+        "write-write", "mov", note="if (even) store; 2 register steps; jmp to the loop head")
     # An if/else whose arms store to different words: the odd arm falls through into the
     # join, which the even arm's `jmp` also targets, so the samples right after the odd
     # store (at the join) need the sampled flags to say which arm ran.
@@ -564,6 +566,10 @@ def gen_case(case):
             if op.cond == "even":
                 src.emit("    test $1, %bl             # odd iteration: skip the access")
                 src.emit(f"    jnz {skip}")
+                if th.shape == "jmp_back":
+                    # Work between the branch and the store (flags untouched): the join after
+                    # the store is no longer `jcc; store; join`.
+                    src.emit("    mov %r14, %rax")
             if op.helper:
                 hfn = f"{label}_fn"
                 helpers.append((hfn, op, label, t))
