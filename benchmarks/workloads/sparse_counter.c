@@ -45,7 +45,7 @@ static void *counter_thread(void *arg)
     uint64_t h = (uint64_t)t;
     for (long n = 0; n < per_thread; n++) {
         h = work(buf, h);
-        counts[t * STRIDE] = n + 1; /* LASER-EXPECT: false_sharing counts */
+        counts[t * STRIDE] = n + 1; /* LASER-EXPECT: false_sharing heap */
     }
     return (void *)(uintptr_t)h;
 }
