@@ -65,8 +65,8 @@ enum Turn {
 
 #[derive(Default)]
 pub struct Steering {
-    turn_started: Option<Instant>,
-    turn: Option<Turn>,
+    /// The armed turn and when it started (`None`: nothing armed by a turn).
+    turn: Option<(Turn, Instant)>,
     next: usize,
     settled: Vec<Settled>,
     idle: bool,
@@ -92,7 +92,7 @@ impl Steering {
     /// How long the monitor loop may wait before the next `step`: short during a survey turn,
     /// so turns are not stretched to the loop's idle poll.
     pub fn poll_hint(&self) -> Option<Duration> {
-        (self.turn == Some(Turn::Survey)).then_some(SURVEY_TURN / 2)
+        matches!(self.turn, Some((Turn::Survey, _))).then_some(SURVEY_TURN / 2)
     }
 
     /// Called between polls: re-points the watchpoints when a turn is over.
@@ -112,14 +112,14 @@ impl Steering {
             self.counted += now.duration_since(last);
         }
         self.last_step = Some(now);
-        let over = match (self.turn, self.turn_started) {
-            (Some(Turn::Survey), Some(_)) => {
+        let over = match self.turn {
+            Some((Turn::Survey, _)) => {
                 self.counted >= SURVEY_TURN
                     || hits.saturating_sub(self.hits_at_start)
                         >= SURVEY_WINDOWS * watcher.duty_cycle().max_hits_per_window
             }
-            (_, Some(t)) => now.duration_since(t) >= TURN,
-            (_, None) => true,
+            Some((Turn::Candidate, t)) => now.duration_since(t) >= TURN,
+            None => true,
         };
         if !over {
             return Ok(());
@@ -135,7 +135,7 @@ impl Steering {
         let estimates = detector.estimates();
         let due = self.due(&estimates, candidates, now);
         // Candidates and surveys take turns; either alone takes every turn.
-        let survey = if due.is_empty() || self.turn == Some(Turn::Candidate) {
+        let survey = if due.is_empty() || matches!(self.turn, Some((Turn::Candidate, _))) {
             self.next_survey(pid, detector, now)
         } else {
             None
@@ -154,7 +154,6 @@ impl Steering {
                     self.idle = true;
                 }
                 self.turn = None;
-                self.turn_started = None;
                 return Ok(());
             }
         };
@@ -190,8 +189,7 @@ impl Steering {
         watcher
             .arm(&specs)
             .with_context(|| format!("arming watchpoints on line {:#x}", c.line_addr))?;
-        self.turn = Some(turn);
-        self.turn_started = Some(now);
+        self.turn = Some((turn, now));
         self.counted = Duration::ZERO;
         self.hits_at_start = hits;
         Ok(())

@@ -458,12 +458,17 @@ mod tests {
     /// best evidence); the larger rate is the line's, flagged as store-only.
     #[test]
     fn store_only_windows_are_tallied_apart_and_the_larger_rate_wins() {
-        let mut e = Estimator::new(64).with_trap_cost(0);
-        e.begin_window(L, 0);
-        e.observe(&a(1, Op::Store, 0, 10));
-        e.observe(&a(2, Op::Load, 8, 20));
-        e.observe(&a(1, Op::Store, 0, 30));
-        e.end_window(L, 1_000_000);
+        // The same read+write window, alone or followed by a store-only one.
+        let read_write = || {
+            let mut e = Estimator::new(64).with_trap_cost(0);
+            e.begin_window(L, 0);
+            e.observe(&a(1, Op::Store, 0, 10));
+            e.observe(&a(2, Op::Load, 8, 20));
+            e.observe(&a(1, Op::Store, 0, 30));
+            e.end_window(L, 1_000_000);
+            e
+        };
+        let mut e = read_write();
         e.begin_store_window(L, 1_000_000);
         for i in 0..50u64 {
             e.observe(&a(1, Op::Store, 0, 1_000_100 + 2 * i));
@@ -476,13 +481,7 @@ mod tests {
         assert!((r.rate_per_s - 9_900.0).abs() < 1e-6, "{}", r.rate_per_s);
         assert!((r.armed_s - 0.011).abs() < 1e-12);
         // Read+write alone: its own rate, not flagged.
-        let mut f = Estimator::new(64).with_trap_cost(0);
-        f.begin_window(L, 0);
-        f.observe(&a(1, Op::Store, 0, 10));
-        f.observe(&a(2, Op::Load, 8, 20));
-        f.observe(&a(1, Op::Store, 0, 30));
-        f.end_window(L, 1_000_000);
-        let r = est(&f);
+        let r = est(&read_write());
         assert!(!r.stores_only);
         assert_eq!(r.transfers, 2);
     }

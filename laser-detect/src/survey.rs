@@ -137,10 +137,6 @@ impl HotLines {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    pub fn clear(&mut self) {
-        *self = Self::default();
-    }
 }
 
 /// Why a line is surveyed, in priority order.
@@ -197,13 +193,16 @@ fn slots(line: u64, line_size: u32) -> impl Iterator<Item = u64> {
     (0..u64::from(line_size / 8)).map(move |k| line + 8 * k)
 }
 
-/// Splits `words` into turns of at most 4 (the debug registers).
-fn turns(line: u64, words: Vec<u64>, source: SurveySource, out: &mut Vec<SurveyTarget>) {
-    for chunk in words.chunks(crate::candidates::MAX_WORDS) {
+/// Turns of at most 4 slots (the debug registers), in the order given; slots of one turn may
+/// lie on different lines (each line is its own window in the stream), and the turn is keyed
+/// by its first slot's line.
+fn turns(slots: &[u64], line_size: u32, source: SurveySource, out: &mut Vec<SurveyTarget>) {
+    let mask = !(u64::from(line_size) - 1);
+    for chunk in slots.chunks(crate::candidates::MAX_WORDS) {
         out.push(SurveyTarget {
             source,
             watch: WatchCandidate {
-                line_addr: line,
+                line_addr: chunk[0] & mask,
                 words: chunk.iter().map(|&a| (a, 8)).collect(),
             },
         });
@@ -223,9 +222,7 @@ fn line_turns(
     let mut chunks: Vec<&[u64]> = all.chunks(crate::candidates::MAX_WORDS).collect();
     let touched = |c: &&[u64]| c.iter().any(|&a| h.bytes & (0xffu128 << (a - line)) != 0);
     chunks.sort_by_key(|c| !touched(c)); // stable: sampled halves first, in address order
-    for c in chunks {
-        turns(line, c.to_vec(), source, out);
-    }
+    turns(&chunks.concat(), line_size, source, out);
 }
 
 /// The 8-byte slots of `objects` worth a survey, best first, with the line each lies on:
@@ -278,21 +275,6 @@ fn object_slots(objects: &[(u64, u64)], line_size: u32) -> Vec<u64> {
             true
         })
         .collect()
-}
-
-/// Survey turns over object slots: 4 slots a turn, from any lines (the debug registers need
-/// not share a line; each line is its own window in the stream), so scattered flags and
-/// counters are covered 4 at a time.
-fn object_turns(slots: &[u64], source: SurveySource, out: &mut Vec<SurveyTarget>) {
-    for chunk in slots.chunks(crate::candidates::MAX_WORDS) {
-        out.push(SurveyTarget {
-            source,
-            watch: WatchCandidate {
-                line_addr: chunk[0] & !63,
-                words: chunk.iter().map(|&a| (a, 8)).collect(),
-            },
-        });
-    }
 }
 
 /// Words of writable globals read for pointers at most, per look.
@@ -382,9 +364,14 @@ pub fn plan(
             .any(|s| s & !(ls - 1) == line)
     };
     let mut tier2 = Vec::new();
-    object_turns(&global_slots, SurveySource::Global, &mut tier2);
+    turns(&global_slots, line_size, SurveySource::Global, &mut tier2);
     let mut tier3 = Vec::new();
-    object_turns(&pointed_slots, SurveySource::PointedHeap, &mut tier3);
+    turns(
+        &pointed_slots,
+        line_size,
+        SurveySource::PointedHeap,
+        &mut tier3,
+    );
     let hot_lines = sampled
         .iter()
         .filter(|(l, h)| h.writes == 0 && h.samples >= MIN_HOT_SAMPLES && !covered(*l))

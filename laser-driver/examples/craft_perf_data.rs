@@ -67,16 +67,7 @@ mod ds {
     pub const IBS_STORE: u64 = OP_STORE | LVL_HIT | LVL_L1 | LVLNUM_L1;
 }
 
-const MEM_SAMPLE: u64 = bits::IDENTIFIER
-    | bits::IP
-    | bits::TID
-    | bits::TIME
-    | bits::ADDR
-    | bits::CPU
-    | bits::PERIOD
-    | bits::WEIGHT
-    | bits::DATA_SRC
-    | bits::PHYS_ADDR;
+const MEM_SAMPLE: u64 = bits::PERF_MEM;
 
 fn layout() -> SampleLayout {
     SampleLayout {

@@ -35,6 +35,10 @@ pub mod bits {
     pub const REGS_INTR: u64 = 1 << 18;
     pub const PHYS_ADDR: u64 = 1 << 19;
     pub const WEIGHT_STRUCT: u64 = 1 << 24;
+
+    /// What `perf mem record` / `perf c2c record` ask of each memory sample (perf 5.x/6.x).
+    pub const PERF_MEM: u64 =
+        IDENTIFIER | IP | TID | TIME | ADDR | CPU | PERIOD | WEIGHT | DATA_SRC | PHYS_ADDR;
 }
 
 /// `PERF_FORMAT_*` bits of `read_format`.
@@ -276,16 +280,7 @@ mod tests {
 
     fn mem_layout() -> SampleLayout {
         SampleLayout {
-            sample_type: bits::IDENTIFIER
-                | bits::IP
-                | bits::TID
-                | bits::TIME
-                | bits::ADDR
-                | bits::CPU
-                | bits::PERIOD
-                | bits::WEIGHT
-                | bits::DATA_SRC
-                | bits::PHYS_ADDR,
+            sample_type: bits::PERF_MEM,
             ..Default::default()
         }
     }
