@@ -3,8 +3,8 @@
 use std::borrow::Cow;
 
 use anyhow::Result;
-use laser_detect::code::{FileMapping, ModuleLayout};
-use laser_detect::heap_names::HeapBlocks;
+use laser_detect::decode::code::{FileMapping, ModuleLayout};
+use laser_detect::naming::heap_names::HeapBlocks;
 use laser_detect::{
     build_report, Analysis, CodeSource, Detector, ElfCode, Report, ReportOptions, Symbolizer,
 };

@@ -22,7 +22,7 @@ fn heap_naming() -> bool {
 fn heap_blocks(
     heap: Option<&LiveHeap>,
     analysis: &mut laser_detect::Analysis,
-) -> Option<laser_detect::heap_names::HeapBlocks> {
+) -> Option<laser_detect::naming::heap_names::HeapBlocks> {
     let heap = heap?;
     let (bytes, spent) = heap.cost();
     if bytes > 0 {

@@ -3,7 +3,7 @@
 //!
 //! A finding's `rate_per_s` is `events / t`, where `events` is a count of contention events
 //! actually seen (watchpoint transfers, or sampled contention events) and `t` the time they
-//! were seen over (`laser_detect::estimate` gives the same count a relative error of
+//! were seen over (`laser_detect::model::estimate` gives the same count a relative error of
 //! `1/sqrt(events)`). Counts of independent rare events are Poisson, so the interval of the
 //! rate is the Poisson interval of the count, scaled by `rate / events`:
 //!

@@ -1,10 +1,10 @@
 //! Naming contended heap lines by their malloc blocks while the target is still alive (see
-//! `laser_detect::heap_blocks`): the live half, reading `/proc/PID/maps` and `/proc/PID/mem`.
+//! `laser_detect::naming::heap_blocks`): the live half, reading `/proc/PID/maps` and `/proc/PID/mem`.
 
 use std::time::{Duration, Instant};
 
-use laser_detect::heap_blocks::Memory;
-use laser_detect::heap_names::{HeapBlocks, HeapNamer};
+use laser_detect::naming::heap_blocks::Memory;
+use laser_detect::naming::heap_names::{HeapBlocks, HeapNamer};
 use laser_detect::Detector;
 
 /// How often `laser run` looks at the top contended lines for heap blocks to name.
@@ -90,7 +90,7 @@ impl LiveHeap {
                 }
             }
         }
-        let regions = laser_detect::maps::parse(&maps);
+        let regions = laser_detect::decode::maps::parse(&maps);
         if let Some(mem) = self.mem.as_mut() {
             self.namer.update(lines, &regions, mem, budget);
         }

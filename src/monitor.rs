@@ -65,7 +65,7 @@ pub fn forced_watch(words: &[(u64, u32)]) -> Vec<WatchCandidate> {
     for &(addr, len) in words {
         let line = addr & !63;
         match out.iter_mut().find(|c| c.line_addr == line) {
-            Some(c) if c.words.len() < laser_detect::candidates::MAX_WORDS => {
+            Some(c) if c.words.len() < laser_detect::model::candidates::MAX_WORDS => {
                 c.words.push((addr, len))
             }
             Some(_) => {}
@@ -157,7 +157,7 @@ pub fn run_loop(
             // rather than after the program has exited (glibc's takes ~100 ms).
             if last_prefetch.elapsed() >= PREFETCH_EVERY {
                 last_prefetch = Instant::now();
-                laser_detect::prefetch::prefetch(d.contended_modules());
+                laser_detect::naming::prefetch::prefetch(d.contended_modules());
             }
         }
         if let (Some(h), Some(d)) = (heap.as_deref_mut(), detector.as_deref()) {

@@ -1,7 +1,7 @@
 //! Where the 4 debug registers point during a live run: the detector's top candidate lines in
 //! turn, each until its watch estimate is good, then nothing until it is due for a refresh;
 //! between those turns, survey turns over lines no sample has shown contended yet
-//! ([`laser_detect::survey`]), each surveyed once per [`SURVEY_REFRESH`].
+//! ([`laser_detect::model::survey`]), each surveyed once per [`SURVEY_REFRESH`].
 //!
 //! ```text
 //!   line A  [watch]   [watch]......settled (≥ 400 transfers)......[watch] refresh after 5 s
@@ -17,7 +17,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use laser_detect::survey::{SurveySource, SurveyTarget};
+use laser_detect::model::survey::{SurveySource, SurveyTarget};
 use laser_detect::{Detector, LineEstimate, WatchCandidate};
 use laser_driver::{Session, WatchKind, WatchSpec, MAX_WATCHES};
 

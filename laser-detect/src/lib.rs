@@ -1,51 +1,35 @@
 //! laser-detect: turns the driver's [`laser_driver::Event`] stream into contention findings.
 //! No syscalls beyond reading files; every parser takes bytes or text.
 //!
-//! Pipeline: [`maps`] (filter by address space) → [`pccache`]/[`classify`] (decode each PC
-//! once) → [`access`] + [`effaddr`] (sample → exact accesses) → [`line_model`] (LASER
-//! contention events) → [`detector`] (rates, ranking, [`findings::Analysis`]); [`candidates`]
-//! and [`estimate`] turn soft-sample findings into watchpoint windows and honest rates.
+//! The folders are the pipeline's stages, in the order data flows through them:
+//! - [`decode`]: the target's address space ([`decode::maps`]), code bytes ([`decode::code`]),
+//!   each PC decoded once ([`decode::pccache`], [`decode::classify`]), and a sample turned into
+//!   the exact accesses it proves ([`decode::access`], [`decode::effaddr`], [`decode::skid`]).
+//! - [`model`]: the LASER per-line model ([`model::line_model`]) and the [`model::detector`]
+//!   that rates and ranks lines into a [`model::findings::Analysis`]; watchpoint planning
+//!   ([`model::candidates`], [`model::survey`]), honest rates from watch windows
+//!   ([`model::estimate`]) and migratory aggregation ([`model::migratory`]).
+//! - [`naming`]: from addresses to source lines ([`naming::symbolize`]), data names and types
+//!   ([`naming::dataname`], `naming::dwarf_types`) and heap blocks ([`naming::heap_blocks`]).
+//! - [`report`]: the versioned JSON schema, [`report::build`] (threshold, rank, name, fix),
+//!   [`report::fix`] and [`report::render_text`].
 
-pub mod access;
-pub mod call_sites;
-pub mod candidates;
-pub mod classify;
-pub mod code;
-pub mod dataname;
-pub mod debug_module;
-pub mod detector;
-mod dwarf_types;
-pub mod effaddr;
-pub mod estimate;
-pub mod findings;
-pub mod fix;
-pub mod heap_blocks;
-pub mod heap_names;
-pub mod line_kind;
-pub mod line_model;
-pub mod line_table;
-pub mod maps;
-pub mod migratory;
-pub mod own_frame;
-pub mod pccache;
-pub mod prefetch;
-pub mod recent;
-pub mod render_text;
+pub mod decode;
+pub mod model;
+pub mod naming;
 pub mod report;
-pub mod report_build;
-pub mod skid;
-pub mod survey;
-pub mod symbolize;
 
-pub use code::{CodeSource, ElfCode, Fallback, MemoryCode, ProcessCode};
-pub use detector::{Config, Detector, FilterStats, WatchCandidate};
-pub use estimate::{Estimator, LineEstimate};
-pub use findings::{Analysis, CallSite, Kind, LineFinding, Location, ModuleInfo, Op, SourceAccess};
+pub use decode::code::{CodeSource, ElfCode, Fallback, MemoryCode, ProcessCode};
+pub use model::detector::{Config, Detector, FilterStats, WatchCandidate};
+pub use model::estimate::{Estimator, LineEstimate};
+pub use model::findings::{
+    Analysis, CallSite, Kind, LineFinding, Location, ModuleInfo, Op, SourceAccess,
+};
 
-pub use render_text::render_text;
+pub use naming::symbolize::Symbolizer;
+pub use report::build::{build_report, ReportOptions};
+pub use report::render_text::render_text;
 pub use report::{Report, ReportError, SCHEMA};
-pub use report_build::{build_report, ReportOptions};
-pub use symbolize::Symbolizer;
 
 #[cfg(test)]
 pub(crate) mod test_util {

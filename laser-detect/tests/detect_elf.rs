@@ -131,7 +131,7 @@ fn run(seed: Seed) {
     match seed {
         Seed::MapsText => d.add_maps(7, &maps),
         Seed::MmapEvents => {
-            for r in laser_detect::maps::parse(&maps) {
+            for r in laser_detect::decode::maps::parse(&maps) {
                 d.feed(&Event::Mmap(Mmap {
                     pid: 7,
                     tid: 7,

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt;
 use std::process::{Command, Stdio};
 
-use laser_detect::heap_blocks::{blocks_on_line, ArenaKind, BlockState, Memory};
+use laser_detect::naming::heap_blocks::{blocks_on_line, ArenaKind, BlockState, Memory};
 
 const PROGRAM: &str = r#"
 #include <malloc.h>
@@ -97,7 +97,7 @@ fn printed_pointers_are_blocks_of_their_usable_size() {
     }
     let pid = child.id();
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let regions = laser_detect::maps::parse(&maps);
+    let regions = laser_detect::decode::maps::parse(&maps);
     let mut mem = ProcMem(std::fs::File::open(format!("/proc/{pid}/mem")).unwrap());
     let mut checked = Vec::new();
     for (arena, p, usable) in &objects {

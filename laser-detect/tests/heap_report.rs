@@ -2,8 +2,8 @@
 //! `heap` otherwise (recordings), with in-block offsets in the fields and a fix that tells
 //! "one object" from "neighbouring objects".
 
-use laser_detect::heap_blocks::{ArenaKind, Block, BlockState, HeapError};
-use laser_detect::heap_names::HeapBlocks;
+use laser_detect::naming::heap_blocks::{ArenaKind, Block, BlockState, HeapError};
+use laser_detect::naming::heap_names::HeapBlocks;
 use laser_detect::{
     build_report, render_text, Analysis, Kind, LineFinding, Location, Op, Report, ReportOptions,
     SourceAccess, Symbolizer,

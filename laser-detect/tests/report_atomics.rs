@@ -15,8 +15,8 @@ mod report_common;
 
 use std::collections::BTreeSet;
 
-use laser_detect::findings::{Analysis, Kind, LineFinding, Location, Op, SourceAccess};
-use laser_detect::symbolize::CodeLocation;
+use laser_detect::model::findings::{Analysis, Kind, LineFinding, Location, Op, SourceAccess};
+use laser_detect::naming::symbolize::CodeLocation;
 use laser_detect::{build_report, render_text, Report, ReportOptions};
 use report_common::{build_with, golden, marker_in, Built};
 

@@ -12,7 +12,7 @@ mod report_common;
 
 use std::collections::HashMap;
 
-use laser_detect::findings::{
+use laser_detect::model::findings::{
     Analysis, CallSite, Kind, LineFinding, Location, ModuleInfo, Op, SourceAccess,
 };
 use laser_detect::{build_report, render_text, Report, ReportOptions};
@@ -617,7 +617,7 @@ fn many_sources_are_summed_up_and_non_finite_numbers_survive_json() {
         "JSON keeps every source"
     );
     let text = render_text(&report);
-    let max = laser_detect::render_text::MAX_SOURCES;
+    let max = laser_detect::report::render_text::MAX_SOURCES;
     // The three least frequent: 100-12, 100-13, 100-14 events.
     assert!(
         text.contains(&format!(
@@ -629,7 +629,7 @@ fn many_sources_are_summed_up_and_non_finite_numbers_survive_json() {
     );
     assert!(text.contains(&format!(
         "    {:<3}",
-        laser_detect::render_text::label(max - 1)
+        laser_detect::report::render_text::label(max - 1)
     )));
     let back = Report::from_json(&report.to_json()).expect("finite numbers only");
     assert_eq!(back.duration_s, 0.0);

@@ -3,7 +3,7 @@
 
 mod report_common;
 
-use laser_detect::symbolize::InlinedFrame;
+use laser_detect::naming::symbolize::InlinedFrame;
 use report_common::{build, marker, MODULE};
 
 #[test]
@@ -163,17 +163,17 @@ fn measure_symbolize_on_this_test_binary() {
     let exe = std::env::current_exe().unwrap();
     let path = exe.to_string_lossy().into_owned();
     let bytes = std::fs::read(&exe).unwrap();
-    let module = laser_detect::debug_module::DebugModule::parse(&bytes).unwrap();
+    let module = laser_detect::naming::debug_module::DebugModule::parse(&bytes).unwrap();
     let text: Vec<u64> = module
         .symbols
         .iter()
-        .filter(|s| s.kind == laser_detect::debug_module::SymKind::Text && s.size > 4)
+        .filter(|s| s.kind == laser_detect::naming::debug_module::SymKind::Text && s.size > 4)
         .map(|s| s.addr + s.size / 2)
         .collect();
     let data = module
         .symbols
         .iter()
-        .find(|s| s.kind == laser_detect::debug_module::SymKind::Data && s.size >= 8)
+        .find(|s| s.kind == laser_detect::naming::debug_module::SymKind::Data && s.size >= 8)
         .map(|s| s.addr)
         .unwrap();
     let mut sym = laser_detect::Symbolizer::new();

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Context, Result};
-use laser_detect::code::FileMapping;
+use laser_detect::decode::code::FileMapping;
 use laser_detect::{CodeSource as _, ElfCode, Kind, ProcessCode, Report};
 use laser_repair::plan;
 
@@ -29,7 +29,7 @@ impl Space {
         })?;
         let mut elf = ElfCode::new();
         let mut biases = BTreeMap::new();
-        for r in laser_detect::maps::parse(&maps_text) {
+        for r in laser_detect::decode::maps::parse(&maps_text) {
             if !r.exec || !r.path.starts_with('/') {
                 continue;
             }
@@ -67,7 +67,7 @@ impl Space {
     }
 
     pub fn module_of(&self, addr: u64) -> Option<(String, u64)> {
-        laser_detect::maps::parse(&self.maps_text)
+        laser_detect::decode::maps::parse(&self.maps_text)
             .into_iter()
             .find(|r| r.start <= addr && addr < r.end && r.path.starts_with('/'))
             .and_then(|r| {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use laser_detect::symbolize::Symbolizer;
+use laser_detect::naming::symbolize::Symbolizer;
 
 /// Where the compiled program claims to live: `-fdebug-prefix-map` rewrites the build
 /// directory to this, and analyses name the module by it, so output never shows a temp path.

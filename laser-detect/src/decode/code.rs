@@ -1,0 +1,499 @@
+//! The seam through which the detector reads code bytes (STYLE.md item 3): the detector is
+//! generic over [`CodeSource`], so unit tests hand it assembled bytes in memory and a live run
+//! hands it the ELF files the target mapped.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SectionFlags, SymbolKind};
+
+use crate::decode::maps::{load_bias, LoadSegment};
+
+/// A file mapping the detector saw (from maps text or an `Mmap` event).
+#[derive(Clone, Copy, Debug)]
+pub struct FileMapping<'a> {
+    pub path: &'a str,
+    pub start: u64,
+    pub end: u64,
+    pub pgoff: u64,
+    pub exec: bool,
+}
+
+/// What a code source learned about a mapped file: its load bias and segments (for `.bss`
+/// extents) and build-id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleLayout {
+    pub bias: u64,
+    pub segments: Vec<LoadSegment>,
+    pub build_id: Option<Vec<u8>>,
+    /// The file's writable data objects (ELF vaddr, size): what a watchpoint survey of the
+    /// program's globals covers (see `survey`). Shared: every mapping of a file repeats it.
+    pub writable_objects: Arc<[(u64, u64)]>,
+}
+
+/// Reads the target's code at run-time addresses.
+pub trait CodeSource {
+    /// Copy up to `buf.len()` code bytes at run-time address `addr` into `buf`; returns how many
+    /// were available (0: no code known there).
+    fn read_code(&self, addr: u64, buf: &mut [u8]) -> usize;
+
+    /// `[start, end)` of the function containing `addr`, for the linear sweep that finds the
+    /// instruction before a sampled IP. `None` when unknown (stripped code).
+    fn function_bounds(&self, _addr: u64) -> Option<(u64, u64)> {
+        None
+    }
+
+    /// The target mapped a file. Sources backed by files open it here. Returns the file's
+    /// layout if the source could read it.
+    fn map_file(&mut self, _m: &FileMapping<'_>) -> Option<ModuleLayout> {
+        None
+    }
+}
+
+/// A boxed source is a source: lets the CLI pick one at run time (`Detector<Box<dyn CodeSource>>`).
+impl<T: CodeSource + ?Sized> CodeSource for Box<T> {
+    fn read_code(&self, addr: u64, buf: &mut [u8]) -> usize {
+        (**self).read_code(addr, buf)
+    }
+    fn function_bounds(&self, addr: u64) -> Option<(u64, u64)> {
+        (**self).function_bounds(addr)
+    }
+    fn map_file(&mut self, m: &FileMapping<'_>) -> Option<ModuleLayout> {
+        (**self).map_file(m)
+    }
+}
+
+/// Code bytes held in memory: for tests, and for code copied out of a process.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryCode {
+    chunks: BTreeMap<u64, Vec<u8>>,
+    functions: Vec<(u64, u64)>,
+}
+
+impl MemoryCode {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes at `addr` (not overlapping other chunks).
+    pub fn add(&mut self, addr: u64, bytes: Vec<u8>) {
+        self.chunks.insert(addr, bytes);
+    }
+
+    /// Bytes of one function at `addr`: also records its bounds.
+    pub fn add_function(&mut self, addr: u64, bytes: Vec<u8>) {
+        let end = addr + bytes.len() as u64;
+        self.add(addr, bytes);
+        let pos = self.functions.partition_point(|f| f.0 < addr);
+        self.functions.insert(pos, (addr, end));
+    }
+}
+
+impl CodeSource for MemoryCode {
+    fn read_code(&self, addr: u64, buf: &mut [u8]) -> usize {
+        let Some((&start, bytes)) = self.chunks.range(..=addr).next_back() else {
+            return 0;
+        };
+        let off = (addr - start) as usize;
+        if off >= bytes.len() {
+            return 0;
+        }
+        let n = buf.len().min(bytes.len() - off);
+        buf[..n].copy_from_slice(&bytes[off..off + n]);
+        n
+    }
+
+    fn function_bounds(&self, addr: u64) -> Option<(u64, u64)> {
+        let i = self.functions.partition_point(|f| f.0 <= addr);
+        let f = *self.functions.get(i.checked_sub(1)?)?;
+        (addr < f.1).then_some(f)
+    }
+}
+
+/// A parsed ELF file: the facts the detector needs, owned, plus the mapped bytes.
+pub struct ElfImage {
+    data: Mmap,
+    /// `PT_LOAD` segments.
+    pub segments: Vec<LoadSegment>,
+    /// Function symbols `[start, end)` in ELF vaddrs, sorted.
+    pub functions: Vec<(u64, u64)>,
+    pub build_id: Option<Vec<u8>>,
+    /// Data symbols `(vaddr, size)` in writable sections (`.data`, `.bss`), sorted.
+    pub writable_objects: Arc<[(u64, u64)]>,
+}
+
+impl ElfImage {
+    pub fn open(path: &Path) -> Option<Self> {
+        let file = File::open(path).ok()?;
+        // SAFETY: the file is mapped read-only and only read through slices. Another process
+        // truncating it while mapped would fault; every profiler reading a target's binaries
+        // accepts that, and the target itself has the same file mapped.
+        let data = unsafe { Mmap::map(&file) }.ok()?;
+        let facts = parse_elf(&data)?;
+        Some(Self {
+            data,
+            segments: facts.segments,
+            functions: facts.functions,
+            build_id: facts.build_id,
+            writable_objects: facts.writable_objects.into(),
+        })
+    }
+
+    /// Bytes at ELF vaddr `vaddr`, from the file-backed part of a segment.
+    pub fn read_vaddr(&self, vaddr: u64, buf: &mut [u8]) -> usize {
+        let Some(s) = self
+            .segments
+            .iter()
+            .find(|s| s.vaddr <= vaddr && vaddr < s.vaddr + s.filesz)
+        else {
+            return 0;
+        };
+        let off = (s.offset + (vaddr - s.vaddr)) as usize;
+        let avail = (s.vaddr + s.filesz - vaddr) as usize;
+        let n = buf
+            .len()
+            .min(avail)
+            .min(self.data.len().saturating_sub(off));
+        buf[..n].copy_from_slice(&self.data[off..off + n]);
+        n
+    }
+}
+
+/// What the detector reads from an ELF file.
+pub struct ElfFacts {
+    pub segments: Vec<LoadSegment>,
+    /// Function symbols `[start, end)`, sorted.
+    pub functions: Vec<(u64, u64)>,
+    pub build_id: Option<Vec<u8>>,
+    /// Data symbols `(vaddr, size)` in writable allocated sections, sorted by address.
+    pub writable_objects: Vec<(u64, u64)>,
+}
+
+/// Parse an ELF image's segments, function and writable data symbols and build-id from its
+/// bytes.
+pub fn parse_elf(data: &[u8]) -> Option<ElfFacts> {
+    let f = object::File::parse(data).ok()?;
+    let segments: Vec<LoadSegment> = f
+        .segments()
+        .map(|s| {
+            let (offset, filesz) = s.file_range();
+            LoadSegment {
+                offset,
+                vaddr: s.address(),
+                filesz,
+                memsz: s.size(),
+            }
+        })
+        .collect();
+    let mut functions: Vec<(u64, u64)> = f
+        .symbols()
+        .chain(f.dynamic_symbols())
+        .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.is_definition())
+        .map(|s| (s.address(), s.address() + s.size()))
+        .collect();
+    if functions.is_empty() {
+        // Stripped (`strip --strip-all`): no symbols, but the unwind tables survive, and each
+        // FDE covers one function. Without bounds the skid rule (decode the instruction before
+        // the sampled IP) would be lost, and with it most exact accesses.
+        functions = eh_frame_functions(&f);
+    }
+    functions.sort_unstable();
+    functions.dedup();
+    let build_id = f.build_id().ok().flatten().map(<[u8]>::to_vec);
+    Some(ElfFacts {
+        segments,
+        functions,
+        build_id,
+        writable_objects: writable_objects(&f),
+    })
+}
+
+/// `(vaddr, size)` of every sized data symbol in a writable allocated section: the globals a
+/// program can store to. Read-only data (`.rodata`) cannot be contended, so it is left out.
+fn writable_objects(f: &object::File<'_>) -> Vec<(u64, u64)> {
+    const SHF_WRITE: u64 = 0x1;
+    const SHF_ALLOC: u64 = 0x2;
+    let writable = |s: &object::Symbol<'_, '_>| {
+        let Some(idx) = s.section_index() else {
+            return false;
+        };
+        match f.section_by_index(idx).map(|sec| sec.flags()) {
+            Ok(SectionFlags::Elf { sh_flags, .. }) => {
+                sh_flags.0 & (SHF_WRITE | SHF_ALLOC) == SHF_WRITE | SHF_ALLOC
+            }
+            _ => false,
+        }
+    };
+    let mut out: Vec<(u64, u64)> = f
+        .symbols()
+        .filter(|s| {
+            s.kind() == SymbolKind::Data && s.size() > 0 && s.is_definition() && writable(s)
+        })
+        .map(|s| (s.address(), s.size()))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// `[start, end)` of every FDE in `.eh_frame`: function extents of a binary with no symbols.
+fn eh_frame_functions(f: &object::File<'_>) -> Vec<(u64, u64)> {
+    use gimli::{BaseAddresses, CieOrFde, EhFrame, NativeEndian, UnwindSection};
+    use object::ObjectSection;
+    let Some(sec) = f.section_by_name(".eh_frame") else {
+        return Vec::new();
+    };
+    let Ok(data) = sec.data() else {
+        return Vec::new();
+    };
+    let mut eh = EhFrame::new(data, NativeEndian);
+    eh.set_address_size(8);
+    let mut bases = BaseAddresses::default().set_eh_frame(sec.address());
+    if let Some(text) = f.section_by_name(".text") {
+        bases = bases.set_text(text.address());
+    }
+    let mut out = Vec::new();
+    let mut entries = eh.entries(&bases);
+    // A malformed table ends the walk; what was read so far is still right.
+    while let Ok(Some(entry)) = entries.next() {
+        if let CieOrFde::Fde(partial) = entry {
+            if let Ok(fde) = partial.parse(|_, b, o| eh.cie_from_offset(b, o)) {
+                if fde.len() > 0 {
+                    out.push((fde.initial_address(), fde.initial_address() + fde.len()));
+                }
+            }
+        }
+    }
+    out
+}
+
+struct LoadedModule {
+    path: String,
+    bias: u64,
+    /// Run-time extent of the module's segments.
+    lo: u64,
+    hi: u64,
+    image: ElfImage,
+}
+
+/// Code read from the ELF files the target mapped, at the bias its mappings imply.
+///
+/// One instance serves one address space: files are keyed by path, so a second process with the
+/// same library at another address needs its own source.
+#[derive(Default)]
+pub struct ElfCode {
+    modules: Vec<LoadedModule>,
+}
+
+impl ElfCode {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn module(&self, addr: u64) -> Option<&LoadedModule> {
+        self.modules.iter().find(|m| m.lo <= addr && addr < m.hi)
+    }
+}
+
+impl CodeSource for ElfCode {
+    fn read_code(&self, addr: u64, buf: &mut [u8]) -> usize {
+        self.module(addr)
+            .map_or(0, |m| m.image.read_vaddr(addr.wrapping_sub(m.bias), buf))
+    }
+
+    fn function_bounds(&self, addr: u64) -> Option<(u64, u64)> {
+        let m = self.module(addr)?;
+        let v = addr.wrapping_sub(m.bias);
+        let f = &m.image.functions;
+        // Symbols may nest (aliases); take the last start ≤ v that still covers it.
+        let i = f.partition_point(|s| s.0 <= v);
+        f[..i]
+            .iter()
+            .rev()
+            .take(8)
+            .find(|s| v < s.1)
+            .map(|&(s, e)| (s.wrapping_add(m.bias), e.wrapping_add(m.bias)))
+    }
+
+    fn map_file(&mut self, m: &FileMapping<'_>) -> Option<ModuleLayout> {
+        if let Some(l) = self.modules.iter().find(|l| l.path == m.path) {
+            return Some(ModuleLayout {
+                bias: l.bias,
+                segments: l.image.segments.clone(),
+                build_id: l.image.build_id.clone(),
+                writable_objects: l.image.writable_objects.clone(),
+            });
+        }
+        let image = ElfImage::open(Path::new(m.path))?;
+        let bias = load_bias(m.start, m.pgoff, &image.segments);
+        let lo = image.segments.iter().map(|s| s.vaddr).min()?;
+        let hi = image.segments.iter().map(|s| s.vaddr + s.memsz).max()?;
+        let layout = ModuleLayout {
+            bias,
+            segments: image.segments.clone(),
+            build_id: image.build_id.clone(),
+            writable_objects: image.writable_objects.clone(),
+        };
+        self.modules.push(LoadedModule {
+            path: m.path.to_string(),
+            bias,
+            lo: lo.wrapping_add(bias),
+            hi: hi.wrapping_add(bias),
+            image,
+        });
+        Some(layout)
+    }
+}
+
+/// Code read from a live process's memory (`/proc/PID/mem`): for code with no file behind it
+/// (JIT, `memfd`, deleted binaries). Reading a file is the only OS contact; a process that
+/// exits makes reads return 0.
+pub struct ProcessCode {
+    mem: File,
+}
+
+impl ProcessCode {
+    /// Opens `/proc/PID/mem` (needs ptrace access to the target: same user, or root).
+    pub fn open(pid: u32) -> std::io::Result<Self> {
+        Ok(Self {
+            mem: File::open(format!("/proc/{pid}/mem"))?,
+        })
+    }
+}
+
+impl CodeSource for ProcessCode {
+    fn read_code(&self, addr: u64, buf: &mut [u8]) -> usize {
+        use std::os::unix::fs::FileExt;
+        // A range crossing into an unmapped page fails as a whole: retry the part up to the
+        // page boundary, which is where instructions near a mapping's end live.
+        self.mem.read_at(buf, addr).unwrap_or_else(|_| {
+            let to_page = (0x1000 - (addr & 0xfff)) as usize;
+            if to_page < buf.len() {
+                self.mem.read_at(&mut buf[..to_page], addr).unwrap_or(0)
+            } else {
+                0
+            }
+        })
+    }
+}
+
+/// Try `A` first, then `B`: e.g. `Fallback(ElfCode::new(), ProcessCode::open(pid)?)` reads
+/// code from files where there are files and from memory elsewhere.
+pub struct Fallback<A, B>(pub A, pub B);
+
+impl<A: CodeSource, B: CodeSource> CodeSource for Fallback<A, B> {
+    fn read_code(&self, addr: u64, buf: &mut [u8]) -> usize {
+        match self.0.read_code(addr, buf) {
+            0 => self.1.read_code(addr, buf),
+            n => n,
+        }
+    }
+
+    fn function_bounds(&self, addr: u64) -> Option<(u64, u64)> {
+        self.0
+            .function_bounds(addr)
+            .or_else(|| self.1.function_bounds(addr))
+    }
+
+    fn map_file(&mut self, m: &FileMapping<'_>) -> Option<ModuleLayout> {
+        let a = self.0.map_file(m);
+        let b = self.1.map_file(m);
+        a.or(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_code_reads_within_chunks() {
+        let mut c = MemoryCode::new();
+        c.add_function(0x1000, vec![1, 2, 3, 4]);
+        c.add(0x2000, vec![9; 16]);
+        let mut b = [0u8; 8];
+        assert_eq!(c.read_code(0x1001, &mut b), 3);
+        assert_eq!(&b[..3], &[2, 3, 4]);
+        assert_eq!(c.read_code(0x1004, &mut b), 0);
+        assert_eq!(c.read_code(0xfff, &mut b), 0);
+        assert_eq!(c.read_code(0x2008, &mut b), 8);
+        assert_eq!(c.function_bounds(0x1003), Some((0x1000, 0x1004)));
+        assert_eq!(c.function_bounds(0x1004), None);
+        assert_eq!(
+            c.function_bounds(0x2000),
+            None,
+            "no bounds for plain chunks"
+        );
+    }
+
+    #[test]
+    fn fallback_reads_second_where_first_has_nothing() {
+        let mut a = MemoryCode::new();
+        a.add_function(0x1000, vec![0x90; 4]);
+        let mut b = MemoryCode::new();
+        b.add_function(0x2000, vec![0xc3; 2]);
+        let f: Box<dyn CodeSource> = Box::new(Fallback(a, b));
+        let mut buf = [0u8; 4];
+        assert_eq!(f.read_code(0x1000, &mut buf), 4);
+        assert_eq!(buf, [0x90; 4]);
+        assert_eq!(f.read_code(0x2000, &mut buf), 2);
+        assert_eq!(buf[0], 0xc3);
+        assert_eq!(f.function_bounds(0x2001), Some((0x2000, 0x2002)));
+        assert_eq!(f.read_code(0x3000, &mut buf), 0);
+    }
+
+    #[test]
+    fn process_code_reads_own_memory() {
+        // Our own code, read through /proc/self/mem, matches the bytes in memory.
+        let p = ProcessCode::open(std::process::id()).unwrap();
+        let f = fallback_reads_second_where_first_has_nothing as fn() as usize as u64;
+        let mut buf = [0u8; 16];
+        assert_eq!(p.read_code(f, &mut buf), 16);
+        // SAFETY: `f` is the address of a function of this binary, mapped readable and
+        // executable for the life of the process; 16 bytes from a function's start stay
+        // inside the text mapping (the test reads the same range through /proc above).
+        let direct = unsafe { std::slice::from_raw_parts(f as *const u8, 16) };
+        assert_eq!(&buf, direct);
+        assert_eq!(p.read_code(0, &mut buf), 0, "unmapped page");
+    }
+
+    // Two statics of sizes nothing else in this binary has: one writable, one read-only.
+    #[used]
+    static mut WRITABLE_PROBE: [u8; 4099] = [0; 4099];
+    #[used]
+    static READ_ONLY_PROBE: [u8; 4097] = [1; 4097];
+
+    #[test]
+    fn writable_objects_are_the_globals_a_program_can_store_to() {
+        let exe = std::env::current_exe().unwrap();
+        let img = ElfImage::open(&exe).expect("own executable parses");
+        let sizes: Vec<u64> = img.writable_objects.iter().map(|o| o.1).collect();
+        assert!(sizes.contains(&4099), "the static mut is listed");
+        assert!(!sizes.contains(&4097), "read-only data is not");
+        assert!(img.writable_objects.windows(2).all(|w| w[0] <= w[1]));
+        let _ = (std::ptr::addr_of!(WRITABLE_PROBE), &READ_ONLY_PROBE);
+    }
+
+    #[test]
+    fn parse_elf_rejects_garbage() {
+        assert!(parse_elf(b"not an elf").is_none());
+        assert!(parse_elf(&[]).is_none());
+    }
+
+    #[test]
+    fn reads_own_test_binary() {
+        // This test binary is an ELF with symbols: its segments and functions parse, and the
+        // bytes at a function's vaddr match the file.
+        let exe = std::env::current_exe().unwrap();
+        let img = ElfImage::open(&exe).expect("own executable parses");
+        assert!(!img.segments.is_empty());
+        assert!(!img.functions.is_empty());
+        let (f, e) = img.functions[img.functions.len() / 2];
+        let mut b = [0u8; 4];
+        let n = img.read_vaddr(f, &mut b);
+        assert_eq!(n, 4.min((e - f) as usize));
+    }
+}

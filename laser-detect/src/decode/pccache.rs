@@ -1,0 +1,418 @@
+//! Decode each PC once: the instruction at the PC and, found by a linear sweep of the enclosing
+//! function, the instruction that ends at it (the one a watchpoint trap refers to), and the
+//! control-flow paths into the PC that a skidded timer sample can have come by
+//! ([`crate::decode::skid`], built from the same sweep).
+//!
+//! ```text
+//!   function start ─▶ i0 │ i1 │ i2 │ pc │ …      linear sweep: instruction starts
+//!                                └─ prev(pc) = i2, if i2 falls through to pc
+//! ```
+//!
+//! `prev` is only kept when it is the unique way execution reaches `pc` by fall-through: when
+//! `pc` is also the target of a direct branch in the function (a loop head, a join), the
+//! instruction executed just before the sample may have been the branch, and registers may
+//! have changed since `i2` ran, so its address would not be exact. Indirect jumps into `pc`
+//! cannot be seen; that residual risk is the linear sweep's.
+
+use hashbrown::HashMap;
+use iced_x86::{Decoder, DecoderOptions};
+
+use crate::decode::classify::{Classifier, Insn};
+use crate::decode::code::CodeSource;
+use crate::decode::skid::{FunctionFlow, SkidPaths};
+
+/// Longest function swept (bytes); larger ones are assumed to be mis-sized symbols.
+const MAX_SWEEP: u64 = 1 << 20;
+
+/// Everything known about one PC.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PcInfo {
+    /// The instruction at the PC (`None`: no code there or undecodable).
+    pub at: Option<Insn>,
+    /// The instruction ending at the PC that falls through to it.
+    pub prev: Option<Insn>,
+    /// Whether `pc` is the target of a direct branch inside its function.
+    pub join: bool,
+    /// The PC lies in vdso/vvar/vsyscall (decided by the caller at first sight).
+    pub special: bool,
+    /// The PC lies in a shared library's code (decided by the caller at first sight).
+    pub library: bool,
+    /// The paths a skidded timer sample at this PC can have come by
+    /// ([`PcCache::skid_paths`]); 0: none known (no function around the PC, or not an
+    /// instruction boundary).
+    skid: u32,
+}
+
+/// What the caller of [`PcCache::get_with`] knows about where a new PC lies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Where {
+    pub special: bool,
+    pub library: bool,
+}
+
+struct Sweep {
+    starts: Vec<u64>,
+    targets: Vec<u64>,
+    /// (target, branch pc, branch next ip, condition) of every direct branch, by target.
+    branches: Vec<(u64, u64, u64, Option<iced_x86::ConditionCode>)>,
+}
+
+/// Per-PC decode cache (hashbrown: the hot path is one lookup per sample).
+pub struct PcCache {
+    pcs: HashMap<u64, PcInfo>,
+    sweeps: HashMap<u64, Sweep>,
+    /// Skid paths of the PCs decoded so far; `PcInfo::skid` is an index + 1.
+    skids: Vec<SkidPaths>,
+    classifier: Classifier,
+    buf: Vec<u8>,
+}
+
+impl Default for PcCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PcCache {
+    pub fn new() -> Self {
+        Self {
+            pcs: HashMap::new(),
+            sweeps: HashMap::new(),
+            skids: Vec::new(),
+            classifier: Classifier::new(),
+            buf: Vec::new(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.pcs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pcs.is_empty()
+    }
+
+    /// Forget everything (after `exec`, code at the same addresses is different).
+    pub fn clear(&mut self) {
+        self.pcs.clear();
+        self.sweeps.clear();
+        self.skids.clear();
+    }
+
+    /// The paths by which execution can have reached `info`'s PC (see [`crate::decode::skid`]).
+    #[inline]
+    pub fn skid_paths(&self, info: &PcInfo) -> Option<&SkidPaths> {
+        info.skid
+            .checked_sub(1)
+            .and_then(|i| self.skids.get(i as usize))
+    }
+
+    /// The decoded facts for `pc`, decoding on first sight.
+    #[inline]
+    pub fn get<C: CodeSource + ?Sized>(&mut self, pc: u64, code: &C) -> PcInfo {
+        self.get_with(pc, code, Where::default)
+    }
+
+    /// As [`Self::get`]; on first sight `place` says whether the PC is in kernel-provided
+    /// pages (then it is not decoded) or in a shared library.
+    #[inline]
+    pub fn get_with<C: CodeSource + ?Sized>(
+        &mut self,
+        pc: u64,
+        code: &C,
+        place: impl FnOnce() -> Where,
+    ) -> PcInfo {
+        if let Some(p) = self.pcs.get(&pc) {
+            return *p;
+        }
+        let w = place();
+        let info = if w.special {
+            PcInfo {
+                special: true,
+                ..PcInfo::default()
+            }
+        } else {
+            PcInfo {
+                library: w.library,
+                ..self.decode(pc, code)
+            }
+        };
+        self.pcs.insert(pc, info);
+        info
+    }
+
+    fn decode<C: CodeSource + ?Sized>(&mut self, pc: u64, code: &C) -> PcInfo {
+        let mut b = [0u8; 16];
+        let n = code.read_code(pc, &mut b);
+        let at = self.classifier.classify(pc, &b[..n]);
+        let mut info = PcInfo {
+            at,
+            ..PcInfo::default()
+        };
+        let Some((fs, fe)) = code.function_bounds(pc.wrapping_sub(1)) else {
+            return info;
+        };
+        if pc == fe && code.function_bounds(pc).is_some_and(|(s, _)| s == pc) {
+            // `pc` starts the next function: it is entered by calls and jumps, never by
+            // falling off the end of the one before.
+            info.join = true;
+            return info;
+        }
+        if !self.sweeps.contains_key(&fs) {
+            let s = self.sweep(fs, fe, code);
+            self.sweeps.insert(fs, s);
+        }
+        let s = &self.sweeps[&fs];
+        info.join = s.targets.binary_search(&pc).is_ok();
+        let i = s.starts.partition_point(|&x| x < pc);
+        // pc must itself be an instruction boundary (or the function's end, for a trap after
+        // its last instruction) and have a predecessor.
+        let on_boundary = s.starts.get(i) == Some(&pc) || pc == fe;
+        if on_boundary && i > 0 {
+            let p = s.starts[i - 1];
+            let n = code.read_code(p, &mut b);
+            if let Some(prev) = self.classifier.classify(p, &b[..n]) {
+                if prev.falls_through && prev.next_ip() == pc {
+                    info.prev = Some(prev);
+                }
+            }
+        }
+        if s.starts.get(i) == Some(&pc) {
+            let flow = FunctionFlow {
+                start: fs,
+                end: fe,
+                starts: &s.starts,
+                branches: &s.branches,
+            };
+            let classifier = &mut self.classifier;
+            let mut paths = crate::decode::skid::build(pc, &flow, |p| {
+                let n = code.read_code(p, &mut b);
+                classifier.classify(p, &b[..n])
+            });
+            // The feeder of `prev`: the one instruction that runs right before it.
+            let into_prev = info
+                .prev
+                .map(|x| x.pc)
+                .filter(|&x| x != fs && s.targets.binary_search(&x).is_err());
+            if let (Some(x), true) = (into_prev, i >= 2) {
+                let d = s.starts[i - 2];
+                let n = code.read_code(d, &mut b);
+                paths.feeder = self
+                    .classifier
+                    .classify(d, &b[..n])
+                    .filter(|f| f.falls_through && f.next_ip() == x);
+            }
+            self.skids.push(paths);
+            info.skid = self.skids.len() as u32;
+        }
+        info
+    }
+
+    fn sweep<C: CodeSource + ?Sized>(&mut self, start: u64, end: u64, code: &C) -> Sweep {
+        let len = end.saturating_sub(start).min(MAX_SWEEP) as usize;
+        self.buf.resize(len, 0);
+        let n = code.read_code(start, &mut self.buf);
+        let mut d = Decoder::with_ip(64, &self.buf[..n], start, DecoderOptions::NONE);
+        let mut starts = Vec::new();
+        let mut targets = Vec::new();
+        let mut branches = Vec::new();
+        while d.can_decode() {
+            let ins = d.decode();
+            if ins.is_invalid() {
+                break; // data or padding: later boundaries are unreliable
+            }
+            starts.push(ins.ip());
+            let c = self.classifier.classify_decoded(&ins);
+            if let Some(t) = c.branch_target {
+                if t >= start && t < end {
+                    targets.push(t);
+                    branches.push((t, c.pc, c.next_ip(), c.branch_cond));
+                }
+            }
+        }
+        targets.sort_unstable();
+        targets.dedup();
+        branches.sort_unstable_by_key(|b| (b.0, b.1));
+        Sweep {
+            starts,
+            targets,
+            branches,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::code::MemoryCode;
+    use crate::model::findings::Op;
+    use iced_x86::code_asm::*;
+
+    const F: u64 = 0x40_1000;
+
+    /// ```text
+    ///  F+0:  mov rsi,[rcx]       ; i0
+    ///  top:  mov rdx,[rcx]       ; i1  (branch target)
+    ///        add rdx,1           ; i2
+    ///        mov [rcx],rdx       ; i3
+    ///        dec rax             ; i4
+    ///        jnz top             ; i5
+    ///        ret
+    /// ```
+    fn code() -> (MemoryCode, Vec<u64>) {
+        let mut a = CodeAssembler::new(64).unwrap();
+        let mut top = a.create_label();
+        a.mov(rsi, qword_ptr(rcx)).unwrap();
+        a.set_label(&mut top).unwrap();
+        a.mov(rdx, qword_ptr(rcx)).unwrap();
+        a.add(rdx, 1).unwrap();
+        a.mov(qword_ptr(rcx), rdx).unwrap();
+        a.dec(rax).unwrap();
+        a.jnz(top).unwrap();
+        a.ret().unwrap();
+        let bytes = a.assemble(F).unwrap();
+        let offs = crate::test_util::starts(F, &bytes);
+        let mut m = MemoryCode::new();
+        m.add_function(F, bytes);
+        (m, offs)
+    }
+
+    #[test]
+    fn prev_found_by_sweep() {
+        let (m, pcs) = code();
+        let mut c = PcCache::new();
+        let at_add = c.get(pcs[2], &m);
+        assert_eq!(
+            at_add.at.unwrap().mem().len(),
+            0,
+            "add rdx,1 has no memory operand"
+        );
+        let prev = at_add.prev.expect("the load before add");
+        assert_eq!(prev.pc, pcs[1]);
+        assert_eq!(prev.mem[0].op, Op::Load);
+        assert!(!at_add.join);
+        assert_eq!(c.len(), 1);
+        // Cached: the same answer without decoding again.
+        assert_eq!(c.get(pcs[2], &m).prev.unwrap().pc, pcs[1]);
+        assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn loop_head_is_a_join_and_branches_do_not_fall_through() {
+        let (m, pcs) = code();
+        let mut c = PcCache::new();
+        let head = c.get(pcs[1], &m);
+        assert!(head.join, "jnz targets it");
+        // After `ret` (end of function) there is no fall-through predecessor.
+        let after_ret = c.get(pcs[6] + 1, &m);
+        assert!(after_ret.prev.is_none());
+        // `jnz` falls through to `ret`.
+        assert_eq!(c.get(pcs[6], &m).prev.unwrap().pc, pcs[5]);
+    }
+
+    /// `if (odd) skip; store;` as compilers and the asm-tests' branchy bodies emit it:
+    /// ```text
+    ///  top:  test bl,1            ; sets ZF
+    ///        jnz skip             ; the only jump into `skip`
+    ///        mov [r12],r14        ; prev of `skip`, leaves flags alone
+    ///  skip: add r14,r15          ; join: sampled here after skid
+    ///        dec r13
+    ///        jnz top
+    ///        ret
+    /// ```
+    fn guarded(store_writes_flags: bool, second_jump: bool) -> (MemoryCode, Vec<u64>) {
+        let mut a = CodeAssembler::new(64).unwrap();
+        let mut top = a.create_label();
+        let mut skip = a.create_label();
+        a.set_label(&mut top).unwrap();
+        a.test(bl, 1).unwrap();
+        a.jnz(skip).unwrap();
+        if store_writes_flags {
+            a.add(qword_ptr(r12), r14).unwrap();
+        } else {
+            a.mov(qword_ptr(r12), r14).unwrap();
+        }
+        a.set_label(&mut skip).unwrap();
+        a.add(r14, r15).unwrap();
+        a.dec(r13).unwrap();
+        a.jnz(top).unwrap();
+        if second_jump {
+            a.jmp(skip).unwrap();
+        }
+        a.ret().unwrap();
+        let bytes = a.assemble(F).unwrap();
+        let offs = crate::test_util::starts(F, &bytes);
+        let mut m = MemoryCode::new();
+        m.add_function(F, bytes);
+        (m, offs)
+    }
+
+    /// The store the skid walk attributes at `skip`, under flags `flags`.
+    fn skipped_store(m: &MemoryCode, pcs: &[u64], flags: Option<u64>) -> Option<u64> {
+        let mut c = PcCache::new();
+        let info = c.get(pcs[3], m);
+        let mut r = laser_driver::UserRegs::default();
+        if let Some(f) = flags {
+            r.set(laser_driver::Reg::Flags, f);
+        }
+        c.skid_paths(&info)?.resolve(&r).map(|s| s.insn.pc)
+    }
+
+    const ZF: u64 = 1 << 6;
+
+    #[test]
+    fn a_join_after_a_jcc_over_a_flag_neutral_store_is_decided_by_the_flags() {
+        let (m, pcs) = guarded(false, false);
+        let skip = PcCache::new().get(pcs[3], &m);
+        assert!(skip.join);
+        assert_eq!(skip.prev.unwrap().pc, pcs[2]);
+        assert_eq!(
+            skipped_store(&m, &pcs, Some(ZF)),
+            Some(pcs[2]),
+            "jnz fell through"
+        );
+        assert_eq!(skipped_store(&m, &pcs, Some(0)), None, "jnz jumped over it");
+        assert_eq!(skipped_store(&m, &pcs, None), None, "no flags: either");
+    }
+
+    #[test]
+    fn the_flags_cannot_decide_when_the_store_writes_them_or_a_second_jump_arrives() {
+        // `add [m]` sets flags: the jump's flags are gone once it ran. Taken (ZF=0) is still
+        // possible as far as the sample can tell, so nothing; not taken (ZF=1) must be the
+        // store.
+        let (m, pcs) = guarded(true, false);
+        assert_eq!(skipped_store(&m, &pcs, Some(0)), None);
+        assert_eq!(skipped_store(&m, &pcs, Some(ZF)), Some(pcs[2]));
+        // The `jmp skip` after the loop is a third way in, with nothing to rule it out.
+        let (m, pcs) = guarded(false, true);
+        assert_eq!(skipped_store(&m, &pcs, Some(ZF)), None);
+    }
+
+    #[test]
+    fn mid_instruction_pc_has_no_prev() {
+        let (m, pcs) = code();
+        let mut c = PcCache::new();
+        let p = c.get(pcs[3] + 1, &m);
+        assert!(p.prev.is_none());
+    }
+
+    #[test]
+    fn function_start_has_no_prev_from_the_function_before() {
+        let mut m = MemoryCode::new();
+        m.add_function(0x1000, vec![0x48, 0x89, 0x07]); // mov [rdi],rax (no ret: falls off)
+        m.add_function(0x1003, vec![0x90, 0xc3]); // nop; ret
+        let mut c = PcCache::new();
+        let p = c.get(0x1003, &m);
+        assert!(p.prev.is_none() && p.join);
+        // Inside the second function the sweep works as usual.
+        assert_eq!(c.get(0x1004, &m).prev.map(|i| i.pc), Some(0x1003));
+    }
+
+    #[test]
+    fn unknown_code() {
+        let m = MemoryCode::new();
+        let mut c = PcCache::new();
+        let p = c.get(0x1234, &m);
+        assert!(p.at.is_none() && p.prev.is_none());
+    }
+}

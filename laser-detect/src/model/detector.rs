@@ -1,0 +1,853 @@
+//! The detector: one `Event` stream in, one [`Analysis`] out. It does not know whether events
+//! come from perf, watchpoints or a recording (STYLE.md item 2).
+//!
+//! # Weights: what an event count means per backend
+//! - `pebs`/`ibs`: each sample stands for `weight` (= the sampling period) events of its kind;
+//!   a contention event found between two sampled accesses is counted with the later sample's
+//!   weight, an estimate of the real number.
+//! - `watch`: every access to the watched bytes is seen; weight 1, counts exact for those bytes
+//!   over the armed windows; rates come from [`crate::model::estimate`] (armed time, trap correction).
+//! - `soft`: a timer sample counts time, not memory events, so it carries no event weight. Each
+//!   contention event the line model finds between two sampled accesses of different threads
+//!   proves at least one real line transfer in between, and those intervals are disjoint: the
+//!   count is a LOWER BOUND of the real transfers ("sampled events"), counted with weight 1.
+//!   Real rates for soft runs come from watch windows on the candidates (`candidates`).
+//!
+//! # Order
+//! The line model compares each access with the previous one to its line, so the stream must
+//! be in time order across CPUs (merge the per-CPU ring buffers by timestamp, as perf's
+//! ordered-events does). A stream fed CPU by CPU still finds the lines, with fewer events.
+//!
+//! # Threads, not cores
+//! Contention is counted between threads, not CPUs: a false-sharing pattern in the code is
+//! found even when the run's threads happened to share a core (then the reported rate is
+//! higher than the hardware's transfers).
+
+use std::sync::Arc;
+
+use hashbrown::HashMap;
+use laser_driver::{BackendKind, Event, Mmap, Sample, StreamStats};
+
+use crate::decode::access::{resolve, Accesses, DropReason};
+use crate::decode::code::{CodeSource, FileMapping};
+use crate::decode::maps::{self, AddressSpace, Class, KERNEL_START};
+use crate::decode::pccache::{PcCache, Where};
+use crate::model::estimate::{Estimator, LineEstimate, DEFAULT_TRAP_COST_NS};
+use crate::model::findings::{
+    Analysis, CallSite, LineFinding, Location, ModuleInfo, SourceAccess, SurveySummary,
+};
+use crate::model::line_kind::line_kind;
+use crate::model::line_model::{byte_mask, LineModel, LineStat};
+use crate::model::survey::{HotLines, SurveyTarget};
+use crate::naming::call_sites::{is_shared_library, CallSites};
+use crate::naming::heap_blocks::Memory;
+
+pub use crate::model::candidates::WatchCandidate;
+
+/// Detector settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// 64, or 128 to group adjacent-line pairs (adjacent-line prefetch).
+    pub line_size: u32,
+    /// Run duration when the caller knows it better than the first-to-last sample span.
+    pub duration_s: Option<f64>,
+    /// Cost of one watchpoint trap, for the estimator's slowdown correction.
+    pub trap_cost_ns: u64,
+    /// Lines with fewer events are left out (noise floor; the rate threshold is the report's).
+    pub min_events: u64,
+    /// Bound on lines whose last access is remembered (32 bytes each; LRU beyond).
+    pub max_lines: usize,
+    /// Bound on contended lines kept with per-PC detail (least contended half dropped beyond).
+    pub max_contended: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            line_size: 64,
+            duration_s: None,
+            trap_cost_ns: DEFAULT_TRAP_COST_NS,
+            min_events: 1,
+            max_lines: crate::model::line_model::DEFAULT_MAX_LINES,
+            max_contended: crate::model::line_model::DEFAULT_MAX_CONTENDED,
+        }
+    }
+}
+
+/// Why samples produced no access, for the summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FilterStats {
+    /// Samples whose IP is in the kernel.
+    pub kernel_pc: u64,
+    /// Samples whose IP is in vdso/vvar/vsyscall.
+    pub special_pc: u64,
+    pub undecodable: u64,
+    /// Samples at instructions that touch no memory (not an error: most instructions).
+    pub no_memory: u64,
+    pub stack: u64,
+    pub thread_local: u64,
+    pub missing_regs: u64,
+    /// Watch hits by a narrow access that overwrote its address registers: the bytes it
+    /// touched in the watched word are unknown, so the hit is not counted.
+    pub watch_bytes_unknown: u64,
+    /// Accesses dropped because their data address is stack, vdso or kernel.
+    pub stack_data: u64,
+    /// Accesses that reached the line model.
+    pub accesses: u64,
+}
+
+impl FilterStats {
+    /// Samples dropped by the filter (everything but "touches no memory").
+    pub fn dropped(&self) -> u64 {
+        self.kernel_pc
+            + self.special_pc
+            + self.undecodable
+            + self.stack
+            + self.thread_local
+            + self.missing_regs
+            + self.watch_bytes_unknown
+    }
+}
+
+pub struct Detector<C: CodeSource> {
+    config: Config,
+    code: C,
+    pcs: PcCache,
+    spaces: HashMap<u32, AddressSpace>,
+    main_pid: Option<u32>,
+    model: LineModel,
+    estimator: Estimator,
+    /// Lines whose watch window is open (from the last `Event::WatchSet`).
+    watched_lines: Vec<u64>,
+    stats: StreamStats,
+    filter: FilterStats,
+    first_time: u64,
+    last_time: u64,
+    backends: [u64; 4],
+    /// Per thread (direct-mapped by tid), the stack extent its sp was last seen in, so the
+    /// stack lookup runs only when a thread's sp leaves it.
+    stacks: [(u32, u64, u64); STACK_SLOTS],
+    out: Accesses,
+    call_sites: CallSites,
+    /// Sampled accesses per line, for the watchpoint survey ([`crate::model::survey`]).
+    hot: HotLines,
+    /// Writable data objects (ELF vaddr, size) and load bias of each program (not shared
+    /// library) module, per (pid, module index).
+    globals: HashMap<(u32, u32), ModuleGlobals>,
+    /// Lines watched while the line model had no contention on them: (bytes watched, windows).
+    surveyed: HashMap<u64, (u128, u64)>,
+}
+
+const STACK_SLOTS: usize = 64;
+
+/// A program module's load bias and writable data objects (ELF vaddr, size).
+type ModuleGlobals = (u64, Arc<[(u64, u64)]>);
+
+/// The report's account of the watchpoint survey: what was covered, and what it found.
+fn survey_note(s: &SurveySummary) -> String {
+    format!(
+        "watch survey: {} line(s) no timer sample showed contended ({} in the program's \
+         globals, {} heap) watched for stores in {} window(s), {} bytes in all; contention \
+         found on {} of them; survey windows see stores only, so transfers that loads cause \
+         there are not counted (lower bounds), and bytes never watched (most heap data) are \
+         not covered",
+        s.lines,
+        s.global_lines,
+        s.heap_lines,
+        s.windows,
+        s.bytes,
+        s.found.len()
+    )
+}
+
+fn backend_index(b: BackendKind) -> usize {
+    match b {
+        BackendKind::Pebs => 0,
+        BackendKind::Ibs => 1,
+        BackendKind::Soft => 2,
+        BackendKind::Watch => 3,
+    }
+}
+
+impl<C: CodeSource> Detector<C> {
+    pub fn new(config: Config, code: C) -> Self {
+        let model =
+            LineModel::with_limits(config.line_size, config.max_lines, config.max_contended);
+        let estimator = Estimator::new(config.line_size).with_trap_cost(config.trap_cost_ns);
+        Self {
+            config,
+            code,
+            pcs: PcCache::new(),
+            spaces: HashMap::new(),
+            main_pid: None,
+            model,
+            estimator,
+            watched_lines: Vec::new(),
+            stats: StreamStats::default(),
+            filter: FilterStats::default(),
+            first_time: u64::MAX,
+            last_time: 0,
+            backends: [0; 4],
+            stacks: [(0, 0, 0); STACK_SLOTS],
+            out: Accesses::default(),
+            call_sites: CallSites::default(),
+            hot: HotLines::default(),
+            globals: HashMap::new(),
+            surveyed: HashMap::new(),
+        }
+    }
+
+    pub fn code_source(&self) -> &C {
+        &self.code
+    }
+
+    pub fn filter_stats(&self) -> FilterStats {
+        self.filter
+    }
+
+    /// Lines the model tracks (its memory is proportional to this).
+    pub fn lines_tracked(&self) -> usize {
+        self.model.lines_tracked()
+    }
+
+    /// Lines forgotten by the bounded line table.
+    pub fn line_evictions(&self) -> u64 {
+        self.model.evictions()
+    }
+
+    /// Seed a process's address space from `/proc/PID/maps` text (what a recording's header
+    /// or `attach` captured before any `Mmap` event).
+    pub fn add_maps(&mut self, pid: u32, text: &str) {
+        for r in maps::parse(text) {
+            self.map_region(pid, &r, None);
+        }
+    }
+
+    fn map_region(&mut self, pid: u32, r: &maps::Region, build_id: Option<&[u8]>) {
+        let space = self.spaces.entry(pid).or_default();
+        let is_file = r.path.starts_with('/');
+        let layout = if is_file {
+            self.code.map_file(&FileMapping {
+                path: &r.path,
+                start: r.start,
+                end: r.end,
+                pgoff: r.offset,
+                exec: r.exec,
+            })
+        } else {
+            None
+        };
+        let bias = layout
+            .as_ref()
+            .map_or(r.start.wrapping_sub(r.offset), |l| l.bias);
+        if let Some(m) = space.insert_region(r, bias) {
+            if let Some(l) = &layout {
+                space.set_module_layout(m, &l.segments);
+                if !l.writable_objects.is_empty() && !is_shared_library(&r.path) {
+                    self.globals
+                        .entry((pid, m))
+                        .or_insert_with(|| (bias, l.writable_objects.clone()));
+                }
+            }
+            let module = &mut space.modules[m as usize];
+            if module.build_id.is_none() {
+                module.build_id = build_id
+                    .map(<[u8]>::to_vec)
+                    .or_else(|| layout.and_then(|l| l.build_id));
+            }
+        }
+    }
+
+    fn on_mmap(&mut self, m: &Mmap) {
+        let r = maps::Region {
+            start: m.addr,
+            end: m.addr.saturating_add(m.len),
+            read: m.prot & 1 != 0,
+            write: m.prot & 2 != 0,
+            exec: m.prot & 4 != 0,
+            offset: m.pgoff,
+            inode: 0,
+            path: m.path.clone(),
+        };
+        self.map_region(m.pid, &r, m.build_id.as_deref());
+    }
+
+    /// Watchpoints on `line_addr`'s line were armed at `time` (the CLI calls this when it arms
+    /// a window; see [`crate::model::estimate`]).
+    pub fn watch_window_begin(&mut self, line_addr: u64, time: u64) {
+        self.estimator.begin_window(line_addr, time);
+    }
+
+    pub fn watch_window_end(&mut self, line_addr: u64, time: u64) {
+        self.estimator.end_window(line_addr, time);
+    }
+
+    pub fn estimates(&self) -> Vec<LineEstimate> {
+        self.estimator.estimates()
+    }
+
+    /// Consume one event.
+    pub fn feed(&mut self, e: &Event) {
+        self.stats.account(e);
+        match e {
+            Event::Sample(s) => self.sample(s),
+            Event::Mmap(m) => self.on_mmap(m),
+            Event::Comm {
+                pid, exec: true, ..
+            } => {
+                // New program image: old mappings and decoded code are gone.
+                self.spaces.insert(*pid, AddressSpace::new());
+                self.globals.retain(|k, _| k.0 != *pid);
+                self.pcs.clear();
+                self.call_sites.clear_checks();
+            }
+            Event::Fork { pid, ppid, .. } if pid != ppid => {
+                if let Some(parent) = self.spaces.get(ppid).cloned() {
+                    self.spaces.insert(*pid, parent);
+                }
+            }
+            Event::WatchSet {
+                time,
+                words,
+                write_only,
+            } => self.on_watch_set(*time, words, *write_only),
+            // A measurement of this run beats the configured default.
+            Event::WatchCost { hit_ns, .. } => self.estimator.set_trap_cost(*hit_ns),
+            _ => {}
+        }
+    }
+
+    /// The driver says exactly `words` are watched from `time` on: close the windows of the
+    /// lines watched until now and open windows on the lines of `words` (the estimator's armed
+    /// time comes from these, so replayed recordings get the same rates as the live run).
+    ///
+    /// Words watched for writes only (`write_only`, bit i = word i: survey windows) give the
+    /// estimator every store to them and no load: stores of two threads are transfers it
+    /// counts, transfers loads cause are missed (a lower bound, said in the survey note).
+    fn on_watch_set(&mut self, time: u64, words: &[(u64, u8)], write_only: u8) {
+        for line in std::mem::take(&mut self.watched_lines) {
+            self.estimator.end_window(line, time);
+        }
+        let mask = !(u64::from(self.config.line_size.max(1)) - 1);
+        let mut lines: Vec<u64> = words.iter().map(|&(a, _)| a & mask).collect();
+        lines.sort_unstable();
+        lines.dedup();
+        for &line in &lines {
+            // A window on a line no sample showed contended is a survey (see `survey`).
+            if !self.model.is_contended(line) {
+                let bytes = words
+                    .iter()
+                    .filter(|w| w.0 & mask == line)
+                    .fold(0u128, |b, &(a, len)| {
+                        b | byte_mask((a - line) as u32, u32::from(len))
+                    });
+                let e = self.surveyed.entry(line).or_default();
+                e.0 |= bytes;
+                e.1 += 1;
+            }
+            let stores_only = words
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| w.0 & mask == line)
+                .all(|(i, _)| write_only & (1 << i) != 0);
+            if stores_only {
+                self.estimator.begin_store_window(line, time);
+            } else {
+                self.estimator.begin_window(line, time);
+            }
+        }
+        self.watched_lines = lines;
+    }
+
+    fn sample(&mut self, s: &Sample) {
+        self.backends[backend_index(s.backend)] += 1;
+        self.first_time = self.first_time.min(s.time);
+        self.last_time = self.last_time.max(s.time);
+        if s.ip >= KERNEL_START {
+            self.filter.kernel_pc += 1;
+            return;
+        }
+        self.main_pid.get_or_insert(s.pid);
+        // One map lookup per sample; the fields below are borrowed disjointly.
+        let space = self.spaces.entry(s.pid).or_default();
+        let info = self
+            .pcs
+            .get_with(s.ip, &self.code, || match space.classify(s.ip) {
+                Class::Special => Where {
+                    special: true,
+                    library: false,
+                },
+                Class::Module { module, .. } => Where {
+                    special: false,
+                    library: is_shared_library(&space.modules[module as usize].path),
+                },
+                _ => Where::default(),
+            });
+        if info.special {
+            self.filter.special_pc += 1;
+            return;
+        }
+        if let Some(sp) = s.regs.as_ref().and_then(|r| r.get(laser_driver::Reg::Sp)) {
+            let slot = &mut self.stacks[s.tid as usize % STACK_SLOTS];
+            if !(slot.0 == s.tid && slot.1 <= sp && sp < slot.2) {
+                if let Some((lo, hi)) = space.note_stack_pointer(sp) {
+                    *slot = (s.tid, lo, hi);
+                }
+            }
+        }
+        if let Err(why) = resolve(s, &info, self.pcs.skid_paths(&info), &mut self.out) {
+            match why {
+                DropReason::Undecodable => self.filter.undecodable += 1,
+                DropReason::NoMemory => self.filter.no_memory += 1,
+                DropReason::Stack => self.filter.stack += 1,
+                DropReason::ThreadLocal => self.filter.thread_local += 1,
+                DropReason::MissingRegs => self.filter.missing_regs += 1,
+                DropReason::WatchBytesUnknown => self.filter.watch_bytes_unknown += 1,
+            }
+            return;
+        }
+        // A sample inside a shared library: where the program called it (the stack's
+        // candidates, checked against this process's maps and the code before them).
+        let ip_class = if info.library && !s.callers.is_empty() {
+            space.classify(s.ip)
+        } else {
+            Class::Unknown // program code, or no candidates: nothing to look up
+        };
+        let caller = match ip_class {
+            Class::Module { module, .. } => {
+                self.call_sites.pick(&self.code, s.callers.as_slice(), |c| {
+                    match space.classify(c) {
+                        Class::Module { module: m, .. } => m != module,
+                        _ => false,
+                    }
+                })
+            }
+            _ => None,
+        };
+        let line_mask = !(u64::from(self.model.line_size().max(1)) - 1);
+        for a in self.out.iter() {
+            match space.classify(a.addr) {
+                Class::Stack | Class::Special => {
+                    self.filter.stack_data += 1;
+                    continue;
+                }
+                _ => {}
+            }
+            if let Some(ret) = caller {
+                self.call_sites.note(a.addr & line_mask, a.pc, ret);
+            }
+            self.filter.accesses += 1;
+            self.model.access(a);
+            if s.backend == BackendKind::Watch {
+                self.estimator.observe(a);
+            } else {
+                let line = a.addr & line_mask;
+                let off = (a.addr - line) as u32;
+                let len = u32::from(a.size.max(1)).min(self.model.line_size() - off);
+                self.hot
+                    .note(line, a.tid, a.op.writes(), byte_mask(off, len));
+            }
+        }
+    }
+
+    /// `addr` as a place in a module's code, else `Unknown`.
+    fn code_location(&self, addr: u64) -> Location {
+        match self.location(addr) {
+            m @ Location::Module { .. } => m,
+            _ => Location::Unknown,
+        }
+    }
+
+    /// The call sites seen for instruction `pc` on the line, most samples first.
+    fn called_from(&self, line_addr: u64, pc: u64) -> Vec<CallSite> {
+        let Some(c) = self.call_sites.get(line_addr, pc) else {
+            return Vec::new();
+        };
+        let total = c.total().max(1) as f64;
+        let mut out: Vec<CallSite> = c
+            .sites
+            .iter()
+            .map(|&(ret, samples)| CallSite {
+                ret,
+                code: self.code_location(ret),
+                samples,
+                share: samples as f64 / total,
+            })
+            .collect();
+        out.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.ret.cmp(&b.ret)));
+        out
+    }
+
+    fn location(&self, addr: u64) -> Location {
+        let Some(space) = self.main_pid.and_then(|p| self.spaces.get(&p)) else {
+            return Location::Unknown;
+        };
+        match space.classify(addr) {
+            Class::Module { module, vaddr } => Location::Module {
+                path: space.modules[module as usize].path.clone(),
+                vaddr,
+            },
+            Class::Heap => Location::Heap,
+            Class::Stack => Location::Stack,
+            Class::Special | Class::Unknown => Location::Unknown,
+        }
+    }
+
+    /// The stream's main backend: the most frequent, preferring sampling backends over watch
+    /// (a soft run with watch windows is a soft run).
+    fn backend(&self) -> BackendKind {
+        let sampling = [BackendKind::Pebs, BackendKind::Ibs, BackendKind::Soft];
+        sampling
+            .into_iter()
+            .filter(|b| self.backends[backend_index(*b)] > 0)
+            .max_by_key(|b| self.backends[backend_index(*b)])
+            .unwrap_or(if self.backends[3] > 0 {
+                BackendKind::Watch
+            } else {
+                BackendKind::Soft
+            })
+    }
+
+    pub fn duration_s(&self) -> f64 {
+        self.config.duration_s.unwrap_or_else(|| {
+            if self.last_time > self.first_time {
+                (self.last_time - self.first_time) as f64 * 1e-9
+            } else {
+                0.0
+            }
+        })
+    }
+
+    fn finding(&self, l: &LineStat, est: Option<&LineEstimate>, duration: f64) -> LineFinding {
+        let (events, true_events, false_events, rate) = match est {
+            Some(e) => (
+                e.transfers,
+                e.true_transfers,
+                e.false_transfers,
+                e.rate_per_s,
+            ),
+            None => {
+                let r = if duration > 0.0 {
+                    l.events as f64 / duration
+                } else {
+                    0.0
+                };
+                (l.events, l.true_events, l.false_events, r)
+            }
+        };
+        let kind = line_kind(true_events, false_events);
+        let mut sources: Vec<SourceAccess> = l
+            .sources
+            .iter()
+            .map(|s| {
+                let mut threads = s.threads.clone();
+                threads.sort_unstable();
+                let ev = match est {
+                    Some(e) => e.per_pc.iter().find(|p| p.0 == s.pc).map_or(0, |p| p.1),
+                    None => s.events,
+                };
+                SourceAccess {
+                    pc: s.pc,
+                    code: self.code_location(s.pc),
+                    op: s.op,
+                    offsets: s.offsets,
+                    events: ev,
+                    threads,
+                    called_from: self.called_from(l.line_addr, s.pc),
+                }
+            })
+            .collect();
+        sources.sort_by(|a, b| b.events.cmp(&a.events).then(a.pc.cmp(&b.pc)));
+        let mut threads: Vec<u32> = l.threads.iter().map(|t| t.0).collect();
+        threads.sort_unstable();
+        LineFinding {
+            line_addr: l.line_addr,
+            line_size: self.model.line_size(),
+            kind,
+            events,
+            true_events,
+            false_events,
+            rate_per_s: rate,
+            share: 0.0,
+            threads,
+            data: self.location(l.line_addr),
+            sources,
+        }
+    }
+
+    /// The analysis so far: every contended line with at least `min_events`, ranked by rate.
+    pub fn finish(&self) -> Analysis {
+        let duration = self.duration_s();
+        let estimates = self.estimator.estimates();
+        // A line whose windows never saw two threads keeps its sampled count: "0 transfers
+        // in windows that could not have seen one" would drop real contention. So does a
+        // line whose windows counted none while the line model proved some (contention that
+        // came in phases the windows missed: the proven events are a lower bound).
+        let est_of = |line: u64| {
+            estimates.iter().find(|e| {
+                e.line_addr == line
+                    && e.informative()
+                    && (e.transfers > 0 || !self.model.is_contended(line))
+            })
+        };
+        let mut findings: Vec<LineFinding> = self
+            .model
+            .contended()
+            .map(|l| self.finding(l, est_of(l.line_addr), duration))
+            .filter(|f| f.events >= self.config.min_events.max(1))
+            .collect();
+        let total: u64 = findings.iter().map(|f| f.events).sum::<u64>() + self.model.pruned().1;
+        for f in &mut findings {
+            f.share = if total > 0 {
+                f.events as f64 / total as f64
+            } else {
+                0.0
+            };
+        }
+        findings.sort_by(|a, b| {
+            b.rate_per_s
+                .total_cmp(&a.rate_per_s)
+                .then(b.events.cmp(&a.events))
+                .then(a.line_addr.cmp(&b.line_addr))
+        });
+        let backend = self.backend();
+        let mut notes = self.notes(backend, &findings, &estimates);
+        let survey = self.survey_summary();
+        if let Some(s) = &survey {
+            notes.push(survey_note(s));
+        }
+        Analysis {
+            backend,
+            duration_s: duration,
+            samples: self.stats.samples,
+            lost: self.stats.lost,
+            throttles: self.stats.throttles,
+            filtered: self.filter.dropped(),
+            line_size: self.model.line_size(),
+            modules: self.modules(),
+            notes,
+            survey,
+            findings,
+        }
+    }
+
+    /// What survey windows covered, and which of their lines turned out contended.
+    fn survey_summary(&self) -> Option<SurveySummary> {
+        if self.surveyed.is_empty() {
+            return None;
+        }
+        let mut s = SurveySummary::default();
+        for (&line, &(bytes, windows)) in &self.surveyed {
+            s.lines += 1;
+            s.bytes += u64::from(bytes.count_ones());
+            s.windows += windows;
+            match self.location(line) {
+                Location::Module { .. } => s.global_lines += 1,
+                Location::Heap => s.heap_lines += 1,
+                _ => {}
+            }
+            if self.model.is_contended(line) {
+                s.found.push(line);
+            }
+        }
+        s.found.sort_unstable();
+        Some(s)
+    }
+
+    /// The main process's program globals at run-time addresses, sorted.
+    fn program_globals(&self) -> Vec<(u64, u64)> {
+        let mut globals: Vec<(u64, u64)> = self
+            .globals
+            .iter()
+            .filter(|(k, _)| Some(k.0) == self.main_pid)
+            .flat_map(|(_, (bias, objs))| objs.iter().map(|&(v, n)| (v.wrapping_add(*bias), n)))
+            .collect();
+        globals.sort_unstable();
+        globals
+    }
+
+    /// Heap blocks the program's globals point to, read from the live target through `mem`
+    /// ([`crate::model::survey::pointed_blocks`]).
+    pub fn pointed_heap_blocks(&self, mem: &mut dyn Memory) -> Vec<(u64, u64)> {
+        let Some(space) = self.main_pid.and_then(|p| self.spaces.get(&p)) else {
+            return Vec::new();
+        };
+        crate::model::survey::pointed_blocks(&self.program_globals(), mem, |a| {
+            space.classify(a) == Class::Heap
+        })
+    }
+
+    /// Survey turns worth taking now, highest priority first ([`crate::model::survey::plan`]): lines
+    /// samples touched without showing contention, the program's writable globals, and the
+    /// heap blocks `pointed` to by them. Lines the survey found contended stay in it (their
+    /// store-only windows keep the estimate honest when read+write windows drown in loads).
+    pub fn survey_plan(&self, pointed: &[(u64, u64)]) -> Vec<SurveyTarget> {
+        crate::model::survey::plan(
+            &self.hot,
+            &self.program_globals(),
+            pointed,
+            self.model.line_size(),
+            |l| self.model.is_contended(l) && !self.surveyed.contains_key(&l),
+        )
+    }
+
+    fn modules(&self) -> Vec<ModuleInfo> {
+        let mut out: Vec<ModuleInfo> = Vec::new();
+        let mut pids: Vec<&u32> = self.spaces.keys().collect();
+        pids.sort_unstable_by_key(|p| (Some(**p) != self.main_pid, **p));
+        for p in pids {
+            for m in &self.spaces[p].modules {
+                if !out.iter().any(|o| o.path == m.path) {
+                    out.push(ModuleInfo {
+                        path: m.path.clone(),
+                        bias: m.bias,
+                        build_id: m.build_id.clone(),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    fn notes(
+        &self,
+        backend: BackendKind,
+        findings: &[LineFinding],
+        estimates: &[LineEstimate],
+    ) -> Vec<String> {
+        let mut notes = Vec::new();
+        let rated = findings
+            .iter()
+            .filter(|f| {
+                estimates
+                    .iter()
+                    .any(|e| e.line_addr == f.line_addr && e.informative())
+            })
+            .count();
+        let one_thread = findings
+            .iter()
+            .filter(|f| {
+                estimates
+                    .iter()
+                    .any(|e| e.line_addr == f.line_addr && !e.informative())
+            })
+            .count();
+        if backend == BackendKind::Soft && rated < findings.len() {
+            notes.push(format!(
+                "soft backend: {} line(s) counted from timer-sampled accesses; each counted \
+                 event is a real line transfer but most transfers fall between samples, so \
+                 their events and rates are lower bounds (sampled events), not totals",
+                findings.len() - rated
+            ));
+        }
+        if one_thread > 0 {
+            notes.push(format!(
+                "{one_thread} watched line(s) showed one thread per watch window (each thread's \
+                 burst of accesses used up a window's trap budget before another thread came \
+                 by): their windows cannot count transfers, so they keep the sampled count, a \
+                 lower bound"
+            ));
+        }
+        if rated > 0 {
+            let informative = || estimates.iter().filter(|e| e.informative());
+            let armed: f64 = informative().map(|e| e.armed_s).sum();
+            let transfers: u64 = informative().map(|e| e.transfers).sum();
+            let err = if transfers > 0 {
+                100.0 / (transfers as f64).sqrt()
+            } else {
+                100.0
+            };
+            notes.push(format!(
+                "{rated} line(s) rated from watchpoint windows: exact access history of the \
+                 watched words over {:.1} ms armed, {transfers} transfers, ±{err:.0}% \
+                 statistical, {:.1} µs per watchpoint hit taken out of the armed time; bytes \
+                 not watched are not counted",
+                armed * 1e3,
+                self.estimator.trap_cost_ns() as f64 / 1e3
+            ));
+            if estimates.iter().any(|e| e.inferred) {
+                notes.push(
+                    "watch windows not recorded: armed time inferred from first to last hit \
+                     per line (rates are upper estimates)"
+                        .to_string(),
+                );
+            }
+            if estimates.iter().any(|e| e.clamped) {
+                let n = estimates.iter().filter(|e| e.clamped).count();
+                notes.push(format!(
+                    "{n} watched line(s) trapped on most accesses (trap time over half the armed \
+                     time): their rates are not corrected for the slowdown, so they are lower \
+                     bounds"
+                ));
+            }
+        }
+        let (pl, pe) = self.model.pruned();
+        if pl > 0 {
+            notes.push(format!(
+                "{pl} weakly contended line(s) with {pe} events in all were dropped to bound \
+                 memory; shares count them"
+            ));
+        }
+        if self.model.evictions() > 0 {
+            notes.push(format!(
+                "{} line(s) forgotten by the bounded line table (idle while {} others were \
+                 touched); events they would have formed later are not counted",
+                self.model.evictions(),
+                self.config.max_lines
+            ));
+        }
+        if self.stats.lost > 0 {
+            notes.push(format!(
+                "{} samples lost by the kernel (ring buffer full): counts are low",
+                self.stats.lost
+            ));
+        }
+        if self.stats.throttles > 0 {
+            notes.push(format!(
+                "sampling throttled {} time(s) by the kernel",
+                self.stats.throttles
+            ));
+        }
+        let f = &self.filter;
+        notes.push(format!(
+            "filter: {} accesses analysed; samples dropped: kernel {}, vdso {}, undecodable {}, \
+             stack {}, thread-local {}, missing registers {}; {} at instructions without \
+             memory operands; {} stack data accesses",
+            f.accesses,
+            f.kernel_pc,
+            f.special_pc,
+            f.undecodable,
+            f.stack,
+            f.thread_local,
+            f.missing_regs,
+            f.no_memory,
+            f.stack_data
+        ));
+        if self.duration_s() <= 0.0 {
+            notes.push("run duration unknown (one timestamp): rates are 0".to_string());
+        }
+        notes
+    }
+
+    /// The modules (paths) holding the instructions of the contended lines seen so far: the
+    /// ones a report will symbolize, for [`crate::naming::prefetch`] to load ahead of it.
+    pub fn contended_modules(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for line in self.model.contended() {
+            for s in &line.sources {
+                if let Location::Module { path, .. } = self.location(s.pc) {
+                    if !out.contains(&path) {
+                        out.push(path);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The top `max_lines` contended lines and, per line, up to 4 naturally aligned words
+    /// different threads touched: where to arm watchpoints.
+    pub fn candidates(&self, max_lines: usize) -> Vec<WatchCandidate> {
+        crate::model::candidates::candidates(self.model.contended(), max_lines)
+    }
+}

@@ -1,0 +1,167 @@
+//! Migratory contention (issue 11, class 3): an array processed block by block, or a matrix
+//! whose block edges two owners write, makes each cache line hot for a few milliseconds and
+//! then never again. Every line stays under a per-line rate threshold while the program as a
+//! whole pays for the transfers.
+//!
+//! ```text
+//!   time ─▶   line 0 ███                     rate of each line over the run: low
+//!             line 1    ███                  rate of the code that moves along them:
+//!             line 2       ███                the sum, as high as one hot line's
+//!             …                ███
+//! ```
+//! The paper's threshold is per source line, not per cache line: lines below the threshold
+//! whose contention comes from the same instructions are one finding, with their extent,
+//! when their rates add up to the threshold. "Same instructions" is the set of contending PCs:
+//! one loop walking an object touches every line of it from the same few instructions.
+
+use hashbrown::HashMap;
+
+use crate::model::findings::{LineFinding, SourceAccess};
+use crate::model::line_kind::line_kind;
+
+/// Which lines one migratory finding spans.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Extent {
+    /// The lines, ascending.
+    pub lines: Vec<u64>,
+}
+
+/// Lines under `threshold` grouped by their contending instructions; each group of two or
+/// more lines whose rates add up to `threshold` becomes one finding (rates, events and
+/// shares summed, sources merged per instruction, the byte offsets of all its lines laid on
+/// one line), returned with its extent.
+pub fn migratory(findings: &[LineFinding], threshold: f64) -> Vec<(LineFinding, Extent)> {
+    let mut groups: HashMap<Vec<u64>, Vec<&LineFinding>> = HashMap::new();
+    for f in findings.iter().filter(|f| f.rate_per_s < threshold) {
+        let mut pcs: Vec<u64> = f.sources.iter().map(|s| s.pc).collect();
+        pcs.sort_unstable();
+        pcs.dedup();
+        groups.entry(pcs).or_default().push(f);
+    }
+    let mut out: Vec<(LineFinding, Extent)> = groups
+        .into_values()
+        .filter(|g| g.len() >= 2 && g.iter().map(|f| f.rate_per_s).sum::<f64>() >= threshold)
+        .map(merge)
+        .collect();
+    out.sort_by(|a, b| b.0.rate_per_s.total_cmp(&a.0.rate_per_s));
+    out
+}
+
+fn merge(mut lines: Vec<&LineFinding>) -> (LineFinding, Extent) {
+    lines.sort_by_key(|f| f.line_addr);
+    let first = lines[0];
+    let sum = |g: fn(&LineFinding) -> u64| lines.iter().map(|f| g(f)).sum::<u64>();
+    let (true_events, false_events) = (sum(|f| f.true_events), sum(|f| f.false_events));
+    let mut threads: Vec<u32> = lines
+        .iter()
+        .flat_map(|f| f.threads.iter().copied())
+        .collect();
+    threads.sort_unstable();
+    threads.dedup();
+    let mut sources: Vec<SourceAccess> = Vec::new();
+    for s in lines.iter().flat_map(|f| &f.sources) {
+        match sources.iter_mut().find(|m| m.pc == s.pc) {
+            Some(m) => {
+                m.offsets |= s.offsets;
+                m.events += s.events;
+                m.threads.extend(s.threads.iter().copied());
+                m.threads.sort_unstable();
+                m.threads.dedup();
+            }
+            None => sources.push(s.clone()),
+        }
+    }
+    sources.sort_by(|a, b| b.events.cmp(&a.events).then(a.pc.cmp(&b.pc)));
+    let merged = LineFinding {
+        line_addr: first.line_addr,
+        line_size: first.line_size,
+        kind: line_kind(true_events, false_events),
+        events: sum(|f| f.events),
+        true_events,
+        false_events,
+        rate_per_s: lines.iter().map(|f| f.rate_per_s).sum(),
+        share: lines.iter().map(|f| f.share).sum(),
+        threads,
+        data: first.data.clone(),
+        sources,
+    };
+    let extent = Extent {
+        lines: lines.iter().map(|f| f.line_addr).collect(),
+    };
+    (merged, extent)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::findings::{Kind, Location, Op};
+
+    fn line(addr: u64, rate: f64, pcs: &[(u64, u128, u32)]) -> LineFinding {
+        LineFinding {
+            line_addr: addr,
+            line_size: 64,
+            kind: Kind::FalseSharing,
+            events: rate as u64,
+            true_events: 0,
+            false_events: rate as u64,
+            rate_per_s: rate,
+            share: 0.01,
+            threads: pcs.iter().map(|p| p.2).collect(),
+            data: Location::Heap,
+            sources: pcs
+                .iter()
+                .map(|&(pc, offsets, t)| SourceAccess {
+                    pc,
+                    code: Location::Unknown,
+                    op: Op::Store,
+                    offsets,
+                    events: rate as u64 / 2,
+                    threads: vec![t],
+                    called_from: vec![],
+                })
+                .collect(),
+        }
+    }
+
+    /// ```text
+    ///   loop at 0x10/0x20 walks lines 0x1000..0x1c00, 400 ev/s each   → one finding
+    ///   another loop (0x30) on 0x9000 and 0x9040, 300 + 300 ev/s      → under 1,000: none
+    ///   a hot line at 0x5000 (2,000 ev/s)                             → not migratory
+    /// ```
+    #[test]
+    fn lines_under_the_threshold_from_one_loop_add_up() {
+        let mut f: Vec<LineFinding> = (0..4u64)
+            .map(|i| {
+                line(
+                    0x1000 + 0x400 * i,
+                    400.0,
+                    &[(0x10, 0xff, 1), (0x20, 0xff00, 2)],
+                )
+            })
+            .collect();
+        f.push(line(0x9000, 300.0, &[(0x30, 1, 1)]));
+        f.push(line(0x9040, 300.0, &[(0x30, 1, 2)]));
+        f.push(line(0x5000, 2000.0, &[(0x10, 0xff, 1), (0x20, 0xff00, 2)]));
+        let m = migratory(&f, 1000.0);
+        assert_eq!(m.len(), 1);
+        let (g, e) = &m[0];
+        assert_eq!(e.lines, [0x1000, 0x1400, 0x1800, 0x1c00]);
+        assert_eq!(g.line_addr, 0x1000);
+        assert!((g.rate_per_s - 1600.0).abs() < 1e-9);
+        assert_eq!(g.events, 1600);
+        assert_eq!(g.threads, [1, 2]);
+        assert_eq!(g.sources.len(), 2);
+        assert_eq!(g.sources[0].events, 800);
+        assert_eq!(g.kind, Kind::FalseSharing);
+    }
+
+    #[test]
+    fn one_line_alone_is_not_migratory() {
+        let f = vec![line(0x1000, 900.0, &[(0x10, 1, 1), (0x20, 2, 2)])];
+        assert!(
+            migratory(&f, 100.0).is_empty(),
+            "above the threshold itself"
+        );
+        assert!(migratory(&f, 1000.0).is_empty(), "one line under it");
+    }
+}

@@ -1,0 +1,12 @@
+//! Stage 3: names for what the model found. Source lines and inlined frames, the program's own
+//! frame, global and heap data with their DWARF types and fields, and library call sites.
+
+pub mod call_sites;
+pub mod dataname;
+pub mod debug_module;
+pub(crate) mod dwarf_types;
+pub mod heap_blocks;
+pub mod heap_names;
+pub mod own_frame;
+pub mod prefetch;
+pub mod symbolize;
