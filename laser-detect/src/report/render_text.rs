@@ -20,14 +20,14 @@ use std::fmt::Write;
 
 use crate::model::findings::{Kind, Op};
 use crate::report::fix::byte_ranges;
-use crate::report::{CalledFrom, Finding, Report, Source};
+use crate::report::{CalledFrom, Data, Finding, Report, Source};
 
 const WRAP: usize = 100;
 /// Sources listed per finding in text.
 pub const MAX_SOURCES: usize = 12;
 
 /// `48210.4` → `48,210`.
-fn thousands(n: u64) -> String {
+pub(crate) fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
@@ -206,6 +206,9 @@ fn header(out: &mut String, r: &Report) {
         if r.findings.len() == 1 { "" } else { "s" },
         rate(r.threshold),
     );
+    if let Some(c) = &r.coverage {
+        wrap(out, "types:", &crate::report::by_type::coverage_line(c), 7);
+    }
     let _ = writeln!(
         out,
         "byte map: R read  W write  X read+write (rmw)  * true sharing: 2+ threads, one writes  . not seen"
@@ -232,6 +235,29 @@ fn data_line(f: &Finding) -> String {
                 Some(m) => format!("global {objs} in {m}"),
                 None => format!("global {objs}"),
             }
+        }
+        // Outside the globals, the type the accesses go through names the data.
+        "heap" | "stack" | "unknown" if !d.types.is_empty() => {
+            let what = match d.kind.as_str() {
+                "heap" if d.blocks.is_empty() => "heap object",
+                "heap" => "heap",
+                "stack" => "stack object",
+                _ => "object",
+            };
+            let types: Vec<String> = d.types.iter().map(|t| format!("`{t}`")).collect();
+            let mut line = format!("{what} of type {}", types.join(", "));
+            if !d.blocks.is_empty() {
+                let plain = Data {
+                    types: vec![],
+                    ..d.clone()
+                };
+                let blocks = data_line(&Finding {
+                    data: plain,
+                    ..f.clone()
+                });
+                line.push_str(&format!("\n             {blocks}"));
+            }
+            line
         }
         "heap" if !d.blocks.is_empty() => {
             let list: Vec<String> = d
@@ -289,7 +315,12 @@ fn finding(out: &mut String, n: usize, f: &Finding, line_size: u32) {
         );
     }
     let _ = writeln!(out, "    data     {}", data_line(f));
-    if !f.data.fields.is_empty() {
+    if f.data.kind != "global" && !f.data.type_fields.is_empty() {
+        wrap(out, "    fields  ", &f.data.type_fields.join(", "), 13);
+        if !f.data.fields.is_empty() {
+            wrap(out, "    bytes   ", &f.data.fields.join(", "), 13);
+        }
+    } else if !f.data.fields.is_empty() {
         wrap(out, "    fields  ", &f.data.fields.join(", "), 13);
     }
     let _ = writeln!(
@@ -422,10 +453,10 @@ fn source(out: &mut String, label: &str, s: &Source, f: &Finding) {
     } else {
         0.0
     };
-    let fields = if s.fields.is_empty() {
-        String::new()
-    } else {
-        format!(" {}", s.fields.join(", "))
+    let fields = match &s.data_type {
+        Some(t) if f.data.kind != "global" => format!(" {}", t.expr),
+        _ if s.fields.is_empty() => String::new(),
+        _ => format!(" {}", s.fields.join(", ")),
     };
     let _ = writeln!(
         out,
