@@ -16,7 +16,10 @@ use report_common::{build_with, marker_in, Built};
 /// Instruction addresses whose line-table row is `line` of `file`.
 fn line_instructions(b: &Built, exe: &str, file: &str, line: u32) -> Vec<u64> {
     let mut rows: Vec<(u64, String, u32)> = Vec::new();
-    for l in b.tool("readelf", &["--debug-dump=decodedline", exe]).lines() {
+    for l in b
+        .tool("readelf", &["--debug-dump=decodedline", exe])
+        .lines()
+    {
         let f: Vec<&str> = l.split_whitespace().collect();
         if f.len() >= 3 {
             if let (Ok(n), Some(a)) = (f[1].parse::<u32>(), f[2].strip_prefix("0x")) {
@@ -42,7 +45,8 @@ fn line_instructions(b: &Built, exe: &str, file: &str, line: u32) -> Vec<u64> {
         let mut d = Decoder::with_ip(64, &data[lo..hi], *start, DecoderOptions::NONE);
         while d.can_decode() {
             let i = d.decode();
-            if (0..i.op_count()).any(|k| i.op_kind(k) == OpKind::Memory) && !i.is_stack_instruction()
+            if (0..i.op_count()).any(|k| i.op_kind(k) == OpKind::Memory)
+                && !i.is_stack_instruction()
             {
                 out.push(i.ip());
             }
@@ -94,8 +98,9 @@ fn c_heap_structs_arrays_anonymous_members_and_pointer_chains() {
         // An array of per-thread structs through a pointer: the element is unknown statically.
         let got = typed_on(&b, &exe, f, "@misses");
         assert!(
-            got.iter()
-                .any(|(t, e)| t == "struct stat" && e.starts_with("stats") && e.ends_with(".misses")),
+            got.iter().any(|(t, e)| t == "struct stat"
+                && e.starts_with("stats")
+                && e.ends_with(".misses")),
             "{exe}: {got:?}"
         );
         expect(&b, &exe, f, "@failed", "job_t", "job->failed");

@@ -564,8 +564,8 @@ mod tests {
     use std::collections::HashMap;
 
     fn table() -> TypeTable {
-        let rec = |name: &str, size: u64, members: Vec<(Option<&str>, u64, TypeId)>| {
-            TypeNode::Record {
+        let rec =
+            |name: &str, size: u64, members: Vec<(Option<&str>, u64, TypeId)>| TypeNode::Record {
                 keyword: "struct",
                 name: Some(name.into()),
                 size,
@@ -577,8 +577,7 @@ mod tests {
                         ty,
                     })
                     .collect(),
-            }
-        };
+            };
         TypeTable {
             types: vec![
                 /* 0 */
@@ -586,7 +585,16 @@ mod tests {
                     name: "long int".into(),
                     size: 8,
                 },
-                /* 1 */ rec("stat", 24, vec![(Some("hits"), 0, 0), (Some("misses"), 8, 0), (Some("n"), 16, 0)]),
+                /* 1 */
+                rec(
+                    "stat",
+                    24,
+                    vec![
+                        (Some("hits"), 0, 0),
+                        (Some("misses"), 8, 0),
+                        (Some("n"), 16, 0),
+                    ],
+                ),
                 /* 2 */
                 TypeNode::Array {
                     elem: 1,
@@ -597,7 +605,12 @@ mod tests {
                     elem: 0,
                     count: Some(4),
                 },
-                /* 4 */ rec("hist", 40, vec![(Some("total"), 0, 0), (Some("counts"), 8, 3)]),
+                /* 4 */
+                rec(
+                    "hist",
+                    40,
+                    vec![(Some("total"), 0, 0), (Some("counts"), 8, 3)],
+                ),
             ],
             ids: HashMap::new(),
         }
@@ -619,7 +632,12 @@ mod tests {
         // A global array at a known offset: element [1], member misses.
         let a = describe(&t, &place(2, PlaceName::Var("per".into()), 32, false)).unwrap();
         assert_eq!(
-            (a.type_name.as_str(), a.member.as_str(), a.expr.as_str(), a.offset),
+            (
+                a.type_name.as_str(),
+                a.member.as_str(),
+                a.expr.as_str(),
+                a.offset
+            ),
             ("struct stat", "misses", "per[1].misses", 8)
         );
         // Through a pointer with an index register: the element is unknown.
@@ -630,7 +648,10 @@ mod tests {
         assert_eq!(a.expr, "h->counts[*]");
         assert_eq!(a.type_size, 40);
         assert_eq!(
-            a.layout.iter().map(|m| (m.name.as_str(), m.offset, m.size)).collect::<Vec<_>>(),
+            a.layout
+                .iter()
+                .map(|m| (m.name.as_str(), m.offset, m.size))
+                .collect::<Vec<_>>(),
             vec![("total", 0, 8), ("counts", 8, 32)]
         );
         // A scalar through a pointer.

@@ -311,7 +311,11 @@ fn track(
                 }
             }
             (Mnemonic::Add | Mnemonic::Sub, k) if op0 == OpKind::Register => {
-                let sign = if ins.mnemonic() == Mnemonic::Add { 1 } else { -1 };
+                let sign = if ins.mnemonic() == Mnemonic::Add {
+                    1
+                } else {
+                    -1
+                };
                 match k {
                     OpKind::Immediate8to64 | OpKind::Immediate32to64 | OpKind::Immediate8 => {
                         off += sign * ins.immediate(1) as i64;
@@ -323,11 +327,9 @@ fn track(
                         let first = track(insns, j, reg, off, true, oracle, depth + 1);
                         return match (first, other) {
                             (Ok(p), _) => Ok(finish(p, 0, true, true)),
-                            (Err(e), Some(o)) => {
-                                track(insns, j, o, off, true, oracle, depth + 1)
-                                    .map(|p| finish(p, 0, true, true))
-                                    .or_else(|_| fallback.ok_or(e))
-                            }
+                            (Err(e), Some(o)) => track(insns, j, o, off, true, oracle, depth + 1)
+                                .map(|p| finish(p, 0, true, true))
+                                .or_else(|_| fallback.ok_or(e)),
                             (Err(e), None) => fallback.ok_or(e),
                         };
                     }
@@ -399,10 +401,12 @@ fn predecessor(insns: &[Instruction], j: usize) -> Option<usize> {
         ) && i.near_branch_target() == here
     };
     // The nearest branch before it, else one after it (a loop's back edge).
-    insns[..j]
-        .iter()
-        .rposition(|i| targets(&i))
-        .or_else(|| insns[j + 1..].iter().position(|i| targets(&i)).map(|k| j + 1 + k))
+    insns[..j].iter().rposition(|i| targets(&i)).or_else(|| {
+        insns[j + 1..]
+            .iter()
+            .position(|i| targets(&i))
+            .map(|k| j + 1 + k)
+    })
 }
 
 #[cfg(test)]

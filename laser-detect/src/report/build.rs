@@ -4,10 +4,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::findings::{Analysis, CallSite, LineFinding, Location, SourceAccess};
 use crate::model::migratory::Extent;
+use crate::naming::access_type::TypedAccess;
 use crate::naming::dataname::LineData;
 use crate::naming::heap_names::HeapBlocks;
 use crate::naming::symbolize::Symbolizer;
-use crate::naming::access_type::TypedAccess;
 use crate::report::by_type::{self, Layouts};
 use crate::report::fix;
 use crate::report::{

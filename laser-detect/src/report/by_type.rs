@@ -50,7 +50,7 @@ pub fn profile(findings: &[Finding], layouts: &Layouts, line_size: u32) -> Vec<T
     for f in findings {
         let kind = f.kind.as_str().to_string();
         // (type, member) → line masks seen, for "objects share lines".
-        let mut masks: BTreeMap<(&str, &str), BTreeSet<u128>> = BTreeMap::new();
+        let mut masks: BTreeMap<(&str, &str), BTreeSet<u32>> = BTreeMap::new();
         for s in &f.sources {
             let Some(t) = &s.data_type else { continue };
             let a = by.entry(t.type_name.clone()).or_default();
@@ -65,21 +65,16 @@ pub fn profile(findings: &[Finding], layouts: &Layouts, line_size: u32) -> Vec<T
             fe.2.extend(&s.threads);
             fe.3.insert(kind.clone());
             *a.sources
-                .entry((
-                    s.file.clone(),
-                    s.line,
-                    s.function.clone(),
-                    t.expr.clone(),
-                ))
+                .entry((s.file.clone(), s.line, s.function.clone(), t.expr.clone()))
                 .or_default() += s.events;
+            // Each run of the instruction's bytes is the member in one object.
             masks
                 .entry((t.type_name.as_str(), t.member.as_str()))
                 .or_default()
-                .insert(s.mask());
+                .extend(run_starts(s.mask()));
         }
         // One member at two places of one line: two objects of the type there.
-        for ((ty, _), m) in masks {
-            let starts: BTreeSet<u32> = m.iter().map(|m| m.trailing_zeros()).collect();
+        for ((ty, _), starts) in masks {
             if starts.len() > 1 || f.data.blocks.len() > 1 {
                 if let Some(a) = by.get_mut(ty) {
                     a.share_lines = true;
@@ -109,10 +104,7 @@ pub fn profile(findings: &[Finding], layouts: &Layouts, line_size: u32) -> Vec<T
                     .then((&x.file, x.line, &x.expr).cmp(&(&y.file, y.line, &y.expr)))
             });
             sources.truncate(MAX_SOURCES);
-            let (size, layout) = layouts
-                .get(&name)
-                .cloned()
-                .unwrap_or((a.size, Vec::new()));
+            let (size, layout) = layouts.get(&name).cloned().unwrap_or((a.size, Vec::new()));
             let mut p = TypeProfile {
                 type_name: name,
                 size,
@@ -129,14 +121,16 @@ pub fn profile(findings: &[Finding], layouts: &Layouts, line_size: u32) -> Vec<T
                 fields: a
                     .fields
                     .into_iter()
-                    .map(|((offset, member), (events, ops, threads, kinds))| FieldProfile {
-                        member,
-                        offset,
-                        events,
-                        ops: ops.into_iter().collect(),
-                        threads: threads.into_iter().collect(),
-                        kinds: kinds.into_iter().collect(),
-                    })
+                    .map(
+                        |((offset, member), (events, ops, threads, kinds))| FieldProfile {
+                            member,
+                            offset,
+                            events,
+                            ops: ops.into_iter().collect(),
+                            threads: threads.into_iter().collect(),
+                            kinds: kinds.into_iter().collect(),
+                        },
+                    )
                     .collect(),
                 sources,
                 objects_share_lines: a.share_lines,
@@ -147,12 +141,15 @@ pub fn profile(findings: &[Finding], layouts: &Layouts, line_size: u32) -> Vec<T
             p
         })
         .collect();
-    out.sort_by(|x, y| {
-        y.events
-            .cmp(&x.events)
-            .then(x.type_name.cmp(&y.type_name))
-    });
+    out.sort_by(|x, y| y.events.cmp(&x.events).then(x.type_name.cmp(&y.type_name)));
     out
+}
+
+/// First byte of each run of set bits.
+fn run_starts(mask: u128) -> Vec<u32> {
+    (0..128)
+        .filter(|&b| mask & (1u128 << b) != 0 && (b == 0 || mask & (1u128 << (b - 1)) == 0))
+        .collect()
 }
 
 /// Typed and untyped sources of `findings`, or `None` when there are none.
@@ -243,7 +240,7 @@ pub fn render_types(r: &Report) -> String {
         group(total)
     );
     if let Some(c) = &r.coverage {
-        let _ = writeln!(out, "{}", coverage_line(c));
+        crate::report::render_text::wrap(&mut out, "", &coverage_line(c), 0);
     }
     for (i, t) in types.iter().enumerate() {
         let _ = writeln!(
@@ -263,7 +260,10 @@ pub fn render_types(r: &Report) -> String {
         if t.objects_share_lines {
             let _ = writeln!(out, "    objects  several objects of the type share a line");
         }
-        let _ = writeln!(out, "    fields   offset  member               events  ops         threads");
+        let _ = writeln!(
+            out,
+            "    fields   offset  member               events  ops         threads"
+        );
         for f in &t.fields {
             let member = if f.member.is_empty() {
                 "(whole)"
@@ -301,7 +301,7 @@ pub fn render_types(r: &Report) -> String {
             );
         }
         if !t.fix.is_empty() {
-            let _ = writeln!(out, "    fix: {}", t.fix);
+            crate::report::render_text::wrap(&mut out, "    fix:", &t.fix, 9);
         }
     }
     out
@@ -332,7 +332,7 @@ pub fn render_fields(r: &Report) -> String {
         group(total)
     );
     if let Some(c) = &r.coverage {
-        let _ = writeln!(out, "{}", coverage_line(c));
+        crate::report::render_text::wrap(&mut out, "", &coverage_line(c), 0);
     }
     let _ = writeln!(
         out,

@@ -89,7 +89,7 @@ fn threads(ts: &[u32]) -> String {
 }
 
 /// Greedy word wrap of `text` after `first` (already written), continuation lines indented.
-fn wrap(out: &mut String, first: &str, text: &str, indent: usize) {
+pub(crate) fn wrap(out: &mut String, first: &str, text: &str, indent: usize) {
     let mut line = first.to_string();
     // `empty`: nothing on the line yet that the next word must be separated from.
     let mut empty = first.trim().is_empty();

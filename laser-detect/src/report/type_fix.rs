@@ -35,7 +35,11 @@ pub fn suggest(p: &TypeProfile, line_size: u32) -> String {
             None => groups.push((ts, vec![&f.member])),
         }
     }
-    let shared_within = groups.len() >= 2 && !written.is_empty() && !p.fields.is_empty();
+    // Objects sharing lines explain different threads on different members by themselves
+    // (each thread its own object: the per-thread struct pattern); separating members inside
+    // the type is suggested only when no two objects were seen on one line.
+    let shared_within =
+        groups.len() >= 2 && !written.is_empty() && !p.fields.is_empty() && !p.objects_share_lines;
     if shared_within && !p.layout.is_empty() {
         parts.push(separate(p, &groups, align));
     } else if shared_within {
@@ -49,7 +53,7 @@ pub fn suggest(p: &TypeProfile, line_size: u32) -> String {
     }
     // One member written by several threads at once, in one object: true sharing.
     for f in &written {
-        if f.threads.len() > 1 && f.kinds.iter().any(|k| k != "false_sharing") {
+        if f.threads.len() > 1 && f.kinds.iter().any(|k| k == "true_sharing" || k == "mixed") {
             let who: Vec<String> = f.threads.iter().map(|t| format!("T{t}")).collect();
             let member = if f.member.is_empty() {
                 p.type_name.clone()
@@ -106,10 +110,7 @@ fn layout_size(order: &[&TypeMember], aligned: &BTreeSet<&str>, align: u64) -> u
 
 /// The top-level layout member holding member path `member` (`in[2].hi` → `in`).
 fn top<'a>(layout: &'a [TypeMember], member: &str, offset: u64) -> Option<&'a TypeMember> {
-    let head = member
-        .split(['.', '['])
-        .next()
-        .filter(|h| !h.is_empty());
+    let head = member.split(['.', '[']).next().filter(|h| !h.is_empty());
     layout
         .iter()
         .find(|m| Some(m.name.as_str()) == head)
@@ -259,7 +260,12 @@ mod tests {
         // Two hot longs and only 16 cold bytes: padding, not reordering.
         let p = profile(
             32,
-            vec![member("N", 0, 8), member("SX", 8, 8), member("SY", 16, 8), member("SXX", 24, 8)],
+            vec![
+                member("N", 0, 8),
+                member("SX", 8, 8),
+                member("SY", 16, 8),
+                member("SXX", 24, 8),
+            ],
             vec![
                 field("SX", 8, &[1], "false_sharing"),
                 field("SY", 16, &[2], "false_sharing"),
@@ -267,23 +273,36 @@ mod tests {
         );
         let fix = suggest(&p, 64);
         assert!(fix.contains("on `SY`"), "{fix}");
-        assert!(fix.contains("sizeof `struct lreg_args` becomes 128 (now 32)"), "{fix}");
+        assert!(
+            fix.contains("sizeof `struct lreg_args` becomes 128 (now 32)"),
+            "{fix}"
+        );
         assert!(fix.contains("Reordering alone cannot"), "{fix}");
         // A 64-byte cold array between them makes reordering enough.
         let p = profile(
             88,
             vec![member("a", 0, 8), member("b", 8, 8), member("buf", 16, 72)],
-            vec![field("a", 0, &[1], "false_sharing"), field("b", 8, &[2], "false_sharing")],
+            vec![
+                field("a", 0, &[1], "false_sharing"),
+                field("b", 8, &[2], "false_sharing"),
+            ],
         );
         let fix = suggest(&p, 64);
-        assert!(fix.contains("Or reorder, with no growth: a, buf, b"), "{fix}");
+        assert!(
+            fix.contains("Or reorder, with no growth: a, buf, b"),
+            "{fix}"
+        );
     }
 
     #[test]
     fn objects_sharing_lines_get_aligned_allocation_and_true_sharing_is_named() {
         let mut p = profile(
             24,
-            vec![member("hits", 0, 8), member("misses", 8, 8), member("pad", 16, 8)],
+            vec![
+                member("hits", 0, 8),
+                member("misses", 8, 8),
+                member("pad", 16, 8),
+            ],
             vec![field("misses", 8, &[1, 2], "false_sharing")],
         );
         p.objects_share_lines = true;
