@@ -9,53 +9,7 @@ mod report_common;
 
 use std::collections::BTreeSet;
 
-use iced_x86::{Decoder, DecoderOptions, OpKind};
-use object::{Object, ObjectSection};
-use report_common::{build_with, marker_in, Built};
-
-/// Instruction addresses whose line-table row is `line` of `file`.
-fn line_instructions(b: &Built, exe: &str, file: &str, line: u32) -> Vec<u64> {
-    let mut rows: Vec<(u64, String, u32)> = Vec::new();
-    for l in b
-        .tool("readelf", &["--debug-dump=decodedline", exe])
-        .lines()
-    {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        if f.len() >= 3 {
-            if let (Ok(n), Some(a)) = (f[1].parse::<u32>(), f[2].strip_prefix("0x")) {
-                if let Ok(a) = u64::from_str_radix(a, 16) {
-                    rows.push((a, f[0].to_string(), n));
-                }
-            }
-        }
-    }
-    rows.sort();
-    let bytes = std::fs::read(b.dir.join(exe)).unwrap();
-    let obj = object::File::parse(&*bytes).unwrap();
-    let text = obj.section_by_name(".text").unwrap();
-    let (base, data) = (text.address(), text.data().unwrap());
-    let mut out = Vec::new();
-    for w in rows.windows(2) {
-        let ((start, f, n), (end, ..)) = (&w[0], &w[1]);
-        if f != file || *n != line || end <= start || *start < base {
-            continue;
-        }
-        let lo = (start - base) as usize;
-        let hi = ((end - base) as usize).min(data.len());
-        let mut d = Decoder::with_ip(64, &data[lo..hi], *start, DecoderOptions::NONE);
-        while d.can_decode() {
-            let i = d.decode();
-            if (0..i.op_count()).any(|k| i.op_kind(k) == OpKind::Memory)
-                && !i.is_stack_instruction()
-            {
-                out.push(i.ip());
-            }
-        }
-    }
-    out.sort_unstable();
-    out.dedup();
-    out
-}
+use report_common::{build_with, line_instructions, marker_in, Built};
 
 /// `(type, expr)` of every typed access on the marked line.
 fn typed_on(b: &Built, exe: &str, file: &str, tag: &str) -> BTreeSet<(String, String)> {
