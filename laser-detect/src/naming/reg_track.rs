@@ -382,9 +382,14 @@ fn spill(insns: &[Instruction], at: usize, base: DwReg, disp: i64) -> Option<(us
 /// never falls through (jmp, ret), then a branch targeting `insns[j]`.
 fn predecessor(insns: &[Instruction], j: usize) -> Option<usize> {
     let here = insns[j].ip();
-    let falls = j > 0
+    // Alignment padding (`nop`s after a `ret` or `jmp`) is never executed on the way in.
+    let mut k = j;
+    while k > 0 && insns[k - 1].mnemonic() == Mnemonic::Nop {
+        k -= 1;
+    }
+    let falls = k > 0
         && !matches!(
-            insns[j - 1].flow_control(),
+            insns[k - 1].flow_control(),
             FlowControl::UnconditionalBranch
                 | FlowControl::IndirectBranch
                 | FlowControl::Return
@@ -551,5 +556,18 @@ mod tests {
         let mut facts = Facts { entry: 0x1000 };
         let p = type_access(&insns, 3, &mut facts).unwrap();
         assert_eq!((p.ty, p.offset), (1, 4));
+        // Alignment padding after a `ret` is not a way in: the branch to the target is.
+        let insns = assemble(|a| {
+            let mut l = a.create_label();
+            a.mov(rax, rdi).unwrap();
+            a.test(rsi, rsi).unwrap();
+            a.jne(l).unwrap();
+            a.ret().unwrap();
+            a.nop().unwrap();
+            a.set_label(&mut l).unwrap();
+            a.mov(dword_ptr(rax + 8), ecx).unwrap();
+        });
+        let p = type_access(&insns, 5, &mut facts).unwrap();
+        assert_eq!((p.ty, p.offset), (1, 8));
     }
 }

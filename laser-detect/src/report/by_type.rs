@@ -30,6 +30,10 @@ pub type Layouts = BTreeMap<String, (u64, Vec<TypeMember>)>;
 
 /// The data profile of `findings`, most events first (ties: type name).
 pub fn profile(findings: &[Finding], layouts: &Layouts, line_size: u32) -> Vec<TypeProfile> {
+    /// Per member: events, ops, threads, kinds.
+    type FieldAcc = (u64, BTreeSet<String>, BTreeSet<u32>, BTreeSet<String>);
+    /// File, line, function, expression.
+    type SourceKey = (Option<String>, Option<u32>, Option<String>, String);
     #[derive(Default)]
     struct Acc {
         size: u64,
@@ -37,8 +41,8 @@ pub fn profile(findings: &[Finding], layouts: &Layouts, line_size: u32) -> Vec<T
         lines: BTreeSet<u64>,
         kinds: BTreeMap<String, u64>,
         threads: BTreeSet<u32>,
-        fields: BTreeMap<(u64, String), (u64, BTreeSet<String>, BTreeSet<u32>, BTreeSet<String>)>,
-        sources: BTreeMap<(Option<String>, Option<u32>, Option<String>, String), u64>,
+        fields: BTreeMap<(u64, String), FieldAcc>,
+        sources: BTreeMap<SourceKey, u64>,
         share_lines: bool,
     }
     let total: u64 = findings
@@ -245,12 +249,12 @@ pub fn render_types(r: &Report) -> String {
     for (i, t) in types.iter().enumerate() {
         let _ = writeln!(
             out,
-            "\n#{}  {}  ({} bytes)  {} events ({} of contention)  {} line{}",
+            "\n#{}  {}  ({} bytes)  {} events ({:.1}% of contention)  {} line{}",
             i + 1,
             t.type_name,
             t.size,
             group(t.events),
-            format!("{:.1}%", t.share * 100.0),
+            t.share * 100.0,
             t.lines,
             if t.lines == 1 { "" } else { "s" }
         );

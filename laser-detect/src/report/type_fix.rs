@@ -61,14 +61,24 @@ pub fn suggest(p: &TypeProfile, line_size: u32) -> String {
                 format!("{}.{}", p.type_name, f.member)
             };
             parts.push(format!(
-                "`{member}` is written by {} and truly shared on some line: padding cannot \
-                 help there; give each thread its own copy (per-thread counters summed when \
-                 read) or update it less often.",
+                "`{member}` is written by {} on the same bytes (true sharing): padding cannot \
+                 help there; reduce the sharing itself (per-thread copies combined when read, \
+                 fewer updates; the findings' fixes name the pattern: counter, flag, lock).",
                 who.join(", ")
             ));
         }
     }
-    if p.objects_share_lines {
+    if p.objects_share_lines && p.layout.is_empty() {
+        // A scalar type: neighbouring variables or elements of an array of it.
+        parts.push(format!(
+            "Different threads use neighbouring `{}` values on one line (separate variables \
+             or elements of one array): give each thread's data its own line — align each \
+             variable (`__attribute__((aligned({align})))`), or pad each thread's part of an \
+             array or heap block to a multiple of {align} bytes and align it \
+             (`aligned_alloc({align}, …)`).",
+            p.type_name
+        ));
+    } else if p.objects_share_lines {
         let rounded = p.size.div_ceil(align).max(1) * align;
         parts.push(format!(
             "Distinct objects of `{}` ({} bytes) share cache lines, each used by another \
