@@ -350,9 +350,27 @@ impl Oracle for DwarfOracle<'_> {
 
     fn load_pointer(&mut self, from: &Place) -> Option<Place> {
         let types = self.index.types_mut();
-        let (target, path) = pointer_at(types, from.ty, from.offset.max(0) as u64, 0)?;
+        // Past the pointee, or moved by an index: an element of an array of it (`p[*].next`).
+        let size = types.size(from.ty, 0) as i64;
+        let (offset, element) = if size > 0 && (from.offset < 0 || from.offset >= size) {
+            (from.offset.rem_euclid(size), true)
+        } else {
+            (from.offset, from.indexed)
+        };
+        let (target, mut path) = pointer_at(types, from.ty, offset.max(0) as u64, 0)?;
+        // An array variable (`ptrs[i]`): the index is the array's, not an outer one.
+        let element = if let (PlaceName::Var(_), true, Some(end)) =
+            (&from.name, element && path.starts_with('['), path.find(']'))
+        {
+            path.replace_range(1..end, "*");
+            false
+        } else {
+            element
+        };
         let lvalue = match &from.name {
+            PlaceName::Var(v) if element => format!("{v}[*]{path}"),
             PlaceName::Var(v) => format!("{v}{path}"),
+            PlaceName::Deref(p) if element => format!("{p}[*]{path}"),
             PlaceName::Deref(p) if path.is_empty() => format!("*{p}"),
             PlaceName::Deref(p) => match path.strip_prefix('.') {
                 Some(rest) => format!("{p}->{rest}"),

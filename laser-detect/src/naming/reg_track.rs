@@ -209,6 +209,7 @@ fn track(
         return Err(Untyped::NoVariable);
     }
     let mut j = at;
+    let mut walk = Walk::new();
     let mut fallback: Option<Place> = None;
     let mut moved = false;
     let finish = |mut p: Place, off: i64, indexed: bool, moved: bool| {
@@ -227,7 +228,11 @@ fn track(
             }
             fallback.get_or_insert(p);
         }
-        let Some(prev) = predecessor(insns, j) else {
+        // Entering a loop backwards: a pointer the loop body advances (`add %r8,%rax` before
+        // the back edge) points at an element chosen at run time, whatever the entry path
+        // set it to.
+        indexed |= loop_advances(insns, j, reg);
+        let Some(prev) = walk.back(insns, j) else {
             return fallback.ok_or(Untyped::NoPredecessor);
         };
         j = prev;
@@ -355,11 +360,32 @@ fn writes(ins: &Instruction, reg: DwReg) -> bool {
     })
 }
 
+/// Whether `insns[j]` is a loop head (a later branch jumps back to it) whose body adds to or
+/// subtracts from `reg`.
+fn loop_advances(insns: &[Instruction], j: usize, reg: DwReg) -> bool {
+    let head = insns[j].ip();
+    let Some(back) = insns[j..].iter().rposition(|i| {
+        matches!(
+            i.flow_control(),
+            FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch
+        ) && i.near_branch_target() == head
+    }) else {
+        return false;
+    };
+    insns[j..=j + back].iter().any(|i| {
+        matches!(
+            i.mnemonic(),
+            Mnemonic::Add | Mnemonic::Sub | Mnemonic::Lea | Mnemonic::Inc | Mnemonic::Dec
+        ) && writes(i, reg)
+    })
+}
+
 /// The store `mov [base+disp], S` before `insns[at]` that filled a stack slot, and S.
 fn spill(insns: &[Instruction], at: usize, base: DwReg, disp: i64) -> Option<(usize, DwReg)> {
     let mut j = at;
+    let mut walk = Walk::new();
     for _ in 0..MAX_STEPS {
-        j = predecessor(insns, j)?;
+        j = walk.back(insns, j)?;
         let ins = &insns[j];
         // The slot's base moved (push, sub rsp): offsets no longer compare.
         if writes(ins, base) {
@@ -378,40 +404,66 @@ fn spill(insns: &[Instruction], at: usize, base: DwReg, disp: i64) -> Option<(us
     None
 }
 
-/// The instruction executed before `insns[j]`: the one before it in memory unless that one
-/// never falls through (jmp, ret), then a branch targeting `insns[j]`.
-fn predecessor(insns: &[Instruction], j: usize) -> Option<usize> {
-    let here = insns[j].ip();
-    // Alignment padding (`nop`s after a `ret` or `jmp`) is never executed on the way in.
-    let mut k = j;
-    while k > 0 && insns[k - 1].mnemonic() == Mnemonic::Nop {
-        k -= 1;
+/// Alignment padding: `nop`, and `xchg ax,ax` (the 2-byte `66 90` nop as decoded).
+fn is_padding(i: &Instruction) -> bool {
+    i.mnemonic() == Mnemonic::Nop
+        || (i.mnemonic() == Mnemonic::Xchg
+            && i.op_count() == 2
+            && i.op0_kind() == OpKind::Register
+            && i.op1_kind() == OpKind::Register
+            && i.op0_register() == i.op1_register())
+}
+
+/// Walks backwards from instruction to instruction, choosing among the ways into each: the
+/// one before it in memory unless that one never falls through (jmp, ret; alignment padding
+/// after them is never executed on the way in), and every branch targeting it. Of those, the
+/// one visited least so far: a walk that came round a loop once takes the loop's entry next
+/// time instead of going round again.
+struct Walk {
+    visits: std::collections::HashMap<usize, u32>,
+}
+
+impl Walk {
+    fn new() -> Walk {
+        Walk {
+            visits: std::collections::HashMap::new(),
+        }
     }
-    let falls = k > 0
-        && !matches!(
-            insns[k - 1].flow_control(),
-            FlowControl::UnconditionalBranch
-                | FlowControl::IndirectBranch
-                | FlowControl::Return
-                | FlowControl::Interrupt
-                | FlowControl::Exception
-        );
-    if falls {
-        return Some(j - 1);
-    }
-    let targets = |i: &&Instruction| {
-        matches!(
-            i.flow_control(),
-            FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch
-        ) && i.near_branch_target() == here
-    };
-    // The nearest branch before it, else one after it (a loop's back edge).
-    insns[..j].iter().rposition(|i| targets(&i)).or_else(|| {
-        insns[j + 1..]
+
+    fn back(&mut self, insns: &[Instruction], j: usize) -> Option<usize> {
+        let here = insns[j].ip();
+        let mut k = j;
+        while k > 0 && is_padding(&insns[k - 1]) {
+            k -= 1;
+        }
+        let falls = k > 0
+            && !matches!(
+                insns[k - 1].flow_control(),
+                FlowControl::UnconditionalBranch
+                    | FlowControl::IndirectBranch
+                    | FlowControl::Return
+                    | FlowControl::Interrupt
+                    | FlowControl::Exception
+            );
+        let mut ways: Vec<usize> = Vec::new();
+        if falls {
+            ways.push(j - 1);
+        }
+        // Branches before it first (nearest first), then back edges after it.
+        let targets = |i: &Instruction| {
+            matches!(
+                i.flow_control(),
+                FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch
+            ) && i.near_branch_target() == here
+        };
+        ways.extend((0..j).rev().filter(|&i| targets(&insns[i])));
+        ways.extend((j + 1..insns.len()).filter(|&i| targets(&insns[i])));
+        let next = *ways
             .iter()
-            .position(|i| targets(&i))
-            .map(|k| j + 1 + k)
-    })
+            .min_by_key(|&&w| self.visits.get(&w).copied().unwrap_or(0))?;
+        *self.visits.entry(next).or_default() += 1;
+        Some(next)
+    }
 }
 
 #[cfg(test)]
@@ -540,6 +592,43 @@ mod tests {
             type_access(&insns, 0, &mut facts),
             Err(Untyped::NoMemoryOperand)
         );
+    }
+
+    #[test]
+    fn a_pointer_a_loop_advances_points_at_an_unknown_element() {
+        // rax = args; L: store [rax+8]; rax += 24; jne L
+        let insns = assemble(|a| {
+            let mut l = a.create_label();
+            a.mov(rax, rdi).unwrap();
+            a.set_label(&mut l).unwrap();
+            a.mov(qword_ptr(rax + 8), rcx).unwrap();
+            a.add(rax, 24).unwrap();
+            a.cmp(rax, rdx).unwrap();
+            a.jne(l).unwrap();
+        });
+        let mut facts = Facts { entry: 0x1000 };
+        let p = type_access(&insns, 1, &mut facts).unwrap();
+        assert_eq!((p.ty, p.offset, p.indexed), (1, 8, true));
+    }
+
+    #[test]
+    fn a_loop_walked_round_once_is_left_by_its_entry() {
+        // 0 mov rax,rdi; 1 jmp L2; L1: 2 add rcx,1; L2: 3 cmp; 4 je L1; 5 store [rax+8]
+        let insns = assemble(|a| {
+            let mut l1 = a.create_label();
+            let mut l2 = a.create_label();
+            a.mov(rax, rdi).unwrap();
+            a.jmp(l2).unwrap();
+            a.set_label(&mut l1).unwrap();
+            a.add(rcx, 1).unwrap();
+            a.set_label(&mut l2).unwrap();
+            a.cmp(rcx, rdx).unwrap();
+            a.je(l1).unwrap();
+            a.mov(qword_ptr(rax + 8), rcx).unwrap();
+        });
+        let mut facts = Facts { entry: 0x1000 };
+        let p = type_access(&insns, 5, &mut facts).unwrap();
+        assert_eq!((p.ty, p.offset, p.indexed), (1, 8, false));
     }
 
     #[test]
