@@ -148,6 +148,8 @@ pub(crate) struct AccessTyper {
     units: Vec<(Unit, Vec<(u64, u64)>)>,
     /// From the module file: the shared DWARF leaves location lists out.
     locs: LocLists,
+    /// Functions read so far, with their unit index.
+    functions: Vec<(usize, FunctionVars)>,
 }
 
 impl AccessTyper {
@@ -172,12 +174,13 @@ impl AccessTyper {
             locs: location_lists(bytes),
             dwarf,
             units,
+            functions: Vec::new(),
         }
     }
 
     /// Types the access at ELF vaddr `pc`. `Err` says why not (the coverage reason).
     pub(crate) fn type_at(
-        &self,
+        &mut self,
         index: &mut DataIndex,
         symbols: &[ElfSymbol],
         pc: u64,
@@ -190,10 +193,24 @@ impl AccessTyper {
             .find(|(_, (_, ranges))| ranges.iter().any(|r| (r.0..r.1).contains(&pc)))
             .map(|(i, (u, _))| (i, u))
             .ok_or("no DWARF function")?;
-        let vars = scope_vars::function_at(&self.dwarf, unit, &self.locs, pc)
-            .ok()
-            .flatten()
-            .ok_or("no DWARF function")?;
+        // Functions read once: a function's DIE tree is walked once however many of its
+        // instructions are contended.
+        let cached = self
+            .functions
+            .iter()
+            .position(|(u, f)| *u == uidx && f.ranges.iter().any(|r| (r.0..r.1).contains(&pc)));
+        let fi = match cached {
+            Some(i) => i,
+            None => {
+                let f = scope_vars::function_at(&self.dwarf, unit, &self.locs, pc)
+                    .ok()
+                    .flatten()
+                    .ok_or("no DWARF function")?;
+                self.functions.push((uidx, f));
+                self.functions.len() - 1
+            }
+        };
+        let vars = &self.functions[fi].1;
         let (start, end) = match symbols
             .iter()
             .rev()
@@ -216,7 +233,7 @@ impl AccessTyper {
             dwarf: &self.dwarf,
             unit,
             uidx,
-            vars: &vars,
+            vars,
             index,
             code,
         };

@@ -338,6 +338,17 @@ fn track(
                             (Err(e), None) => fallback.ok_or(e),
                         };
                     }
+                    // `add R,[mem]`: a pointer loaded from memory plus R as the index
+                    // (`add use_len(%rip),%rax`), or R the pointer plus an index from memory.
+                    OpKind::Memory if sign == 1 => {
+                        let loaded = operand_place(insns, j, oracle, depth + 1)
+                            .ok()
+                            .and_then(|from| oracle.load_pointer(&from));
+                        if let Some(p) = loaded {
+                            return Ok(finish(p, off, true, true));
+                        }
+                        indexed = true;
+                    }
                     _ => return fallback.ok_or(Untyped::Clobbered),
                 }
             }
@@ -387,8 +398,9 @@ fn spill(insns: &[Instruction], at: usize, base: DwReg, disp: i64) -> Option<(us
     for _ in 0..MAX_STEPS {
         j = walk.back(insns, j)?;
         let ins = &insns[j];
-        // The slot's base moved (push, sub rsp): offsets no longer compare.
-        if writes(ins, base) {
+        // The slot's base moved (push, sub rsp): offsets no longer compare. A call gives
+        // rsp back as it was.
+        if writes(ins, base) && ins.flow_control() != FlowControl::Call {
             return None;
         }
         if ins.mnemonic() == Mnemonic::Mov
@@ -566,6 +578,24 @@ mod tests {
         let p = type_access(&insns, 1, &mut facts).unwrap();
         assert_eq!(p.name, PlaceName::Deref("p".into()));
         assert_eq!((p.ty, p.offset, p.indexed), (1, 24, true));
+    }
+
+    #[test]
+    fn a_pointer_loaded_into_an_add_and_a_spill_across_a_call_are_followed() {
+        // rax = idx*4 + [rbp-0x18] (the pointer `p`); spilled to 0x10(%rsp) across a call;
+        // reloaded; access [rax].
+        let insns = assemble(|a| {
+            a.lea(rax, ptr(rcx * 4)).unwrap();
+            a.add(rax, qword_ptr(rbp - 0x18)).unwrap();
+            a.mov(qword_ptr(rsp + 0x10), rax).unwrap();
+            a.call(0x2000u64).unwrap();
+            a.mov(rax, qword_ptr(rsp + 0x10)).unwrap();
+            a.mov(eax, dword_ptr(rax)).unwrap();
+        });
+        let mut facts = Facts { entry: 0x1000 };
+        let p = type_access(&insns, 5, &mut facts).unwrap();
+        assert_eq!(p.name, PlaceName::Deref("p".into()));
+        assert_eq!((p.ty, p.offset, p.indexed), (1, 0, true));
     }
 
     #[test]

@@ -73,9 +73,11 @@ pub(crate) struct ScopeVar {
     pub(crate) locs: Vec<(u64, u64, VarLoc)>,
 }
 
-/// The variables of the function containing a PC.
+/// The variables of one function, each with the PC ranges where DWARF says where it is.
 #[derive(Clone, Debug)]
 pub(crate) struct FunctionVars {
+    /// The function's own PC ranges.
+    pub(crate) ranges: Vec<(u64, u64)>,
     pub(crate) low: u64,
     pub(crate) frame_base: FrameBase,
     pub(crate) vars: Vec<ScopeVar>,
@@ -97,7 +99,8 @@ impl FunctionVars {
 /// Nesting deeper than this is malformed DWARF.
 const MAX_DEPTH: usize = 64;
 
-/// Reads the function of `unit` whose ranges contain `pc`, or `None`.
+/// Reads the function of `unit` whose ranges contain `pc` (with the variables of all its
+/// blocks, so the result serves any PC of the function), or `None`.
 pub(crate) fn function_at(
     dwarf: &Dwarf,
     unit: &Unit,
@@ -115,22 +118,20 @@ pub(crate) fn function_at(
     find_function(&cx, root, 0)
 }
 
-/// The DIE's PC ranges if one contains the PC, else empty. A DIE whose ranges cannot be read
-/// does not contain it: one malformed entry must not hide the rest of the unit.
-fn contains(cx: &Ctx<'_>, e: &Entry<'_>) -> Vec<(u64, u64)> {
+/// The DIE's PC ranges. A DIE whose ranges cannot be read has none: one malformed entry must
+/// not hide the rest of the unit.
+fn ranges_of(cx: &Ctx<'_>, e: &Entry<'_>) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
-    let Ok(mut ranges) = cx.dwarf.die_ranges(cx.unit, e) else {
-        return out;
-    };
-    let mut hit = false;
-    while let Ok(Some(r)) = ranges.next() {
-        hit |= (r.begin..r.end).contains(&cx.pc);
-        out.push((r.begin, r.end));
-    }
-    if !hit {
-        out.clear();
+    if let Ok(mut ranges) = cx.dwarf.die_ranges(cx.unit, e) {
+        while let Ok(Some(r)) = ranges.next() {
+            out.push((r.begin, r.end));
+        }
     }
     out
+}
+
+fn contains(ranges: &[(u64, u64)], pc: u64) -> bool {
+    ranges.iter().any(|r| (r.0..r.1).contains(&pc))
 }
 
 type Entry<'a> = gimli::DebuggingInformationEntry<DwarfReader>;
@@ -149,13 +150,14 @@ fn find_function(
         let e = child.entry();
         match e.tag() {
             gimli::DW_TAG_subprogram => {
-                let ranges = contains(cx, e);
-                if ranges.is_empty() {
+                let ranges = ranges_of(cx, e);
+                if !contains(&ranges, cx.pc) {
                     continue;
                 }
                 let low = ranges.iter().map(|r| r.0).min().unwrap_or(0);
                 let frame_base = frame_base(cx.unit, e.attr_value(gimli::DW_AT_frame_base));
                 let mut f = FunctionVars {
+                    ranges: ranges.clone(),
                     low,
                     frame_base,
                     vars: Vec::new(),
@@ -202,7 +204,9 @@ fn collect(
             }
             gimli::DW_TAG_lexical_block | gimli::DW_TAG_inlined_subroutine => {
                 // A block without ranges (gcc emits some) shares its parent's.
-                let own = contains(cx, e);
+                // Every block, not only the PC's: the result serves every PC of the
+                // function, each variable valid only inside its block's ranges.
+                let own = ranges_of(cx, e);
                 let has_ranges = e.attr_value(gimli::DW_AT_low_pc).is_some()
                     || e.attr_value(gimli::DW_AT_ranges).is_some();
                 if !has_ranges {

@@ -291,7 +291,7 @@ impl Symbolizer {
             }
         }
         let m = self.module(module).ok_or("module not readable")?;
-        let typer = m.typer.take().ok_or("no debug info")?;
+        let mut typer = m.typer.take().ok_or("no debug info")?;
         let out = typer.type_at(
             Self::data_index(&mut m.data, &m.debug),
             &m.debug.symbols,
