@@ -290,11 +290,15 @@ fn finding(
     };
     out.fix = fix::suggest(&out, line_size);
     // Outside the globals (whose fix already names objects and fields), a line whose
-    // accesses are all of one type gets that type's fix from its DWARF layout.
+    // accesses are all of one type gets that type's fix from its DWARF layout: after the
+    // blocks' fix when malloc blocks are known (it says which blocks), else instead of the
+    // generic heap text.
     if out.data.kind != "global" && out.data.types.len() == 1 {
         if let Some(p) = by_type::profile(std::slice::from_ref(&out), layouts, line_size).first() {
-            if !p.fix.is_empty() {
+            if !p.fix.is_empty() && out.data.blocks.is_empty() {
                 out.fix = p.fix.clone();
+            } else if !p.fix.is_empty() {
+                out.fix = format!("{} {}", out.fix, p.fix);
             }
         }
     }

@@ -20,7 +20,7 @@ use std::fmt::Write;
 
 use crate::model::findings::{Kind, Op};
 use crate::report::fix::byte_ranges;
-use crate::report::{CalledFrom, Data, Finding, Report, Source};
+use crate::report::{CalledFrom, Finding, Report, Source};
 
 const WRAP: usize = 100;
 /// Sources listed per finding in text.
@@ -236,29 +236,6 @@ fn data_line(f: &Finding) -> String {
                 None => format!("global {objs}"),
             }
         }
-        // Outside the globals, the type the accesses go through names the data.
-        "heap" | "stack" | "unknown" if !d.types.is_empty() => {
-            let what = match d.kind.as_str() {
-                "heap" if d.blocks.is_empty() => "heap object",
-                "heap" => "heap",
-                "stack" => "stack object",
-                _ => "object",
-            };
-            let types: Vec<String> = d.types.iter().map(|t| format!("`{t}`")).collect();
-            let mut line = format!("{what} of type {}", types.join(", "));
-            if !d.blocks.is_empty() {
-                let plain = Data {
-                    types: vec![],
-                    ..d.clone()
-                };
-                let blocks = data_line(&Finding {
-                    data: plain,
-                    ..f.clone()
-                });
-                line.push_str(&format!("\n             {blocks}"));
-            }
-            line
-        }
         "heap" if !d.blocks.is_empty() => {
             let list: Vec<String> = d
                 .blocks
@@ -315,6 +292,12 @@ fn finding(out: &mut String, n: usize, f: &Finding, line_size: u32) {
         );
     }
     let _ = writeln!(out, "    data     {}", data_line(f));
+    // Outside the globals (named by their variables already), the type the accesses go
+    // through names the data.
+    if f.data.kind != "global" && !f.data.types.is_empty() {
+        let types: Vec<String> = f.data.types.iter().map(|t| format!("`{t}`")).collect();
+        let _ = writeln!(out, "    type     {}", types.join(", "));
+    }
     if f.data.kind != "global" && !f.data.type_fields.is_empty() {
         wrap(out, "    fields  ", &f.data.type_fields.join(", "), 13);
         if !f.data.fields.is_empty() {
