@@ -1,7 +1,7 @@
 //! The data type and member of one contended access, from DWARF: for the instruction at a PC,
 //! the variable whose location there is the memory operand's base register (or the stack
 //! slot or global the operand addresses), its pointer type, and the member at the access
-//! offset. When no variable covers the register, [`crate::naming::reg_track`] walks back
+//! offset. When no variable covers the register, `naming::reg_track` walks back
 //! through the function. This is Linux perf's data-type profiling (`perf report -s
 //! type,typeoff`), done at report time for the few contended PCs only, never per sample.
 //!
