@@ -188,6 +188,21 @@ pub struct AnalysisArgs {
     /// Write collapsed stacks (`frame;frame;[kind data] events`) for flame graphs.
     #[arg(long, value_name = "FILE")]
     pub collapsed: Option<PathBuf>,
+    /// Print a data-centric view instead of the per-line text report (DProf's data profile):
+    /// `type` ranks the data types of the contended accesses by contention events, with
+    /// their contended members, threads, source lines, kinds and a fix from the type's
+    /// layout; `field` ranks the members. Types come from DWARF (build with -g).
+    #[arg(long, value_enum, value_name = "VIEW")]
+    pub by: Option<ByView>,
+}
+
+/// `--by`: the data-centric views.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ByView {
+    /// Data types ranked by contention events.
+    Type,
+    /// Members of the data types ranked by contention events.
+    Field,
 }
 
 #[derive(Args, Debug)]
@@ -387,6 +402,7 @@ impl Default for AnalysisArgs {
             junit: None,
             pprof: None,
             collapsed: None,
+            by: None,
         }
     }
 }

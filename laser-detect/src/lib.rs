@@ -10,9 +10,12 @@
 //!   ([`model::candidates`], [`model::survey`]), honest rates from watch windows
 //!   ([`model::estimate`]) and migratory aggregation ([`model::migratory`]).
 //! - [`naming`]: from addresses to source lines ([`naming::symbolize`]), data names and types
-//!   ([`naming::dataname`], `naming::dwarf_types`) and heap blocks ([`naming::heap_blocks`]).
+//!   ([`naming::dataname`], `naming::dwarf_types`), the type and member of each contended
+//!   access ([`naming::access_type`], with `naming::scope_vars` and `naming::reg_track`) and
+//!   heap blocks ([`naming::heap_blocks`]).
 //! - [`report`]: the versioned JSON schema, [`report::build`] (threshold, rank, name, fix),
-//!   [`report::fix`] and [`report::render_text`].
+//!   [`report::fix`], [`report::render_text`], and the data profile ([`report::by_type`],
+//!   `--by type|field`) with its per-type fixes ([`report::type_fix`]).
 
 pub mod decode;
 pub mod model;

@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use laser_detect::{render_text, Report};
 
-use crate::cli::{AnalysisArgs, Format};
+use crate::cli::{AnalysisArgs, ByView, Format};
 use crate::gate::{self, report::ReportSubject, Verdict};
 
 /// Evaluates the gates and writes every output `args` asks for. `title` names the run in
@@ -17,7 +17,13 @@ use crate::gate::{self, report::ReportSubject, Verdict};
 pub fn deliver(report: &Report, args: &AnalysisArgs, title: &str) -> Result<bool> {
     let (tripped, verdicts) = gate::check_all(&args.fail_on, &ReportSubject(report));
     match args.format {
-        Format::Text if !args.quiet => print!("{}", render_text(report)),
+        Format::Text if !args.quiet => match args.by {
+            None => print!("{}", render_text(report)),
+            Some(ByView::Type) => print!("{}", laser_detect::report::by_type::render_types(report)),
+            Some(ByView::Field) => {
+                print!("{}", laser_detect::report::by_type::render_fields(report))
+            }
+        },
         Format::Text => {}
         Format::Github => print!(
             "{}",

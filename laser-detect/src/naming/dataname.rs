@@ -115,6 +115,19 @@ impl DataIndex {
         Ok(index)
     }
 
+    /// The global variable covering `addr` with a DWARF type: its name, type, and address
+    /// (for [`crate::naming::access_type`]), and the type table to read that type in.
+    pub(crate) fn typed_global_at(&self, addr: u64) -> Option<(&str, TypeId, u64)> {
+        let v = &self.vars[self.var_at(addr)?];
+        Some((v.name.as_str(), v.ty?, v.addr))
+    }
+
+    /// The type table, which [`crate::naming::access_type`] extends with the types of local
+    /// variables (ids stay valid: types are only added).
+    pub(crate) fn types_mut(&mut self) -> &mut TypeTable {
+        &mut self.types
+    }
+
     fn var_at(&self, addr: u64) -> Option<usize> {
         let idx = self.vars.partition_point(|v| v.addr <= addr);
         (0..idx)

@@ -376,7 +376,7 @@ impl TypeTable {
 /// Whether `name` is reserved for the implementation in C and C++ (`__x`, `_Mx`): the
 /// members of library types (`std::atomic`'s `_M_i`, `pthread_mutex_t`'s `__data`), which a
 /// program never names itself.
-fn is_reserved(name: &str) -> bool {
+pub(crate) fn is_reserved(name: &str) -> bool {
     let b = name.as_bytes();
     b.len() >= 2 && b[0] == b'_' && (b[1] == b'_' || b[1].is_ascii_uppercase())
 }

@@ -1,6 +1,7 @@
 //! Stage 3: names for what the model found. Source lines and inlined frames, the program's own
 //! frame, global and heap data with their DWARF types and fields, and library call sites.
 
+pub mod access_type;
 pub mod call_sites;
 pub mod dataname;
 pub mod debug_module;
@@ -9,4 +10,6 @@ pub mod heap_blocks;
 pub mod heap_names;
 pub mod own_frame;
 pub mod prefetch;
+pub(crate) mod reg_track;
+pub(crate) mod scope_vars;
 pub mod symbolize;

@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::io;
 
+use crate::naming::access_type::{AccessTyper, TypedAccess};
 use crate::naming::dataname::{DataIndex, LineData};
 use crate::naming::debug_module::{debug_file_candidates, DebugModule, DwarfReader, SymKind};
 use crate::naming::own_frame;
@@ -95,6 +96,8 @@ pub(crate) struct LoadedModule {
     ctx: Option<addr2line::Context<DwarfReader>>,
     /// Built on first data lookup: most modules only ever need code lookups.
     data: Option<DataIndex>,
+    /// Built on first access typing (the module's code and units, read again from the file).
+    typer: Option<AccessTyper>,
 }
 
 /// Opens `path` (and, without DWARF, its separate debug file) through `read`: symbols, DWARF
@@ -128,6 +131,7 @@ pub(crate) fn load_module(
         debug,
         ctx,
         data: None,
+        typer: None,
     })
 }
 
@@ -258,15 +262,50 @@ impl Symbolizer {
         mask: u128,
     ) -> Option<LineData> {
         let m = self.module(module)?;
-        if m.data.is_none() {
-            let index = match &m.debug.dwarf {
-                Some(dwarf) => DataIndex::from_dwarf(dwarf).unwrap_or_default(),
-                None => DataIndex::default(),
-            };
-            m.data = Some(index);
-        }
-        let index = m.data.as_ref()?;
+        let index = Self::data_index(&mut m.data, &m.debug);
         Some(index.name_line(&m.debug.symbols, line_vaddr, line_size, mask))
+    }
+
+    /// The module's global index, built on first use.
+    fn data_index<'a>(data: &'a mut Option<DataIndex>, debug: &DebugModule) -> &'a mut DataIndex {
+        data.get_or_insert_with(|| match &debug.dwarf {
+            Some(dwarf) => DataIndex::from_dwarf(dwarf).unwrap_or_default(),
+            None => DataIndex::default(),
+        })
+    }
+
+    /// The data type and member the instruction at ELF vaddr `pc` in `module` accesses
+    /// ([`crate::naming::access_type`]). `Err` is why not, as the report's coverage counts it.
+    pub fn type_access(&mut self, module: &str, pc: u64) -> Result<TypedAccess, &'static str> {
+        let needs_typer = match self.module(module) {
+            None => return Err("module not readable"),
+            Some(m) if m.debug.dwarf.is_none() => return Err("no debug info"),
+            Some(m) => m.typer.is_none(),
+        };
+        if needs_typer {
+            let bytes = (self.read)(module).ok();
+            if let Some(m) = self.module(module) {
+                if let Some(dwarf) = &m.debug.dwarf {
+                    m.typer = Some(AccessTyper::new(bytes.as_deref(), dwarf.clone()));
+                }
+            }
+        }
+        let m = self.module(module).ok_or("module not readable")?;
+        let mut typer = m.typer.take().ok_or("no debug info")?;
+        let out = typer.type_at(
+            Self::data_index(&mut m.data, &m.debug),
+            &m.debug.symbols,
+            pc,
+        );
+        m.typer = Some(typer);
+        out
+    }
+
+    /// The data type and member at ELF vaddr `addr` of a global in `module`.
+    pub fn type_global(&mut self, module: &str, addr: u64) -> Option<TypedAccess> {
+        let m = self.module(module)?;
+        m.debug.dwarf.as_ref()?;
+        crate::naming::access_type::type_global(Self::data_index(&mut m.data, &m.debug), addr)
     }
 
     /// The text of line `line` (1-based) of source file `file`, trimmed; `None` when the file

@@ -1,16 +1,18 @@
 //! From an [`Analysis`] to a [`Report`]: threshold, rank, symbolize, name data, suggest fixes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::findings::{Analysis, CallSite, LineFinding, Location, SourceAccess};
 use crate::model::migratory::Extent;
+use crate::naming::access_type::TypedAccess;
 use crate::naming::dataname::LineData;
 use crate::naming::heap_names::HeapBlocks;
 use crate::naming::symbolize::Symbolizer;
+use crate::report::by_type::{self, Layouts};
 use crate::report::fix;
 use crate::report::{
     mask_offsets, ranges, BelowThreshold, CalledFrom, Data, DataObject, Extent as ReportExtent,
-    Finding, HeapBlock, Inlined, Report, Source, Survey, SCHEMA,
+    Finding, HeapBlock, Inlined, Report, Source, SourceType, Survey, TypeMember, SCHEMA,
 };
 
 /// How to build a report.
@@ -80,10 +82,19 @@ pub fn build_report(
     });
     let mut modules: BTreeSet<String> = BTreeSet::new();
     let mut notes = analysis.notes.clone();
+    let mut layouts = Layouts::new();
     let findings: Vec<Finding> = kept
         .into_iter()
         .map(|(f, extent)| {
-            let mut out = finding(f, line_size, symbolizer, opts, &mut modules, &mut notes);
+            let mut out = finding(
+                f,
+                line_size,
+                symbolizer,
+                opts,
+                &mut modules,
+                &mut notes,
+                &mut layouts,
+            );
             if let Some(e) = extent {
                 out.extent = Some(report_extent(e, line_size));
                 out.fix = format!(
@@ -145,6 +156,8 @@ pub fn build_report(
             windows: s.windows,
             found: s.found.len() as u64,
         }),
+        types: by_type::profile(&findings, &layouts, line_size),
+        coverage: by_type::coverage(&findings),
         findings,
     };
     if !opts.path_map.is_empty() {
@@ -180,6 +193,13 @@ fn remap_paths(r: &mut Report, map: &[(String, String)]) {
             }
         }
     }
+    for t in &mut r.types {
+        for s in &mut t.sources {
+            if let Some(p) = &mut s.file {
+                remap(p, map);
+            }
+        }
+    }
     // Notes are prose: a path may sit anywhere in them.
     for n in &mut r.notes {
         for (from, to) in map {
@@ -209,6 +229,7 @@ fn finding(
     opts: &ReportOptions,
     modules: &mut BTreeSet<String>,
     notes: &mut Vec<String>,
+    layouts: &mut Layouts,
 ) -> Finding {
     let union = f.sources.iter().fold(0u128, |m, s| m | s.offsets);
     let (mut data, line_data) = data(&f.data, line_size, union, sym, modules);
@@ -246,6 +267,10 @@ fn finding(
             s.fields = heap_fields(&data.blocks, f.line_addr, line_size, s.mask());
         }
     }
+    for s in &mut sources {
+        type_source(s, &data, sym, layouts);
+    }
+    name_types(&mut data, &sources);
     let mut threads = f.threads.clone();
     threads.sort_unstable();
     threads.dedup();
@@ -264,7 +289,95 @@ fn finding(
         extent: None,
     };
     out.fix = fix::suggest(&out, line_size);
+    // Outside the globals (whose fix already names objects and fields), a line whose
+    // accesses are all of one type gets that type's fix from its DWARF layout: after the
+    // blocks' fix when malloc blocks are known (it says which blocks), else instead of the
+    // generic heap text.
+    if out.data.kind != "global" && out.data.types.len() == 1 {
+        if let Some(p) = by_type::profile(std::slice::from_ref(&out), layouts, line_size).first() {
+            if !p.fix.is_empty() && out.data.blocks.is_empty() {
+                out.fix = p.fix.clone();
+            } else if !p.fix.is_empty() {
+                out.fix = format!("{} {}", out.fix, p.fix);
+            }
+        }
+    }
     out
+}
+
+/// The data type and member a source accesses: for a global line from the contended
+/// address itself, elsewhere from the instruction and DWARF variables (`access_type`).
+fn type_source(s: &mut Source, data: &Data, sym: &mut Symbolizer, layouts: &mut Layouts) {
+    let typed: Result<TypedAccess, &str> = match (data.kind.as_str(), &data.module, data.vaddr) {
+        ("global", Some(m), Some(v)) => match s.offsets.first() {
+            Some(&o) => sym.type_global(m, v + u64::from(o)).ok_or_else(|| {
+                if sym.has_debug_info(m) == Some(false) {
+                    "no debug info"
+                } else {
+                    "global with no DWARF variable"
+                }
+            }),
+            None => Err("no bytes"),
+        },
+        _ => match (&s.module, s.offset) {
+            (Some(m), Some(pc)) => sym.type_access(m, pc),
+            _ => Err("code not in a file"),
+        },
+    };
+    // The instruction's operand must agree with where the line is: a stack slot or a global
+    // does not hold heap data (a source attributed to the wrong instruction, e.g. by skid).
+    let typed = typed.and_then(|t| match (data.kind.as_str(), t.how) {
+        ("heap", "stack") => Err("operand is a stack slot, the line is not"),
+        ("heap" | "stack", "global") => Err("operand is a global, the line is not"),
+        _ => Ok(t),
+    });
+    match typed {
+        Ok(t) => {
+            layouts.entry(t.type_name.clone()).or_insert_with(|| {
+                let members = t
+                    .layout
+                    .iter()
+                    .map(|m| TypeMember {
+                        name: m.name.clone(),
+                        offset: m.offset,
+                        size: m.size,
+                        type_name: m.type_name.clone(),
+                    })
+                    .collect();
+                (t.type_size, members)
+            });
+            s.data_type = Some(SourceType {
+                type_name: t.type_name,
+                size: t.type_size,
+                member: t.member,
+                offset: t.offset,
+                expr: t.expr,
+                how: t.how.to_string(),
+            });
+        }
+        Err(why) => s.untyped = Some(why.to_string()),
+    }
+}
+
+/// The line's types (most events first) and typed expressions (in offset order).
+fn name_types(data: &mut Data, sources: &[Source]) {
+    let mut events: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut exprs: Vec<(u32, &str)> = Vec::new();
+    for s in sources {
+        if let Some(t) = &s.data_type {
+            *events.entry(t.type_name.as_str()).or_default() += s.events;
+            exprs.push((s.offsets.first().copied().unwrap_or(0), t.expr.as_str()));
+        }
+    }
+    let mut types: Vec<(&str, u64)> = events.into_iter().collect();
+    types.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    data.types = types.into_iter().map(|t| t.0.to_string()).collect();
+    exprs.sort();
+    for (_, e) in exprs {
+        if !data.type_fields.iter().any(|x| x == e) {
+            data.type_fields.push(e.to_string());
+        }
+    }
 }
 
 fn data(
@@ -282,6 +395,8 @@ fn data(
         vaddr: None,
         objects: vec![],
         blocks: vec![],
+        types: vec![],
+        type_fields: vec![],
     };
     match loc {
         Location::Module { path, vaddr } => {
@@ -320,6 +435,8 @@ fn data(
                 vaddr: Some(line_vaddr),
                 objects,
                 blocks: vec![],
+                types: vec![],
+                type_fields: vec![],
             };
             (data, line_data)
         }
@@ -467,6 +584,8 @@ fn source(
                 .map(|c| called_from(c, sym, modules))
                 .collect(),
         ),
+        data_type: None,
+        untyped: None,
     };
     if let Location::Module { path, vaddr } = &s.code {
         modules.insert(path.clone());

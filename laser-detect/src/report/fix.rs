@@ -511,6 +511,8 @@ mod tests {
             events: 10,
             threads: vec![thread],
             called_from: vec![],
+            data_type: None,
+            untyped: None,
         }
     }
 
@@ -532,6 +534,8 @@ mod tests {
                 vaddr: None,
                 objects,
                 blocks: vec![],
+                types: vec![],
+                type_fields: vec![],
             },
             sources,
             fix: String::new(),

@@ -11,8 +11,10 @@
 //! suggest fixes ([`fix`]) and render it for people ([`render_text`]).
 
 pub mod build;
+pub mod by_type;
 pub mod fix;
 pub mod render_text;
+pub mod type_fix;
 
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +64,124 @@ pub struct Report {
     pub survey: Option<Survey>,
     /// Ranked: highest rate first.
     pub findings: Vec<Finding>,
+    /// DProf's data profile: the data types of the contended accesses, most events first,
+    /// with their contended members, threads, source lines, kinds, layout and fix (see
+    /// [`by_type`]). Added within `laser-report/1`; absent when no access was typed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub types: Vec<TypeProfile>,
+    /// How many contended accesses got a data type, and why the others did not (perf's
+    /// "annotate data type stats"). Added within `laser-report/1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<Coverage>,
+}
+
+/// The data type and member one contended instruction accesses (from DWARF, see
+/// `laser_detect::naming::access_type`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceType {
+    /// C-style type: `struct lreg_args`, `class Counter`, a typedef's name for an anonymous
+    /// struct, `long int` for an array of longs.
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// `sizeof` the type (one element, for arrays of it).
+    pub size: u64,
+    /// Member path in the type (`SX`, `in[2].hi`, `counts[*]`); empty for a scalar.
+    #[serde(default)]
+    pub member: String,
+    /// Offset of the access in the type.
+    pub offset: u64,
+    /// The access as the program writes it: `args->SX`, `stats[*].misses`, `acc[1].sum_x`
+    /// (`[*]`: an element chosen at run time).
+    pub expr: String,
+    /// How it was found: `variable` (a variable's location at the PC is the base register),
+    /// `tracked` (walking back over moves, offsets, spills, pointer loads), `stack` (a local
+    /// object the operand addresses), `global` (a global's address).
+    pub how: String,
+}
+
+/// Typed and untyped contended accesses (the findings' sources).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Coverage {
+    pub accesses: u64,
+    pub typed: u64,
+    /// The same, weighted by the accesses' contention events.
+    pub events: u64,
+    pub typed_events: u64,
+    /// Why the rest were not typed, most accesses first.
+    #[serde(default)]
+    pub untyped: Vec<UntypedReason>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UntypedReason {
+    pub reason: String,
+    pub accesses: u64,
+    pub events: u64,
+}
+
+/// One data type in the data profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TypeProfile {
+    #[serde(rename = "type")]
+    pub type_name: String,
+    pub size: u64,
+    /// Contention events of accesses to this type, and their share of all the findings'.
+    pub events: u64,
+    pub share: f64,
+    /// Contended lines (findings) with an access to this type.
+    pub lines: u64,
+    /// Finding kinds seen (`false_sharing`, `true_sharing`, `mixed`), by events.
+    pub kinds: Vec<String>,
+    pub threads: Vec<u32>,
+    /// Contended members, by offset.
+    pub fields: Vec<FieldProfile>,
+    /// Source lines accessing it, most events first.
+    pub sources: Vec<TypeSource>,
+    /// Whether distinct objects of the type share lines with each other (array elements or
+    /// neighbouring heap blocks, each used by another thread).
+    #[serde(default)]
+    pub objects_share_lines: bool,
+    /// The type's members from DWARF (structs and classes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layout: Vec<TypeMember>,
+    /// What would separate its contended parts (see `laser_detect::report::type_fix`).
+    pub fix: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldProfile {
+    /// Member path (`SX`, `counts[*]`; empty: the whole scalar).
+    pub member: String,
+    pub offset: u64,
+    pub events: u64,
+    /// `load`, `store`, `rmw` seen.
+    pub ops: Vec<String>,
+    pub threads: Vec<u32>,
+    /// Finding kinds of the lines it was contended on.
+    pub kinds: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TypeSource {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+    pub expr: String,
+    pub events: u64,
+}
+
+/// A member of a type's DWARF layout.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TypeMember {
+    /// `<base Name>` for a base class, `<anonymous>` for an unnamed struct/union member.
+    pub name: String,
+    pub offset: u64,
+    pub size: u64,
+    #[serde(rename = "type")]
+    pub type_name: String,
 }
 
 fn default_line_size() -> u32 {
@@ -152,6 +272,14 @@ pub struct Data {
     /// Heap lines of a live run: the malloc blocks holding contended bytes, by address.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub blocks: Vec<HeapBlock>,
+    /// Data types of the line's typed accesses, most events first (`struct lreg_args`).
+    /// Added within `laser-report/1`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub types: Vec<String>,
+    /// The typed accesses' expressions in offset order (`args->SX, args->SY`): what a heap
+    /// line's `fields` cannot say. Added within `laser-report/1`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub type_fields: Vec<String>,
 }
 
 /// A glibc malloc block (chunk) with contended bytes on a heap line, read from the live
@@ -267,6 +395,12 @@ pub struct Source {
     /// samples first (from return addresses on the sampled stacks).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub called_from: Vec<CalledFrom>,
+    /// The data type and member this instruction accesses. Added within `laser-report/1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_type: Option<SourceType>,
+    /// Why `data_type` is absent (the coverage reason). Added within `laser-report/1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untyped: Option<String>,
 }
 
 /// A call site in the program that led to a library instruction.
@@ -477,6 +611,8 @@ mod tests {
                     vaddr: Some(0x4080),
                     objects: vec![],
                     blocks: vec![],
+                    types: vec!["struct acc".into()],
+                    type_fields: vec![],
                 },
                 sources: vec![Source {
                     pc: 0x5555_5555_5289,
@@ -507,10 +643,27 @@ mod tests {
                         samples: 7,
                         share: 1.0,
                     }],
+                    data_type: Some(SourceType {
+                        type_name: "struct acc".into(),
+                        size: 24,
+                        member: "sum_x".into(),
+                        offset: 0,
+                        expr: "acc[0].sum_x".into(),
+                        how: "global".into(),
+                    }),
+                    untyped: None,
                 }],
                 fix: "pad".into(),
                 extent: None,
             }],
+            types: vec![],
+            coverage: Some(Coverage {
+                accesses: 1,
+                typed: 1,
+                events: 5,
+                typed_events: 5,
+                untyped: vec![],
+            }),
         }
     }
 

@@ -27,7 +27,7 @@ const WRAP: usize = 100;
 pub const MAX_SOURCES: usize = 12;
 
 /// `48210.4` → `48,210`.
-fn thousands(n: u64) -> String {
+pub(crate) fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
@@ -89,7 +89,7 @@ fn threads(ts: &[u32]) -> String {
 }
 
 /// Greedy word wrap of `text` after `first` (already written), continuation lines indented.
-fn wrap(out: &mut String, first: &str, text: &str, indent: usize) {
+pub(crate) fn wrap(out: &mut String, first: &str, text: &str, indent: usize) {
     let mut line = first.to_string();
     // `empty`: nothing on the line yet that the next word must be separated from.
     let mut empty = first.trim().is_empty();
@@ -206,6 +206,9 @@ fn header(out: &mut String, r: &Report) {
         if r.findings.len() == 1 { "" } else { "s" },
         rate(r.threshold),
     );
+    if let Some(c) = &r.coverage {
+        wrap(out, "types:", &crate::report::by_type::coverage_line(c), 7);
+    }
     let _ = writeln!(
         out,
         "byte map: R read  W write  X read+write (rmw)  * true sharing: 2+ threads, one writes  . not seen"
@@ -289,7 +292,18 @@ fn finding(out: &mut String, n: usize, f: &Finding, line_size: u32) {
         );
     }
     let _ = writeln!(out, "    data     {}", data_line(f));
-    if !f.data.fields.is_empty() {
+    // Outside the globals (named by their variables already), the type the accesses go
+    // through names the data.
+    if f.data.kind != "global" && !f.data.types.is_empty() {
+        let types: Vec<String> = f.data.types.iter().map(|t| format!("`{t}`")).collect();
+        let _ = writeln!(out, "    type     {}", types.join(", "));
+    }
+    if f.data.kind != "global" && !f.data.type_fields.is_empty() {
+        wrap(out, "    fields  ", &f.data.type_fields.join(", "), 13);
+        if !f.data.fields.is_empty() {
+            wrap(out, "    bytes   ", &f.data.fields.join(", "), 13);
+        }
+    } else if !f.data.fields.is_empty() {
         wrap(out, "    fields  ", &f.data.fields.join(", "), 13);
     }
     let _ = writeln!(
@@ -422,10 +436,10 @@ fn source(out: &mut String, label: &str, s: &Source, f: &Finding) {
     } else {
         0.0
     };
-    let fields = if s.fields.is_empty() {
-        String::new()
-    } else {
-        format!(" {}", s.fields.join(", "))
+    let fields = match &s.data_type {
+        Some(t) if f.data.kind != "global" => format!(" {}", t.expr),
+        _ if s.fields.is_empty() => String::new(),
+        _ => format!(" {}", s.fields.join(", ")),
     };
     let _ = writeln!(
         out,

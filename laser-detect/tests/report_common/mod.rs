@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use iced_x86::{Decoder, DecoderOptions, OpKind};
 use laser_detect::naming::symbolize::Symbolizer;
+use object::{Object, ObjectSection};
 
 /// Where the compiled program claims to live: `-fdebug-prefix-map` rewrites the build
 /// directory to this, and analyses name the module by it, so output never shows a temp path.
@@ -208,4 +210,49 @@ pub fn golden(name: &str, actual: &str) {
             diff.join("\n")
         );
     }
+}
+
+/// Addresses of the instructions with a memory operand (not push/pop) whose line-table row
+/// is `line` of `file`, in executable `exe` of `b`.
+pub fn line_instructions(b: &Built, exe: &str, file: &str, line: u32) -> Vec<u64> {
+    let mut rows: Vec<(u64, String, u32)> = Vec::new();
+    for l in b
+        .tool("readelf", &["--debug-dump=decodedline", exe])
+        .lines()
+    {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() >= 3 {
+            if let (Ok(n), Some(a)) = (f[1].parse::<u32>(), f[2].strip_prefix("0x")) {
+                if let Ok(a) = u64::from_str_radix(a, 16) {
+                    rows.push((a, f[0].to_string(), n));
+                }
+            }
+        }
+    }
+    rows.sort();
+    let bytes = std::fs::read(b.dir.join(exe)).unwrap();
+    let obj = object::File::parse(&*bytes).unwrap();
+    let text = obj.section_by_name(".text").unwrap();
+    let (base, data) = (text.address(), text.data().unwrap());
+    let mut out = Vec::new();
+    for w in rows.windows(2) {
+        let ((start, f, n), (end, ..)) = (&w[0], &w[1]);
+        if f != file || *n != line || end <= start || *start < base {
+            continue;
+        }
+        let lo = (start - base) as usize;
+        let hi = ((end - base) as usize).min(data.len());
+        let mut d = Decoder::with_ip(64, &data[lo..hi], *start, DecoderOptions::NONE);
+        while d.can_decode() {
+            let i = d.decode();
+            if (0..i.op_count()).any(|k| i.op_kind(k) == OpKind::Memory)
+                && !i.is_stack_instruction()
+            {
+                out.push(i.ip());
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
 }
