@@ -209,7 +209,7 @@ pub struct RunArgs {
     pub repair: bool,
     /// With --repair: how long to monitor before the first check, and between checks (e.g.
     /// 500ms, 2s). A program that exits before the first check is only reported.
-    #[arg(long, value_parser = parse_duration, default_value = "1s", requires = "repair")]
+    #[arg(long, value_parser = parse_duration, default_value = "250ms", requires = "repair")]
     pub repair_after: Duration,
     #[command(flatten)]
     pub repair_opts: RepairTuning,
@@ -581,14 +581,14 @@ mod tests {
             panic!("not run")
         };
         assert!(r.repair);
-        assert_eq!(r.repair_after, Duration::from_secs(1));
+        assert_eq!(r.repair_after, Duration::from_millis(250));
         assert_eq!(r.repair_opts.min_stores_per_flush, 4.0);
         let cli = Cli::try_parse_from([
             "laser",
             "run",
             "--repair",
             "--repair-after",
-            "250ms",
+            "2s",
             "--min-stores-per-flush",
             "0",
             "--",
@@ -599,7 +599,7 @@ mod tests {
         let Command::Run(r) = cli.command else {
             panic!("not run")
         };
-        assert_eq!(r.repair_after, Duration::from_millis(250));
+        assert_eq!(r.repair_after, Duration::from_secs(2));
         assert_eq!(r.repair_opts.min_stores_per_flush, 0.0);
         assert_eq!(r.command, ["./app", "--repair"], "the program's own flags");
         // Repair knobs without --repair are a usage error, not silently ignored.
