@@ -98,6 +98,7 @@ pub mod classify;
 pub mod fastpath;
 pub mod fixed;
 mod fixed_emit;
+pub mod frame;
 pub mod helper_path;
 pub mod insn;
 mod label_nops;
