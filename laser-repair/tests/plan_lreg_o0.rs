@@ -254,3 +254,46 @@ fn dump_lreg_o0_rewrite() {
     }
     println!("pc map {:x?}", t.plan.pc_map);
 }
+
+/// Where the repaired loop's cycles go: prints the code cache's parts (one `part NAME START`
+/// line each), then runs the repaired loop on packed structs for a while. Under
+/// `perf record -e cpu-clock` (software clock: no PMU needed), `scripts/ssb-profile` buckets
+/// the samples by part.
+#[test]
+#[ignore = "profile: run under perf record, see scripts/ssb-profile"]
+fn profile_lreg_o0_repair() {
+    let t = twin(&build, &pcs, strict()).unwrap();
+    let rt = &t.plan.runtime;
+    let region = (rt.code_addr + rt.code_len).div_ceil(16) * 16;
+    let tramp = t.plan.pc_map.iter().map(|p| p.1).min().unwrap_or(region);
+    let mut parts = vec![
+        ("flush", rt.flush),
+        ("backedge", rt.backedge),
+        ("enter", rt.enter),
+        ("region-body", region),
+        ("trampolines-copy-cold", tramp),
+    ];
+    for (k, &a) in rt.load.iter().enumerate() {
+        parts.push((["load1", "load2", "load4", "load8"][k], a));
+    }
+    for (k, &a) in rt.store.iter().enumerate() {
+        parts.push((["store1", "store2", "store4", "store8"][k], a));
+    }
+    parts.push((
+        "end",
+        t.plan.cache.code_addr + t.plan.cache.code.len() as u64,
+    ));
+    parts.push(("native-fn", t.native));
+    parts.push(("native-fn-end", t.native + t.len as u64));
+    for (n, a) in &parts {
+        println!("part {n} {a:#x}");
+    }
+    let reps: usize = std::env::var("LREG_REPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    for _ in 0..reps {
+        let (_, sums, pts) = run(t.repaired, 48, 1 << 23);
+        check(&sums, &pts);
+    }
+}
