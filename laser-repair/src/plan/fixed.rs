@@ -248,10 +248,19 @@ pub fn analyze(cfg: &Cfg, tr: &[Treatment], region: &Region) -> Option<Fixed> {
 /// counts appends since the last flush (entries mid-block start at 0). So a location stored
 /// `d` appends before a load (this iteration or the previous one) has an entry iff
 /// `rc >= d`: the load tests a register instead of the slot, and stores skip the slot.
+///
+/// A chain of blocks that fall into one another and whose last block branches back to the
+/// first (gcc -O0's `for`: body, then the condition at the bottom) is one such block: the
+/// instructions are taken in chain order.
 fn single_block_distances(cfg: &Cfg, tr: &[Treatment], region: &Region, fixed: &mut Fixed) {
-    let [b] = region.blocks[..] else { return };
-    let blk = &cfg.blocks[b];
-    let ks: Vec<usize> = blk.insns.clone().collect();
+    let Some(chain) = fall_through_chain(cfg, region) else {
+        return;
+    };
+    let head = cfg.blocks[chain[0]].start;
+    let ks: Vec<usize> = chain
+        .iter()
+        .flat_map(|&b| cfg.blocks[b].insns.clone())
+        .collect();
     let Some(&last) = ks.last() else { return };
     // (Vector accesses keep their slots: their pieces are not in the store list below.)
     let straight = ks.iter().all(|&k| {
@@ -260,14 +269,18 @@ fn single_block_distances(cfg: &Cfg, tr: &[Treatment], region: &Region, fixed: &
             Treatment::Verbatim | Treatment::Ssb { vector: false, .. } | Treatment::DirectBranch
         )
     });
-    let loops =
-        tr[last] == Treatment::DirectBranch && cfg.insns[last].near_branch_target() == blk.start;
+    let loops = tr[last] == Treatment::DirectBranch && cfg.insns[last].near_branch_target() == head;
+    // Only the last instruction may branch: every other block falls into the next one.
+    let branches = ks
+        .iter()
+        .filter(|&&k| tr[k] == Treatment::DirectBranch)
+        .count();
     let merges = ks
         .iter()
         .filter(|&&k| tr[k].is_store())
         .filter_map(|k| fixed.by_insn.get(k))
         .any(|a| a.merge);
-    if !straight || !loops || merges {
+    if !straight || !loops || merges || branches != 1 {
         return;
     }
     // (position in the block, slot) of every store, in order.
@@ -308,6 +321,21 @@ fn single_block_distances(cfg: &Cfg, tr: &[Treatment], region: &Region, fixed: &
 
 /// `bypass`: frame accesses, left out (they run verbatim); `derived(k, r)`: the frame slot
 /// register `r` holds at instruction `k`, if it was reloaded from an unchanged one.
+/// The region's blocks in the order control passes through them when each falls into the
+/// next (block `i` ends where block `i + 1` starts, in address order), or `None`.
+fn fall_through_chain(cfg: &Cfg, region: &Region) -> Option<Vec<usize>> {
+    let blocks = &region.blocks;
+    let first = *blocks.first()?;
+    let mut chain = vec![first];
+    for w in blocks.windows(2) {
+        if cfg.blocks[w[0]].end != cfg.blocks[w[1]].start {
+            return None;
+        }
+        chain.push(w[1]);
+    }
+    Some(chain)
+}
+
 fn analyze_insns(
     insns: &[Instruction],
     tr: &[Treatment],

@@ -123,13 +123,20 @@ impl Emitter<'_> {
                 let base = match g.base {
                     Base::Reg(r) => r,
                     // A frame slot's value: the base registers reloaded from it may hold
-                    // something else here, the slot does not (`frame.rs`).
+                    // something else here, the slot does not (`frame.rs`). Without an
+                    // index the subtraction reads the slot itself (one instruction less).
+                    Base::Slot(d) if g.index == Register::None => {
+                        let kk = i64::from(s.size) - 1 - g.lo;
+                        tests.push(rm(Code::Lea_r64_m, c, ea_k(kk))?);
+                        let slot = mem(Register::RBP, Register::None, d);
+                        tests.push(rm(Code::Sub_r64_rm64, c, slot)?);
+                        tests.push(ri(Code::Cmp_rm64_imm32, c, w)?);
+                        tests.push(br(Code::Jb_rel32_64, helper_load)?);
+                        continue;
+                    }
                     Base::Slot(d) => {
-                        tests.push(rm(
-                            Code::Mov_r64_rm64,
-                            m,
-                            mem(Register::RBP, Register::None, d),
-                        )?);
+                        let slot = mem(Register::RBP, Register::None, d);
+                        tests.push(rm(Code::Mov_r64_rm64, m, slot)?);
                         m
                     }
                 };
