@@ -238,13 +238,14 @@ pub struct RepairTuning {
 /// The repair's trial (`laser repair`, `run --repair`, `attach --repair`).
 #[derive(Args, Debug, Clone)]
 pub struct TrialArgs {
-    /// Keep a repair without measuring it. By default laser first runs the region with
-    /// native accesses and then repaired, --trial-ms each, counting loop iterations, and
-    /// undoes a repair that is not at least 5% faster (a wrong diagnosis or a loop with
-    /// too little contention would otherwise run several times slower).
+    /// Keep a repair without measuring it. By default laser runs the region with native
+    /// accesses and then repaired, --trial-ms each, counting loop iterations, in two
+    /// alternating rounds, and undoes a repair that is not at least 5% faster in every round
+    /// (a wrong diagnosis or a loop with too little contention would otherwise run several
+    /// times slower).
     #[arg(long)]
     pub no_trial: bool,
-    /// Milliseconds each of the trial's two measurements runs.
+    /// Milliseconds each of the trial's measurements runs (four of them: two rounds).
     #[arg(long, default_value_t = crate::repair::trial::DEFAULT_TRIAL_MS, value_parser = clap::value_parser!(u64).range(1..=60_000), conflicts_with = "no_trial")]
     pub trial_ms: u64,
 }
