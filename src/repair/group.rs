@@ -23,6 +23,7 @@ use laser_repair::tracee::{
     UndoOptions,
 };
 
+use super::placement;
 use super::targets::{Group, Live, Space};
 use super::trial::{self, TrialOutcome, Verdict};
 use super::{Repaired, Say, Settings};
@@ -250,15 +251,43 @@ pub fn repair_group(
         out
     });
     let Some((applied, tries, replan)) = kept else {
-        // Undone by its trial: nothing of it is left in the process.
-        let last = trial.as_ref();
+        // Undone by its trial: nothing of it is left in the process. The other repair that
+        // keeps TSO trivially, one CPU for the threads, gets its own trial.
+        if let (Some(t), Some(out)) = (settings.trial, &trial) {
+            if out.verdict == Verdict::Undone && online_cpus() >= 2 {
+                let counting = PlanOptions {
+                    count_only: true,
+                    ..opts
+                };
+                let (a, _, _) = put.apply(counting, say)?;
+                let (pout, pin) =
+                    placement::trial_rounds(pid, &mem, a.cache.data_base, &opts.runtime, &t);
+                kill_and_undo(&mem, &a, "the placement trial's count-only plan")?;
+                let region = p.region.ranges.first().map_or(0, |r| r.0);
+                say(&format!("  placement {}", pout.line(region)));
+                if let Some(pin) = pin {
+                    let what = placement::describe(&pin, &pout);
+                    say(&format!("  {what}"));
+                    return Ok(Some(Repaired {
+                        label,
+                        cache: 0..0,
+                        pause: Duration::ZERO,
+                        threads_held: 0,
+                        mode: None,
+                        trial: Some(pout),
+                        placement: Some(what),
+                    }));
+                }
+            }
+        }
         return Ok(Some(Repaired {
             label,
             cache: 0..0,
             pause: repair_pause,
             threads_held: 0,
             mode: None,
-            trial: last.cloned(),
+            trial,
+            placement: None,
         }));
     };
     let c = applied.cache;
@@ -302,7 +331,14 @@ pub fn repair_group(
         threads_held: applied.pause.threads,
         mode,
         trial,
+        placement: None,
     }))
+}
+
+/// CPUs online (the placement repair needs a second one to take a thread from).
+fn online_cpus() -> usize {
+    // SAFETY: sysconf takes an integer.
+    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize
 }
 
 /// What `tracee::apply` needs besides the plan options, so the trial's count-only plan and

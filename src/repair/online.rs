@@ -125,6 +125,10 @@ impl Online {
                     secs(at)
                 ));
                 for r in &summary.repaired {
+                    if let Some(p) = &r.placement {
+                        out.push_str(&format!("  {}: {p}\n", r.label));
+                        continue;
+                    }
                     out.push_str(&format!(
                         "  {}: code cache {:#x}..{:#x}, target paused {:.2} ms ({} thread(s)), {}\n",
                         r.label,
@@ -213,6 +217,7 @@ mod tests {
             threads_held: 3,
             mode: Some(SsbMode::Fifo),
             trial: None,
+            placement: None,
         }
     }
 
