@@ -44,6 +44,11 @@ const SURVEY_WINDOWS: u64 = 4;
 /// comes in phases (a flag stored while one loop runs, not the next) is caught in a later
 /// window. A small set of targets is not watched back to back.
 const SURVEY_REFRESH: Duration = Duration::from_millis(300);
+/// Share of the run's wall time that armed watchpoints may cost the target in slowed work
+/// with no trap to show for it (fast strings off: [`laser_detect::model::armed_cost`]). The
+/// trap budget covers the traps; this covers the rest. Sampling costs ~1%; with this the
+/// whole run stays within the 2–3% goal on programs that copy with `rep movs`.
+const ARMED_COST_BUDGET: f64 = 0.015;
 /// How often the globals are read again for heap pointers (programs allocate as they go).
 const POINTERS_EVERY: Duration = Duration::from_millis(200);
 
@@ -86,6 +91,9 @@ pub struct Steering {
     read_hot: Vec<u64>,
     /// The survey tier ([`SurveySource::ALL`] index) whose turn is next.
     next_tier: usize,
+    /// When steering started, and the time any turn has kept the watchpoints armed since.
+    started: Option<Instant>,
+    armed: Duration,
 }
 
 impl Steering {
@@ -120,7 +128,25 @@ impl Steering {
         if let (Some(last), true) = (self.last_step, counting) {
             self.counted += now.duration_since(last);
         }
+        if let (Some(last), Some(_)) = (self.last_step, self.turn) {
+            self.armed += now.duration_since(last);
+        }
         self.last_step = Some(now);
+        let started = *self.started.get_or_insert(now);
+        // Armed watchpoints slow code that copies with fast strings even when nothing traps:
+        // once that has cost the budget's share of the run so far, nothing is armed until
+        // the run has grown enough to pay for more.
+        if let Some(slowdown) = detector.armed_slowdown() {
+            let cost = self.armed.as_secs_f64() * (slowdown - 1.0);
+            if cost > ARMED_COST_BUDGET * now.duration_since(started).as_secs_f64() {
+                if !self.idle {
+                    watcher.disarm().context("disarming watchpoints")?;
+                    self.idle = true;
+                }
+                self.turn = None;
+                return Ok(());
+            }
+        }
         let over = match self.turn {
             Some((Turn::Survey, _)) => {
                 self.counted >= SURVEY_TURN

@@ -46,6 +46,17 @@ pub struct MemOperand {
     pub addr32: bool,
 }
 
+impl Insn {
+    /// `rep movs` / `rep stos`: the instructions the CPU's fast-string microcode runs, which an
+    /// enabled data breakpoint turns off (see [`crate::model::armed_cost`]).
+    pub fn is_fast_string(&self) -> bool {
+        self.rep
+            && self.mem[..usize::from(self.n_mem)]
+                .iter()
+                .any(|m| m.op.writes())
+    }
+}
+
 impl MemOperand {
     /// Registers this operand's address is computed from, as a `Reg` bit mask.
     pub fn address_regs(&self) -> u32 {

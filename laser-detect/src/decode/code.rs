@@ -276,13 +276,15 @@ struct LoadedModule {
     /// Run-time extent of the module's segments.
     lo: u64,
     hi: u64,
-    image: ElfImage,
+    image: Arc<ElfImage>,
 }
 
 /// Code read from the ELF files the target mapped, at the bias its mappings imply.
 ///
-/// One instance serves one address space: files are keyed by path, so a second process with the
-/// same library at another address needs its own source.
+/// A file mapped again at another bias (the program a wrapper like `env` or a shell `exec`s maps
+/// libc anew, at a new address; a second process maps it elsewhere) is one more module sharing
+/// the parsed image. Lookups take the latest mapping that covers an address: after an `exec`
+/// the old image's ranges are gone from the process, and the new ones may overlap them.
 #[derive(Default)]
 pub struct ElfCode {
     modules: Vec<LoadedModule>,
@@ -294,7 +296,10 @@ impl ElfCode {
     }
 
     fn module(&self, addr: u64) -> Option<&LoadedModule> {
-        self.modules.iter().find(|m| m.lo <= addr && addr < m.hi)
+        self.modules
+            .iter()
+            .rev()
+            .find(|m| m.lo <= addr && addr < m.hi)
     }
 }
 
@@ -319,24 +324,29 @@ impl CodeSource for ElfCode {
     }
 
     fn map_file(&mut self, m: &FileMapping<'_>) -> Option<ModuleLayout> {
-        if let Some(l) = self.modules.iter().find(|l| l.path == m.path) {
-            return Some(ModuleLayout {
-                bias: l.bias,
-                segments: l.image.segments.clone(),
-                build_id: l.image.build_id.clone(),
-                writable_objects: l.image.writable_objects.clone(),
-            });
+        let layout = |l: &LoadedModule| ModuleLayout {
+            bias: l.bias,
+            segments: l.image.segments.clone(),
+            build_id: l.image.build_id.clone(),
+            writable_objects: l.image.writable_objects.clone(),
+        };
+        // Another segment of a load already known (its address lies in that load's extent).
+        if let Some(l) = self
+            .modules
+            .iter()
+            .rev()
+            .find(|l| l.path == m.path && l.lo <= m.start && m.start < l.hi)
+        {
+            return Some(layout(l));
         }
-        let image = ElfImage::open(Path::new(m.path))?;
+        // The file loaded again elsewhere: the parsed image is shared.
+        let image = match self.modules.iter().rev().find(|l| l.path == m.path) {
+            Some(l) => l.image.clone(),
+            None => Arc::new(ElfImage::open(Path::new(m.path))?),
+        };
         let bias = load_bias(m.start, m.pgoff, &image.segments);
         let lo = image.segments.iter().map(|s| s.vaddr).min()?;
         let hi = image.segments.iter().map(|s| s.vaddr + s.memsz).max()?;
-        let layout = ModuleLayout {
-            bias,
-            segments: image.segments.clone(),
-            build_id: image.build_id.clone(),
-            writable_objects: image.writable_objects.clone(),
-        };
         self.modules.push(LoadedModule {
             path: m.path.to_string(),
             bias,
@@ -344,7 +354,7 @@ impl CodeSource for ElfCode {
             hi: hi.wrapping_add(bias),
             image,
         });
-        Some(layout)
+        self.modules.last().map(layout)
     }
 }
 
@@ -408,6 +418,55 @@ impl<A: CodeSource, B: CodeSource> CodeSource for Fallback<A, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A wrapper (`env`, a shell) maps libc, then `exec`s the program, which maps libc again
+    /// at another address: code must be read at the new bias too (it was read at the first
+    /// one, so every sample in libc came out undecodable).
+    #[test]
+    fn a_file_mapped_again_at_another_bias_is_read_at_both() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let path = exe.to_str().unwrap();
+        let image = ElfImage::open(&exe).unwrap();
+        let first = image.segments.iter().min_by_key(|s| s.vaddr).unwrap();
+        assert_eq!(first.offset, 0, "first PT_LOAD maps the file from offset 0");
+        let &(f, fe) = image.functions.iter().find(|f| f.1 - f.0 >= 8).unwrap();
+        let mut want = [0u8; 8];
+        assert_eq!(image.read_vaddr(f, &mut want), 8);
+        let mut code = ElfCode::new();
+        let mut at = |base: u64| {
+            let l = code
+                .map_file(&FileMapping {
+                    path,
+                    start: base + first.vaddr,
+                    end: base + first.vaddr + 4096,
+                    pgoff: 0,
+                    exec: false,
+                })
+                .unwrap();
+            assert_eq!(l.bias, base);
+        };
+        at(0x5555_0000_0000);
+        at(0x7f00_0000_0000);
+        for base in [0x5555_0000_0000u64, 0x7f00_0000_0000] {
+            let mut got = [0u8; 8];
+            assert_eq!(code.read_code(base + f, &mut got), 8, "at bias {base:#x}");
+            assert_eq!(got, want);
+            assert_eq!(code.function_bounds(base + f), Some((base + f, base + fe)));
+        }
+        // Another segment of a known load is the same load, not a new one.
+        let text = image.segments.iter().find(|s| s.offset > 0).unwrap();
+        let l = code
+            .map_file(&FileMapping {
+                path,
+                start: 0x5555_0000_0000 + (text.vaddr & !4095),
+                end: 0x5555_0000_0000 + (text.vaddr & !4095) + 4096,
+                pgoff: text.offset & !4095,
+                exec: true,
+            })
+            .unwrap();
+        assert_eq!(l.bias, 0x5555_0000_0000);
+        assert_eq!(code.modules.len(), 2);
+    }
 
     #[test]
     fn memory_code_reads_within_chunks() {

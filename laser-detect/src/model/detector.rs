@@ -32,6 +32,7 @@ use crate::decode::access::{resolve, Accesses, DropReason};
 use crate::decode::code::{CodeSource, FileMapping};
 use crate::decode::maps::{self, AddressSpace, Class, KERNEL_START};
 use crate::decode::pccache::{PcCache, Where};
+use crate::model::armed_cost::{ArmedCost, ArmedCostSummary};
 use crate::model::estimate::{Estimator, LineEstimate, DEFAULT_TRAP_COST_NS};
 use crate::model::findings::{
     Analysis, CallSite, LineFinding, Location, ModuleInfo, SourceAccess, SurveySummary,
@@ -136,6 +137,8 @@ pub struct Detector<C: CodeSource> {
     globals: HashMap<(u32, u32), ModuleGlobals>,
     /// Lines watched while the line model had no contention on them: (bytes watched, windows).
     surveyed: HashMap<u64, (u128, u64)>,
+    /// Timer samples on fast-string instructions, armed and not: what watching costs.
+    armed_cost: ArmedCost,
 }
 
 const STACK_SLOTS: usize = 64;
@@ -158,6 +161,25 @@ fn survey_note(s: &SurveySummary) -> String {
         s.bytes,
         s.found.len()
     )
+}
+
+/// The report's account of what armed watchpoints cost in fast-string slowdown, when they
+/// cost something measurable (a slowdown of at least 5%).
+fn armed_cost_note(s: &ArmedCostSummary) -> Option<String> {
+    let slowdown = s.slowdown().filter(|&x| x >= 1.05)?;
+    let pct = |n: u64, of: u64| 100.0 * n as f64 / of.max(1) as f64;
+    Some(format!(
+        "watch cost: with watchpoints armed, {:.0}% of timer samples were in fast-string \
+         copies (rep movs/stos), {:.0}% without ({} and {} samples): an armed data breakpoint \
+         turns fast strings off, so the program ran ~{:.1}x slower while watched; watch \
+         windows were spaced to keep that within the overhead budget, so watch-based rates \
+         come from less armed time",
+        pct(s.armed_fast_string, s.armed_samples),
+        pct(s.unarmed_fast_string, s.unarmed_samples),
+        s.armed_samples,
+        s.unarmed_samples,
+        slowdown
+    ))
 }
 
 fn backend_index(b: BackendKind) -> usize {
@@ -194,6 +216,7 @@ impl<C: CodeSource> Detector<C> {
             hot: HotLines::default(),
             globals: HashMap::new(),
             surveyed: HashMap::new(),
+            armed_cost: ArmedCost::default(),
         }
     }
 
@@ -282,6 +305,12 @@ impl<C: CodeSource> Detector<C> {
         self.estimator.end_window(line_addr, time);
     }
 
+    /// How many times longer the target's work takes while watchpoints are armed (see
+    /// [`crate::model::armed_cost`]); `None` until enough armed time has been sampled.
+    pub fn armed_slowdown(&self) -> Option<f64> {
+        self.armed_cost.slowdown()
+    }
+
     pub fn estimates(&self) -> Vec<LineEstimate> {
         self.estimator.estimates()
     }
@@ -328,6 +357,7 @@ impl<C: CodeSource> Detector<C> {
         for line in std::mem::take(&mut self.watched_lines) {
             self.estimator.end_window(line, time);
         }
+        self.armed_cost.transition(time, !words.is_empty());
         let mask = !(u64::from(self.config.line_size.max(1)) - 1);
         let mut lines: Vec<u64> = words.iter().map(|&(a, _)| a & mask).collect();
         lines.sort_unstable();
@@ -386,6 +416,10 @@ impl<C: CodeSource> Detector<C> {
         if info.special {
             self.filter.special_pc += 1;
             return;
+        }
+        if s.backend != BackendKind::Watch {
+            let fast_string = info.at.as_ref().is_some_and(|i| i.is_fast_string());
+            self.armed_cost.sample(s.time, fast_string);
         }
         if let Some(sp) = s.regs.as_ref().and_then(|r| r.get(laser_driver::Reg::Sp)) {
             let slot = &mut self.stacks[s.tid as usize % STACK_SLOTS];
@@ -615,6 +649,9 @@ impl<C: CodeSource> Detector<C> {
         let survey = self.survey_summary();
         if let Some(s) = &survey {
             notes.push(survey_note(s));
+        }
+        if let Some(n) = armed_cost_note(&self.armed_cost.summary()) {
+            notes.push(n);
         }
         Analysis {
             backend,

@@ -1,6 +1,7 @@
 //! Stage 2: accesses to contention. The LASER per-line model, the detector's rates and
 //! ranking, where to point the debug registers, and the rates watch windows prove.
 
+pub mod armed_cost;
 pub mod candidates;
 pub mod detector;
 pub mod estimate;
