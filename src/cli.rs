@@ -224,7 +224,7 @@ pub struct RunArgs {
     pub repair: bool,
     /// With --repair: how long to monitor before the first check, and between checks (e.g.
     /// 500ms, 2s). A program that exits before the first check is only reported.
-    #[arg(long, value_parser = parse_duration, default_value = "1s", requires = "repair")]
+    #[arg(long, value_parser = parse_duration, default_value = "250ms", requires = "repair")]
     pub repair_after: Duration,
     #[command(flatten)]
     pub repair_opts: RepairTuning,
@@ -253,13 +253,14 @@ pub struct RepairTuning {
 /// The repair's trial (`laser repair`, `run --repair`, `attach --repair`).
 #[derive(Args, Debug, Clone)]
 pub struct TrialArgs {
-    /// Keep a repair without measuring it. By default laser first runs the region with
-    /// native accesses and then repaired, --trial-ms each, counting loop iterations, and
-    /// undoes a repair that is not at least 5% faster (a wrong diagnosis or a loop with
-    /// too little contention would otherwise run several times slower).
+    /// Keep a repair without measuring it. By default laser runs the region with native
+    /// accesses and then repaired, --trial-ms each, counting loop iterations, in two
+    /// alternating rounds, and undoes a repair that is not at least 5% faster in every round
+    /// (a wrong diagnosis or a loop with too little contention would otherwise run several
+    /// times slower).
     #[arg(long)]
     pub no_trial: bool,
-    /// Milliseconds each of the trial's two measurements runs.
+    /// Milliseconds each of the trial's measurements runs (four of them: two rounds).
     #[arg(long, default_value_t = crate::repair::trial::DEFAULT_TRIAL_MS, value_parser = clap::value_parser!(u64).range(1..=60_000), conflicts_with = "no_trial")]
     pub trial_ms: u64,
 }
@@ -597,14 +598,14 @@ mod tests {
             panic!("not run")
         };
         assert!(r.repair);
-        assert_eq!(r.repair_after, Duration::from_secs(1));
+        assert_eq!(r.repair_after, Duration::from_millis(250));
         assert_eq!(r.repair_opts.min_stores_per_flush, 4.0);
         let cli = Cli::try_parse_from([
             "laser",
             "run",
             "--repair",
             "--repair-after",
-            "250ms",
+            "2s",
             "--min-stores-per-flush",
             "0",
             "--",
@@ -615,7 +616,7 @@ mod tests {
         let Command::Run(r) = cli.command else {
             panic!("not run")
         };
-        assert_eq!(r.repair_after, Duration::from_millis(250));
+        assert_eq!(r.repair_after, Duration::from_secs(2));
         assert_eq!(r.repair_opts.min_stores_per_flush, 0.0);
         assert_eq!(r.command, ["./app", "--repair"], "the program's own flags");
         // Repair knobs without --repair are a usage error, not silently ignored.

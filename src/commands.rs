@@ -76,6 +76,10 @@ pub fn run(args: RunArgs) -> Result<i32> {
         forced_watch: monitor::forced_watch(&args.monitor.watch_addr),
         live_view: !args.analysis.quiet,
     };
+    // One steering for the whole run: `--repair` checks return from the loop and resume it,
+    // and the watch survey must carry on where it was, or the checks would see only the
+    // first ~1 s of every survey (the report, built at the end, sees all of them).
+    let mut steering = crate::steering::Steering::default();
     let mut monitor = |session: &mut Session, detector: &mut _, opts: &LoopOptions| {
         monitor::run_loop(
             session,
@@ -83,6 +87,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
             Some(detector),
             recorder.as_mut(),
             heap.as_mut(),
+            &mut steering,
         )
         .map_err(|e| e.context("monitoring failed"))
     };
@@ -192,6 +197,7 @@ pub fn record(args: RecordArgs) -> Result<i32> {
         Some(&mut steering),
         Some(&mut recorder),
         None,
+        &mut crate::steering::Steering::default(),
     )?;
     recorder.finish(outcome.elapsed.as_nanos() as u64)?;
     let st = session.stats();
@@ -309,6 +315,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
         Some(&mut detector),
         recorder.as_mut(),
         heap.as_mut(),
+        &mut crate::steering::Steering::default(),
     )?;
     drop(session); // detach before the (possibly slow) symbolization
     if let Some(r) = recorder {

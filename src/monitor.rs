@@ -97,11 +97,11 @@ pub fn run_loop(
     mut detector: Option<&mut Detector<crate::analyze::Code>>,
     mut recorder: Option<&mut Recorder>,
     mut heap: Option<&mut LiveHeap>,
+    steering: &mut Steering,
 ) -> Result<Outcome> {
     let start = Instant::now();
     raise_reader_priority();
     let mut view = crate::live_view::LiveView::new(session.pid(), opts.live_view);
-    let mut steering = Steering::default();
     let mut record_error: Option<anyhow::Error> = None;
     let mut skipped = 0;
     let mut last_prefetch = Instant::now();
@@ -173,6 +173,9 @@ pub fn run_loop(
             // Leave nothing armed in a process we are about to let go of.
             let _ = w.disarm();
         }
+        // The caller may call again (`run --repair` checks between calls): the next call
+        // arms a new turn, and what the survey learned so far is kept.
+        steering.suspend();
     }
     view.finish();
     Ok(Outcome {

@@ -43,6 +43,7 @@ use laser_repair::tracee::{self, UndoOptions};
 
 mod group;
 pub mod online;
+pub mod placement;
 mod targets;
 pub mod trial;
 
@@ -94,6 +95,8 @@ pub struct Repaired {
     pub mode: Option<SsbMode>,
     /// What the trial measured and decided (`None`: `--no-trial`).
     pub trial: Option<TrialOutcome>,
+    /// The placement repair kept instead of the store buffer (`placement.rs`): what it did.
+    pub placement: Option<String>,
 }
 
 /// What a repair pass did.
@@ -220,6 +223,12 @@ fn repair_groups(
 }
 
 fn undo(pid: i32) -> Result<i32> {
+    if let Some(cpu) = placement::pinned_cpu(pid) {
+        let n = placement::unpin_all(pid);
+        println!(
+            "gave {n} thread(s) every CPU again (all were pinned to CPU {cpu}: a placement repair)"
+        );
+    }
     let opts = UndoOptions::default();
     let reports = tracee::undo(pid, &opts).with_context(|| format!("undoing repairs in {pid}"))?;
     if reports.is_empty() {
@@ -286,6 +295,7 @@ mod tests {
             threads_held: 2,
             mode: None,
             trial: None,
+            placement: None,
         });
         assert_eq!(s.exit_code(), exit::OK, "repaired");
         assert_eq!(s.caches(), vec![0x1000..0x2000]);

@@ -97,6 +97,15 @@ pub struct Steering {
 }
 
 impl Steering {
+    /// The watchpoints were disarmed from outside (the monitor loop returned): the armed
+    /// turn is over; settled lines, survey history and the tier order are kept, so a loop
+    /// that stops and resumes (`run --repair` checks) does not start its survey again.
+    pub fn suspend(&mut self) {
+        self.turn = None;
+        self.idle = false;
+        self.last_step = None;
+    }
+
     /// How long the monitor loop may wait before the next `step`: short during a survey turn,
     /// so turns are not stretched to the loop's idle poll.
     pub fn poll_hint(&self) -> Option<Duration> {

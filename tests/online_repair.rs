@@ -5,7 +5,7 @@
 //!
 //! Sampling on a loaded 2-core machine: threads that are not running at once do not contend,
 //! so a monitoring window may see nothing; `attach --repair` (one window) tries up to 3 times,
-//! `run --repair` checks every second by itself.
+//! `run --repair` checks every 250 ms by itself.
 
 mod common;
 

@@ -23,6 +23,7 @@ use laser_repair::tracee::{
     UndoOptions,
 };
 
+use super::placement;
 use super::targets::{Group, Live, Space};
 use super::trial::{self, TrialOutcome, Verdict};
 use super::{Repaired, Say, Settings};
@@ -167,25 +168,128 @@ pub fn repair_group(
         sizes,
     };
     let mem = tracee::ProcMem::open(pid).map_err(|e| Outcome::Failed(e.into()))?;
-    // Trial, part 1: the same region with native accesses and the same counter.
+    // The trial: rounds of (count-only window, repaired window), alternating, so that a
+    // scheduler placement that lasts a window (both threads on one CPU, a neighbour's burst)
+    // falls on both plans; every round must show the gain (`trial::decide_rounds`). Each
+    // plan is applied for its window and undone after it, except the repair after the last
+    // round that it won.
     let trial_start = Instant::now();
     let mut extra_pauses = Vec::new();
-    let native = match settings.trial {
-        Some(t) => {
-            let counting = PlanOptions {
-                count_only: true,
-                ..opts
-            };
-            let (a, _, _) = put.apply(counting, say)?;
-            extra_pauses.push(a.pause.paused);
-            let w = trial::measure(&mem, a.cache.data_base, &opts.runtime, t.window, |_| false);
-            extra_pauses.push(kill_and_undo(&mem, &a, "the trial's count-only plan")?);
-            Some(w)
+    let mut rounds: Vec<trial::Round> = Vec::new();
+    let n_rounds = settings.trial.map_or(1, |t| t.rounds.max(1));
+    let mut kept: Option<(tracee::AppliedRepair, usize, Duration)> = None;
+    let mut repair_pause = Duration::ZERO;
+    for r in 0..n_rounds {
+        let native = match settings.trial {
+            Some(t) => {
+                let counting = PlanOptions {
+                    count_only: true,
+                    ..opts
+                };
+                let (a, _, _) = put.apply(counting, say)?;
+                extra_pauses.push(a.pause.paused);
+                let at = trial_start.elapsed();
+                let w = trial::measure(&mem, a.cache.data_base, &opts.runtime, t.window, |_| false);
+                extra_pauses.push(kill_and_undo(&mem, &a, "the trial's count-only plan")?);
+                Some((at, w))
+            }
+            None => None,
+        };
+        let (applied, tries, replan) = put.apply(opts, say)?;
+        if r == 0 {
+            repair_pause = applied.pause.paused;
+        } else {
+            extra_pauses.push(applied.pause.paused);
         }
-        None => None,
+        let (Some(t), Some((n_at, native))) = (settings.trial, native) else {
+            kept = Some((applied, tries, replan));
+            break;
+        };
+        let r_at = trial_start.elapsed();
+        let repaired = trial::measure(
+            &mem,
+            applied.cache.data_base,
+            &opts.runtime,
+            t.window,
+            |w| {
+                // Not before 2/5 of the window: a few scheduler ticks on a loaded machine.
+                w.elapsed >= t.window * 2 / 5 && trial::clearly_losing(&native, w)
+            },
+        );
+        rounds.push(trial::Round {
+            native,
+            repaired,
+            native_at: n_at,
+            repaired_at: r_at,
+        });
+        let won = trial::decide(&native, &repaired, t.margin) == Verdict::Kept;
+        if won && r + 1 == n_rounds {
+            kept = Some((applied, tries, replan));
+        } else {
+            let what = if won {
+                "the repair between trial rounds"
+            } else {
+                "a repair that lost its trial"
+            };
+            extra_pauses.push(kill_and_undo(&mem, &applied, what)?);
+        }
+        if !won {
+            break;
+        }
+    }
+    let trial = settings.trial.map(|t| {
+        let out = TrialOutcome::from_rounds(
+            rounds,
+            t.margin,
+            extra_pauses.clone(),
+            trial_start.elapsed(),
+        );
+        say(&format!(
+            "  {}",
+            out.line(p.region.ranges.first().map_or(0, |r| r.0))
+        ));
+        out
+    });
+    let Some((applied, tries, replan)) = kept else {
+        // Undone by its trial: nothing of it is left in the process. The other repair that
+        // keeps TSO trivially, one CPU for the threads, gets its own trial.
+        if let (Some(t), Some(out)) = (settings.trial, &trial) {
+            if out.verdict == Verdict::Undone && online_cpus() >= 2 {
+                let counting = PlanOptions {
+                    count_only: true,
+                    ..opts
+                };
+                let (a, _, _) = put.apply(counting, say)?;
+                let (pout, pin) =
+                    placement::trial_rounds(pid, &mem, a.cache.data_base, &opts.runtime, &t);
+                kill_and_undo(&mem, &a, "the placement trial's count-only plan")?;
+                let region = p.region.ranges.first().map_or(0, |r| r.0);
+                say(&format!("  placement {}", pout.line(region)));
+                if let Some(pin) = pin {
+                    let what = placement::describe(&pin, &pout);
+                    say(&format!("  {what}"));
+                    return Ok(Some(Repaired {
+                        label,
+                        cache: 0..0,
+                        pause: Duration::ZERO,
+                        threads_held: 0,
+                        mode: None,
+                        trial: Some(pout),
+                        placement: Some(what),
+                    }));
+                }
+            }
+        }
+        return Ok(Some(Repaired {
+            label,
+            cache: 0..0,
+            pause: repair_pause,
+            threads_held: 0,
+            mode: None,
+            trial,
+            placement: None,
+        }));
     };
-    let trial_overhead = trial_start.elapsed();
-    let (applied, tries, replan) = put.apply(opts, say)?;
     let c = applied.cache;
     say(&format!(
         "  applied: cache {:#x}..{:#x} (data {:#x}, code {:#x}), {} patch(es), {} thread(s) moved in",
@@ -209,41 +313,10 @@ pub fn repair_group(
         replan.as_secs_f64() * 1e3,
         plan_time.as_secs_f64() * 1e3
     ));
-    // Trial, part 2: the repair over the same window; it stays only if it is faster.
-    let trial = match (settings.trial, native) {
-        (Some(t), Some(native)) => {
-            let t1 = Instant::now();
-            let repaired = trial::measure(&mem, c.data_base, &opts.runtime, t.window, |w| {
-                // Not before 2/5 of the window: a few scheduler ticks on a loaded machine.
-                w.elapsed >= t.window * 2 / 5 && trial::clearly_losing(&native, w)
-            });
-            let verdict = trial::decide(&native, &repaired, t.margin);
-            if verdict != Verdict::Kept {
-                extra_pauses.push(kill_and_undo(
-                    &mem,
-                    &applied,
-                    "a repair that lost its trial",
-                )?);
-            }
-            let out = TrialOutcome {
-                native,
-                repaired,
-                verdict,
-                extra_pauses: extra_pauses.clone(),
-                cost: trial_overhead + t1.elapsed(),
-            };
-            say(&format!(
-                "  {}",
-                out.line(p.region.ranges.first().map_or(0, |r| r.0))
-            ));
-            Some(out)
-        }
-        _ => {
-            // The runtime probes CPUID when the first thread claims a slot: give it a moment.
-            std::thread::sleep(Duration::from_millis(50));
-            None
-        }
-    };
+    if trial.is_none() {
+        // The runtime probes CPUID when the first thread claims a slot: give it a moment.
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let mut w = [0u8; 8];
     let mode = (space
         .mem
@@ -258,7 +331,14 @@ pub fn repair_group(
         threads_held: applied.pause.threads,
         mode,
         trial,
+        placement: None,
     }))
+}
+
+/// CPUs online (the placement repair needs a second one to take a thread from).
+fn online_cpus() -> usize {
+    // SAFETY: sysconf takes an integer.
+    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize
 }
 
 /// What `tracee::apply` needs besides the plan options, so the trial's count-only plan and

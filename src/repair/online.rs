@@ -9,8 +9,11 @@
 //! ```
 //!
 //! The check uses the detector's own rates (watch-window rates where a line was watched, so a
-//! slow start of the program does not dilute them) and symbolizes nothing: only when a line
-//! crosses does the report get built.
+//! slow start of the program does not dilute them) and the report's rule for which findings
+//! it keeps ([`crossed`]), and symbolizes nothing: only when a line crosses does the report
+//! get built. The monitor loop's watchpoint steering lives across checks (`commands::run`):
+//! restarting it at every check made the survey start over each `--repair-after`, and the
+//! checks missed lines (Phoenix linear_regression -O0) that the report at exit showed.
 //!
 //! The child is laser's own (forked, not traced): the tracee seizes its threads like any
 //! other process's, and the perf events, inherited per CPU, keep sampling through and after
@@ -36,12 +39,18 @@ pub enum Online {
     Failed { at: Duration, error: String },
 }
 
-/// Whether any false-sharing line of the run so far is at or above `threshold` events/s.
+/// Whether the report built from `analysis` would hold a false-sharing finding at or above
+/// `threshold` events/s: the same rule the report keeps findings by (a line at or above the
+/// threshold, or lines below it that one set of instructions moves along and that add up to
+/// it, `model::migratory`), so a line the report shows is a line the check sees.
 pub fn crossed(analysis: &Analysis, threshold: f64) -> bool {
     analysis
         .findings
         .iter()
         .any(|f| f.kind == Kind::FalseSharing && f.rate_per_s >= threshold)
+        || laser_detect::model::migratory::migratory(&analysis.findings, threshold)
+            .iter()
+            .any(|(f, _)| f.kind == Kind::FalseSharing)
 }
 
 /// Repairs the false-sharing sources of `report` (the run so far) in process `pid`.
@@ -116,6 +125,10 @@ impl Online {
                     secs(at)
                 ));
                 for r in &summary.repaired {
+                    if let Some(p) = &r.placement {
+                        out.push_str(&format!("  {}: {p}\n", r.label));
+                        continue;
+                    }
                     out.push_str(&format!(
                         "  {}: code cache {:#x}..{:#x}, target paused {:.2} ms ({} thread(s)), {}\n",
                         r.label,
@@ -204,6 +217,7 @@ mod tests {
             threads_held: 3,
             mode: Some(SsbMode::Fifo),
             trial: None,
+            placement: None,
         }
     }
 

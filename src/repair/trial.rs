@@ -5,10 +5,16 @@
 //! slower. So after planning, laser measures before it commits:
 //!
 //! ```text
-//!  apply count-only plan ─ window ─ Σ iterations → native rate ─ undo
-//!  apply the repair      ─ window ─ Σ iterations → repaired rate
-//!      repaired ≥ native × (1 + margin): keep          else: kill switch, undo
+//!  round 1: apply count-only plan ─ window ─ Σ iterations → native rate ─ undo
+//!           apply the repair      ─ window ─ Σ iterations → repaired rate
+//!           repaired < native × (1 + margin): kill switch, undo, stop
+//!           else undo (not the last round), round 2 the same; won every round: keep
 //! ```
+//!
+//! Rounds alternate the two plans so a scheduler placement that lasts one window (on 2
+//! vCPUs: both threads sharing a CPU makes a contended loop look uncontended; a neighbour's
+//! burst halves one window) meets both; the output gives each round's rates and the
+//! interval (from the trial's start) each was measured over.
 //!
 //! Both plans cover the same region with the same trampolines and the same per-thread
 //! back-edge counter (`plan::ssb_layout::iters_offset`), read from outside through
@@ -30,6 +36,8 @@ pub struct TrialSettings {
     pub window: Duration,
     /// The repair must beat native by this fraction (0.05: 5%) to be kept.
     pub margin: f64,
+    /// Rounds of (native window, repaired window); the repair must win every one.
+    pub rounds: u32,
 }
 
 impl Default for TrialSettings {
@@ -37,8 +45,25 @@ impl Default for TrialSettings {
         TrialSettings {
             window: Duration::from_millis(DEFAULT_TRIAL_MS),
             margin: 0.05,
+            rounds: DEFAULT_TRIAL_ROUNDS,
         }
     }
+}
+
+/// Rounds by default. One round (native then repaired, 50 ms each) decided on whatever the
+/// scheduler did in those 100 ms: on Phoenix linear_regression -O0 (2 vCPUs, shared) one
+/// run kept a repair at "1.38x" and ran 1.5x slower than without it, another undid it at
+/// 0.63x. A second round must confirm a win; a loss ends the trial at once.
+pub const DEFAULT_TRIAL_ROUNDS: u32 = 2;
+
+/// One round: the count-only window, then the repaired one, with their start times from
+/// the trial's start (the interval the verdict was decided on).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Round {
+    pub native: Window,
+    pub repaired: Window,
+    pub native_at: Duration,
+    pub repaired_at: Duration,
 }
 
 /// `--trial-ms` default: long enough for ~10^5 iterations of a slow loop, short next to a
@@ -72,8 +97,10 @@ pub enum Verdict {
 /// What a trial measured and decided.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrialOutcome {
+    /// All rounds' native windows together, and all repaired ones.
     pub native: Window,
     pub repaired: Window,
+    pub rounds: Vec<Round>,
     pub verdict: Verdict,
     /// Target pauses the trial added, in order: count-only apply, count-only undo, and the
     /// undo of a repair that lost; on top of the repair's own apply.
@@ -95,6 +122,39 @@ pub fn decide(native: &Window, repaired: &Window, margin: f64) -> Verdict {
 }
 
 impl TrialOutcome {
+    /// The verdict over `rounds`: kept only if every round kept it (none may be missing:
+    /// the caller stops at the first loss), idle if a window saw no iteration.
+    pub fn from_rounds(
+        rounds: Vec<Round>,
+        margin: f64,
+        extra_pauses: Vec<Duration>,
+        cost: Duration,
+    ) -> TrialOutcome {
+        let sum = |f: fn(&Round) -> Window| Window {
+            iterations: rounds.iter().map(|r| f(r).iterations).sum(),
+            elapsed: rounds.iter().map(|r| f(r).elapsed).sum(),
+        };
+        let verdicts: Vec<Verdict> = rounds
+            .iter()
+            .map(|r| decide(&r.native, &r.repaired, margin))
+            .collect();
+        let verdict = if verdicts.is_empty() || verdicts.contains(&Verdict::Idle) {
+            Verdict::Idle
+        } else if verdicts.iter().all(|v| *v == Verdict::Kept) {
+            Verdict::Kept
+        } else {
+            Verdict::Undone
+        };
+        TrialOutcome {
+            native: sum(|r| r.native),
+            repaired: sum(|r| r.repaired),
+            verdict,
+            rounds,
+            extra_pauses,
+            cost,
+        }
+    }
+
     /// Repaired rate over native rate.
     pub fn speedup(&self) -> f64 {
         self.repaired.rate() / self.native.rate().max(1e-9)
@@ -123,13 +183,34 @@ impl TrialOutcome {
                  not kept)"
                 .to_string(),
         };
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let rounds: Vec<String> = self
+            .rounds
+            .iter()
+            .enumerate()
+            .map(|(k, r)| {
+                format!(
+                    "round {}: native {:.2e} it/s at +{:.0}..{:.0} ms, repaired {:.2e} it/s at \
+                     +{:.0}..{:.0} ms ({:.2}x)",
+                    k + 1,
+                    r.native.rate(),
+                    ms(r.native_at),
+                    ms(r.native_at + r.native.elapsed),
+                    r.repaired.rate(),
+                    ms(r.repaired_at),
+                    ms(r.repaired_at + r.repaired.elapsed),
+                    r.repaired.rate() / r.native.rate().max(1e-9)
+                )
+            })
+            .collect();
         format!(
-            "{what} (repaired {:.2e} it/s over {:.0} ms, native {:.2e} it/s over {:.0} ms; \
+            "{what} (repaired {:.2e} it/s over {:.0} ms, native {:.2e} it/s over {:.0} ms; {}; \
              trial cost {:.0} ms, extra pause {:.2} ms: {})",
             self.repaired.rate(),
             self.repaired.elapsed.as_secs_f64() * 1e3,
             self.native.rate(),
             self.native.elapsed.as_secs_f64() * 1e3,
+            rounds.join("; "),
             self.cost.as_secs_f64() * 1e3,
             self.extra_pause().as_secs_f64() * 1e3,
             self.extra_pauses
@@ -218,6 +299,47 @@ mod tests {
         assert_eq!(decide(&w(10, 50), &w(0, 50), 0.05), Verdict::Idle);
     }
 
+    fn round(native: u64, repaired: u64) -> Round {
+        Round {
+            native: w(native, 50),
+            repaired: w(repaired, 50),
+            native_at: Duration::from_millis(10),
+            repaired_at: Duration::from_millis(70),
+        }
+    }
+
+    #[test]
+    fn every_round_must_keep_the_repair() {
+        let kept = TrialOutcome::from_rounds(
+            vec![round(1000, 1600), round(900, 1500)],
+            0.05,
+            Vec::new(),
+            Duration::ZERO,
+        );
+        assert_eq!(kept.verdict, Verdict::Kept);
+        assert_eq!(kept.native.iterations, 1900);
+        assert_eq!(kept.repaired.elapsed, Duration::from_millis(100));
+        // The first round's native window was uncontended (or the second's repaired one
+        // unlucky): one loss undoes it, whatever the pooled rates say.
+        let lost = TrialOutcome::from_rounds(
+            vec![round(1000, 3000), round(1000, 1000)],
+            0.05,
+            Vec::new(),
+            Duration::ZERO,
+        );
+        assert_eq!(lost.verdict, Verdict::Undone);
+        assert!(lost.speedup() > 1.5, "pooled {}", lost.speedup());
+        let l = lost.line(0x10);
+        assert!(
+            l.contains("round 2: native 2.00e4 it/s at +10..60 ms, repaired 2.00e4 it/s at +70..120 ms (1.00x)"),
+            "{l}"
+        );
+        let idle = TrialOutcome::from_rounds(vec![round(0, 10)], 0.05, Vec::new(), Duration::ZERO);
+        assert_eq!(idle.verdict, Verdict::Idle);
+        let none = TrialOutcome::from_rounds(Vec::new(), 0.05, Vec::new(), Duration::ZERO);
+        assert_eq!(none.verdict, Verdict::Idle);
+    }
+
     #[test]
     fn a_repair_at_under_half_native_is_clearly_losing() {
         assert!(clearly_losing(&w(1000, 50), &w(40, 10)));
@@ -233,6 +355,7 @@ mod tests {
         let o = TrialOutcome {
             native: w(370_000, 50),
             repaired: w(600_000, 50),
+            rounds: Vec::new(),
             verdict: Verdict::Kept,
             extra_pauses: vec![Duration::from_millis(4), Duration::from_millis(6)],
             cost: Duration::from_millis(130),

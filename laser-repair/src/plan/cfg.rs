@@ -143,6 +143,17 @@ impl Cfg {
             .min_by_key(|body| body.len())
     }
 
+    /// The blocks of the cycle through back-edge `u -> h`: those that reach `u` without
+    /// passing `h` and that `h` reaches. The second condition matters where `h` is not the
+    /// loop's only way in: gcc -O0 enters a `for` loop by a jump to its condition at the
+    /// bottom, so the edge into the body's first block (the back-edge by address) has a
+    /// source the function's entry block also reaches; walking predecessors alone took the
+    /// prologue into the loop.
+    ///
+    /// ```text
+    ///   entry: push rbp ... jmp cond        body (h): ... (falls into cond)
+    ///   cond (u): cmp; jl body    <- u -> h is the back-edge; entry reaches u, not from h
+    /// ```
     fn natural_loop(&self, u: usize, h: usize) -> BTreeSet<usize> {
         let mut body = BTreeSet::from([h]);
         let mut stack = vec![u];
@@ -151,7 +162,16 @@ impl Cfg {
                 stack.extend(self.blocks[n].preds.iter().copied());
             }
         }
-        body
+        let mut reached = BTreeSet::from([h]);
+        let mut stack = vec![h];
+        while let Some(n) = stack.pop() {
+            for &s in &self.blocks[n].succs {
+                if body.contains(&s) && reached.insert(s) {
+                    stack.push(s);
+                }
+            }
+        }
+        reached
     }
 }
 

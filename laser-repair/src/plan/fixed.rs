@@ -33,6 +33,7 @@
 
 use super::cfg::Cfg;
 use super::classify::Treatment;
+use super::frame::{self, Frame};
 use super::region::Region;
 use super::ssb_layout::MAX_FIXED_SLOTS;
 use super::wide::{piece_size, pieces};
@@ -42,11 +43,26 @@ use std::collections::HashMap;
 /// Range tests per load are paid on every access: more groups than this is not worth it.
 const MAX_GROUPS: usize = 4;
 
+/// What a location's address is relative to: a register no region instruction writes, or
+/// the value of a frame slot `[rbp + d]` that a register is reloaded from before each access
+/// (`frame.rs`: the -O0 pattern; the slot is stored by nothing in the region).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Base {
+    Reg(Register),
+    Slot(i64),
+}
+
+impl Base {
+    pub fn is_rip(self) -> bool {
+        self == Base::Reg(Register::RIP)
+    }
+}
+
 /// Locations sharing base and index registers, and the bytes `[lo, hi)` (displacements)
 /// their stores cover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Group {
-    pub base: Register,
+    pub base: Base,
     pub index: Register,
     pub scale: u32,
     pub lo: i64,
@@ -84,9 +100,12 @@ pub struct Fixed {
     pub max_path_stores: u32,
     /// Every forwarding load has a `distance`: stores need not write their slots.
     pub slotless: bool,
+    /// The region's frame accesses (`frame.rs`), which run verbatim: every entry then checks
+    /// that no group's bytes meet the frame's, else the thread runs the native copy.
+    pub frame: Option<Frame>,
 }
 
-type Loc = (Register, Register, u32, i64, u32);
+type Loc = (Base, Register, u32, i64, u32);
 
 /// `by_insn` key of piece `j` of vector instruction `k` (`wide.rs`): each piece of a vector
 /// access is an access of its own (a store piece is a store location).
@@ -96,14 +115,20 @@ pub fn piece_key(k: usize, j: u32) -> usize {
 
 /// The accesses of instruction `k` as `(by_insn key, location)`: one for a GPR operand, one
 /// per piece for a vector operand. `None` inside: no fixed location.
-fn accesses_of(k: usize, i: &Instruction, size: u32, vector: bool) -> Vec<(usize, Option<Loc>)> {
+fn accesses_of(
+    k: usize,
+    i: &Instruction,
+    size: u32,
+    vector: bool,
+    base: &dyn Fn(Register) -> Option<Base>,
+) -> Vec<(usize, Option<Loc>)> {
     if !vector {
-        return vec![(k, loc_of(i, size))];
+        return vec![(k, loc_of(i, size, base))];
     }
     let p = piece_size(size);
     (0..pieces(size))
         .map(|j| {
-            let l = loc_of(i, p).map(|mut l| {
+            let l = loc_of(i, p, base).map(|mut l| {
                 l.3 = l.3.wrapping_add(i64::from(j * p));
                 l
             });
@@ -112,7 +137,9 @@ fn accesses_of(k: usize, i: &Instruction, size: u32, vector: bool) -> Vec<(usize
         .collect()
 }
 
-fn loc_of(i: &Instruction, size: u32) -> Option<Loc> {
+/// The location of `i`'s operand; `base` says what a base register stands for at `i`
+/// (itself when the region never writes it, a frame slot's value, or `None`: it moves).
+fn loc_of(i: &Instruction, size: u32, base: &dyn Fn(Register) -> Option<Base>) -> Option<Loc> {
     let (b, x) = (i.memory_base(), i.memory_index());
     let ok = |r: Register| r == Register::None || (r.is_gpr64() && r != Register::RSP);
     if i.segment_prefix() != Register::None || !ok(x) {
@@ -120,7 +147,7 @@ fn loc_of(i: &Instruction, size: u32) -> Option<Loc> {
     }
     // rip-relative: an absolute address (iced's displacement is the target).
     if b == Register::RIP && x == Register::None {
-        return Some((b, x, 1, i.memory_displacement64() as i64, size));
+        return Some((Base::Reg(b), x, 1, i.memory_displacement64() as i64, size));
     }
     if !b.is_gpr64() || b == Register::RSP {
         return None;
@@ -128,9 +155,13 @@ fn loc_of(i: &Instruction, size: u32) -> Option<Loc> {
     let s = if x == Register::None {
         1
     } else {
+        // An index must be a register the region never writes.
+        if base(x) != Some(Base::Reg(x)) {
+            return None;
+        }
         i.memory_index_scale()
     };
-    Some((b, x, s, i.memory_displacement64() as i64, size))
+    Some((base(b)?, x, s, i.memory_displacement64() as i64, size))
 }
 
 /// Plans a fixed region, or `None` when some store's address moves within the region (or
@@ -142,13 +173,32 @@ pub fn analyze(cfg: &Cfg, tr: &[Treatment], region: &Region) -> Option<Fixed> {
         .iter()
         .flat_map(|&b| cfg.blocks[b].insns.clone())
         .collect();
-    let mut fixed = analyze_insns(insns, tr, &region_insns)?;
+    let frame = frame::analyze(cfg, tr, &region_insns);
+    let block_of = |k: usize| {
+        region
+            .blocks
+            .iter()
+            .map(|&b| cfg.blocks[b].insns.clone())
+            .find(|r| r.contains(&k))
+    };
+    let derived = |k: usize, r: Register| -> Option<i64> {
+        frame::derived_slot(cfg, tr, frame.as_ref()?, block_of(k)?, k, r)
+    };
+    let no_bypass = std::collections::HashSet::new();
+    let bypass = frame.as_ref().map_or(&no_bypass, |f| &f.bypass);
+    let mut fixed = analyze_insns(insns, tr, &region_insns, bypass, &derived)?;
+    fixed.frame = frame.clone();
     // Longest store count over forward edges (a back-edge targets a block starting at or
     // before its source, as the rewriter's stubs define it); blocks are in address order.
     let mut best: HashMap<usize, u32> = HashMap::new();
     for &b in &region.blocks {
         let blk = &cfg.blocks[b];
-        let own = blk.insns.clone().map(|k| tr[k].log_entries()).sum::<u32>();
+        let own = blk
+            .insns
+            .clone()
+            .filter(|k| !bypass.contains(k))
+            .map(|k| tr[k].log_entries())
+            .sum::<u32>();
         let from = blk
             .preds
             .iter()
@@ -198,10 +248,19 @@ pub fn analyze(cfg: &Cfg, tr: &[Treatment], region: &Region) -> Option<Fixed> {
 /// counts appends since the last flush (entries mid-block start at 0). So a location stored
 /// `d` appends before a load (this iteration or the previous one) has an entry iff
 /// `rc >= d`: the load tests a register instead of the slot, and stores skip the slot.
+///
+/// A chain of blocks that fall into one another and whose last block branches back to the
+/// first (gcc -O0's `for`: body, then the condition at the bottom) is one such block: the
+/// instructions are taken in chain order.
 fn single_block_distances(cfg: &Cfg, tr: &[Treatment], region: &Region, fixed: &mut Fixed) {
-    let [b] = region.blocks[..] else { return };
-    let blk = &cfg.blocks[b];
-    let ks: Vec<usize> = blk.insns.clone().collect();
+    let Some(chain) = fall_through_chain(cfg, region) else {
+        return;
+    };
+    let head = cfg.blocks[chain[0]].start;
+    let ks: Vec<usize> = chain
+        .iter()
+        .flat_map(|&b| cfg.blocks[b].insns.clone())
+        .collect();
     let Some(&last) = ks.last() else { return };
     // (Vector accesses keep their slots: their pieces are not in the store list below.)
     let straight = ks.iter().all(|&k| {
@@ -210,14 +269,18 @@ fn single_block_distances(cfg: &Cfg, tr: &[Treatment], region: &Region, fixed: &
             Treatment::Verbatim | Treatment::Ssb { vector: false, .. } | Treatment::DirectBranch
         )
     });
-    let loops =
-        tr[last] == Treatment::DirectBranch && cfg.insns[last].near_branch_target() == blk.start;
+    let loops = tr[last] == Treatment::DirectBranch && cfg.insns[last].near_branch_target() == head;
+    // Only the last instruction may branch: every other block falls into the next one.
+    let branches = ks
+        .iter()
+        .filter(|&&k| tr[k] == Treatment::DirectBranch)
+        .count();
     let merges = ks
         .iter()
         .filter(|&&k| tr[k].is_store())
         .filter_map(|k| fixed.by_insn.get(k))
         .any(|a| a.merge);
-    if !straight || !loops || merges {
+    if !straight || !loops || merges || branches != 1 {
         return;
     }
     // (position in the block, slot) of every store, in order.
@@ -256,7 +319,30 @@ fn single_block_distances(cfg: &Cfg, tr: &[Treatment], region: &Region, fixed: &
     fixed.slotless = all;
 }
 
-fn analyze_insns(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]) -> Option<Fixed> {
+/// `bypass`: frame accesses, left out (they run verbatim); `derived(k, r)`: the frame slot
+/// register `r` holds at instruction `k`, if it was reloaded from an unchanged one.
+/// The region's blocks in the order control passes through them when each falls into the
+/// next (block `i` ends where block `i + 1` starts, in address order), or `None`.
+fn fall_through_chain(cfg: &Cfg, region: &Region) -> Option<Vec<usize>> {
+    let blocks = &region.blocks;
+    let first = *blocks.first()?;
+    let mut chain = vec![first];
+    for w in blocks.windows(2) {
+        if cfg.blocks[w[0]].end != cfg.blocks[w[1]].start {
+            return None;
+        }
+        chain.push(w[1]);
+    }
+    Some(chain)
+}
+
+fn analyze_insns(
+    insns: &[Instruction],
+    tr: &[Treatment],
+    region_insns: &[usize],
+    bypass: &std::collections::HashSet<usize>,
+    derived: &dyn Fn(usize, Register) -> Option<i64>,
+) -> Option<Fixed> {
     let mut f = InstructionInfoFactory::new();
     let mut written = 0u64;
     for &k in region_insns {
@@ -277,8 +363,20 @@ fn analyze_insns(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]
     }
     let moves =
         |r: Register| r.is_gpr64() && written & (1 << (r.number() - Register::RAX.number())) != 0;
+    let base_at = |k: usize| {
+        move |r: Register| -> Option<Base> {
+            if !moves(r) {
+                Some(Base::Reg(r))
+            } else {
+                derived(k, r).map(Base::Slot)
+            }
+        }
+    };
     let mut locs: Vec<Loc> = Vec::new();
     for &k in region_insns {
+        if bypass.contains(&k) {
+            continue;
+        }
         if let Treatment::Ssb {
             size,
             write: true,
@@ -286,11 +384,8 @@ fn analyze_insns(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]
             ..
         } = tr[k]
         {
-            for (_, l) in accesses_of(k, &insns[k], size, vector) {
+            for (_, l) in accesses_of(k, &insns[k], size, vector, &base_at(k)) {
                 let l = l?;
-                if moves(l.0) || moves(l.1) {
-                    return None;
-                }
                 if !locs.contains(&l) {
                     locs.push(l);
                 }
@@ -351,8 +446,10 @@ fn analyze_insns(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]
         let Treatment::Ssb { size, vector, .. } = tr[k] else {
             continue;
         };
-        for (key, l) in accesses_of(k, &insns[k], size, vector) {
-            let l = l.filter(|l| !moves(l.0) && !moves(l.1));
+        if bypass.contains(&k) {
+            continue;
+        }
+        for (key, l) in accesses_of(k, &insns[k], size, vector, &base_at(k)) {
             by_insn.insert(key, access(l));
         }
     }
@@ -361,6 +458,7 @@ fn analyze_insns(insns: &[Instruction], tr: &[Treatment], region_insns: &[usize]
         by_insn,
         max_path_stores: u32::MAX,
         slotless: false,
+        frame: None,
     })
 }
 
@@ -405,7 +503,7 @@ mod tests {
             })
             .collect();
         let all: Vec<usize> = (0..insns.len()).collect();
-        analyze_insns(insns, &tr, &all)
+        analyze_insns(insns, &tr, &all, &Default::default(), &|_, _| None)
     }
 
     #[test]

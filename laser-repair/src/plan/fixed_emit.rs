@@ -1,6 +1,7 @@
 //! Code generation for fixed-address regions (`fixed.rs` has the analysis and the picture):
 //! one access's sequence from the registers `emit_ssb_fast` chose.
 
+use super::fixed::Base;
 use super::insn::{br, i2, mem, mi, mr, restore_flags, ri, rm, save_flags};
 use super::refusal::RefusalReason;
 use super::rewrite::{enc, sized, Emitter, RED_ZONE};
@@ -119,7 +120,27 @@ impl Emitter<'_> {
                 }
                 // [ea, ea+size) meets [B+lo, B+hi) iff ea+size-1-lo-B < hi-lo+size-1 (unsigned).
                 let w = (g.hi - g.lo + i64::from(s.size) - 1) as i32;
-                if g.base == Register::RIP {
+                let base = match g.base {
+                    Base::Reg(r) => r,
+                    // A frame slot's value: the base registers reloaded from it may hold
+                    // something else here, the slot does not (`frame.rs`). Without an
+                    // index the subtraction reads the slot itself (one instruction less).
+                    Base::Slot(d) if g.index == Register::None => {
+                        let kk = i64::from(s.size) - 1 - g.lo;
+                        tests.push(rm(Code::Lea_r64_m, c, ea_k(kk))?);
+                        let slot = mem(Register::RBP, Register::None, d);
+                        tests.push(rm(Code::Sub_r64_rm64, c, slot)?);
+                        tests.push(ri(Code::Cmp_rm64_imm32, c, w)?);
+                        tests.push(br(Code::Jb_rel32_64, helper_load)?);
+                        continue;
+                    }
+                    Base::Slot(d) => {
+                        let slot = mem(Register::RBP, Register::None, d);
+                        tests.push(rm(Code::Mov_r64_rm64, m, slot)?);
+                        m
+                    }
+                };
+                if base == Register::RIP {
                     // A global group: B + lo is an absolute address, materialised rip-relative.
                     tests.push(rm(Code::Lea_r64_m, c, ea_k(i64::from(s.size) - 1))?);
                     let lo = MemoryOperand::with_base_displ(Register::RIP, g.lo);
@@ -132,10 +153,9 @@ impl Emitter<'_> {
                 let kk = i64::from(s.size) - 1 - g.lo;
                 tests.push(rm(Code::Lea_r64_m, c, ea_k(kk))?);
                 if g.index == Register::None {
-                    tests.push(i2(Code::Sub_r64_rm64, c, g.base)?);
+                    tests.push(i2(Code::Sub_r64_rm64, c, base)?);
                 } else {
-                    let b =
-                        MemoryOperand::new(g.base, g.index, g.scale, 0, 0, false, Register::None);
+                    let b = MemoryOperand::new(base, g.index, g.scale, 0, 0, false, Register::None);
                     tests.push(rm(Code::Lea_r64_m, m, b)?);
                     tests.push(i2(Code::Sub_r64_rm64, c, m)?);
                 }

@@ -47,8 +47,10 @@
 //! flags are saved with `seto/lahf … add/sahf` only where liveness says they are live.
 //!
 //! Fixed-address regions ([`fixed`]): when every store of the region goes through base and
-//! index registers the region never writes, each store location (each 8-byte piece of an
-//! SSE/AVX store) gets a slot naming its
+//! index registers the region never writes, or through a register reloaded in the same block
+//! from a frame slot no region instruction stores to (-O0 code, [`frame`]: the frame's own
+//! `[rbp-d]` accesses then run verbatim and each entry checks that no store group can reach
+//! the frame), each store location (each 8-byte piece of an SSE/AVX store) gets a slot naming its
 //! youngest entry and a shadow of its value, the entry count lives in a reserved register,
 //! and the summary/byte lanes are not used: a load of a store location is
 //! `cmp [slot],8; jb memory; mov v,[shadow]`, any other load range-tests the store groups
@@ -98,6 +100,7 @@ pub mod classify;
 pub mod fastpath;
 pub mod fixed;
 mod fixed_emit;
+pub mod frame;
 pub mod helper_path;
 pub mod insn;
 mod label_nops;

@@ -240,6 +240,113 @@ impl<'a> Emitter<'a> {
         Ok(())
     }
 
+    /// Whether instruction `k` is a frame access that runs verbatim (`frame.rs`).
+    pub(super) fn bypasses(&self, k: usize) -> bool {
+        self.fixed
+            .as_ref()
+            .and_then(|f| f.frame.as_ref())
+            .is_some_and(|fr| fr.bypass.contains(&k))
+    }
+
+    /// In a trampoline of a region whose frame accesses run verbatim, after the state is
+    /// loaded: if the bytes of any store group (its base's value now; a slot's value for a
+    /// derived base) meet the frame's `[rbp+lo, rbp+hi)`, the buffered stores could hide a
+    /// local from the thread's own verbatim loads (or change a slot a base is reloaded
+    /// from): restore the registers and run the uninstrumented copy instead (`frame.rs`).
+    /// Each group: `[B+lo, B+hi)` meets `[F+flo, F+fhi)` iff `B+hi-1-(F+flo)` is below
+    /// `(fhi-flo)+(hi-lo)-1`, unsigned.
+    fn frame_check(&mut self, rs: Register, ip: u64) -> Result<(), RefusalReason> {
+        let Some((groups, frame)) = self
+            .fixed
+            .as_ref()
+            .and_then(|f| Some((f.groups.clone(), f.frame.clone()?)))
+        else {
+            return Ok(());
+        };
+        let a = [
+            Register::RAX,
+            Register::RCX,
+            Register::RDX,
+            Register::RSI,
+            Register::RDI,
+        ]
+        .into_iter()
+        .find(|&r| r != rs && !self.reserved.contains(&r) && groups.iter().all(|g| g.index != r))
+        .ok_or_else(|| RefusalReason::Encoding("no scratch register for the frame check".into()))?;
+        let bad = self.label();
+        let ok = self.label();
+        let mut seq = vec![
+            Instruction::with(Code::Pushfq),
+            Instruction::with1(Code::Push_r64, a).map_err(enc)?,
+        ];
+        // `a`'s own value is at [rsp] (a base or index may be `a`).
+        let orig = |r: Register| -> Result<Instruction, RefusalReason> {
+            if r == a {
+                Instruction::with2(
+                    Code::Mov_r64_rm64,
+                    a,
+                    MemoryOperand::with_base_displ(Register::RSP, 0),
+                )
+                .map_err(enc)
+            } else {
+                Instruction::with2(Code::Mov_r64_rm64, a, r).map_err(enc)
+            }
+        };
+        for g in groups.iter().filter(|g| !g.base.is_rip()) {
+            match g.base {
+                fixed::Base::Reg(r) => seq.push(orig(r)?),
+                fixed::Base::Slot(d) => seq.push(
+                    Instruction::with2(
+                        Code::Mov_r64_rm64,
+                        a,
+                        MemoryOperand::with_base_displ(Register::RBP, d),
+                    )
+                    .map_err(enc)?,
+                ),
+            }
+            if g.index != Register::None {
+                // a += index * scale (the index is not `a`, by the choice of `a`).
+                let x = MemoryOperand::new(a, g.index, g.scale, 0, 0, false, Register::None);
+                seq.push(Instruction::with2(Code::Lea_r64_m, a, x).map_err(enc)?);
+            }
+            let w = (frame.hi - frame.lo) + (g.hi - g.lo) - 1;
+            let disp = g.hi - 1 - frame.lo;
+            let (Ok(w), Ok(_)) = (i32::try_from(w), i32::try_from(disp)) else {
+                return Err(RefusalReason::Encoding("frame check: group too far".into()));
+            };
+            seq.push(
+                Instruction::with2(Code::Lea_r64_m, a, MemoryOperand::with_base_displ(a, disp))
+                    .map_err(enc)?,
+            );
+            seq.push(Instruction::with2(Code::Sub_rm64_r64, a, Register::RBP).map_err(enc)?);
+            seq.push(Instruction::with2(Code::Cmp_rm64_imm32, a, w).map_err(enc)?);
+            seq.push(Instruction::with_branch(Code::Jb_rel32_64, bad).map_err(enc)?);
+        }
+        seq.push(Instruction::with1(Code::Pop_r64, a).map_err(enc)?);
+        seq.push(Instruction::with(Code::Popfq));
+        seq.push(Instruction::with_branch(Code::Jmp_rel32_64, ok).map_err(enc)?);
+        for i in seq {
+            self.push(i);
+        }
+        // The frame is in reach of the buffer: back to the thread's own registers, native copy.
+        let mut b = Instruction::with1(Code::Pop_r64, a).map_err(enc)?;
+        b.set_ip(bad);
+        self.push(b);
+        self.push(Instruction::with(Code::Popfq));
+        for i in self.restore_rs_seq()? {
+            self.push(i);
+        }
+        let up = self.lea_rsp(RED_ZONE)?;
+        self.push(up);
+        let l = self.native_label(ip);
+        let j = self.jmp(l)?;
+        self.push(j);
+        let mut n = Instruction::with(Code::Nopd);
+        n.set_ip(ok);
+        self.push(n);
+        Ok(())
+    }
+
     pub(super) fn push(&mut self, i: Instruction) {
         self.out.push(i);
     }
@@ -479,6 +586,8 @@ fn rewrite_with(
             match tr[k] {
                 Treatment::Verbatim => e.push_at(i, label),
                 Treatment::Ssb { .. } if count_only => e.push_at(i, label),
+                // A frame access of a fixed region: the thread's own local (`frame.rs`).
+                Treatment::Ssb { .. } if e.bypasses(k) => e.push_at(i, label),
                 Treatment::Ssb {
                     size,
                     read,
@@ -632,6 +741,7 @@ fn rewrite_with(
                     for i in load {
                         e.push(i);
                     }
+                    e.frame_check(rs, ip)?;
                 }
                 let up = e.lea_rsp(RED_ZONE)?;
                 e.push(up);
