@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use laser_driver::{Config, Session};
 
+use crate::alloc_shim::AllocShim;
 use crate::cli::{AttachArgs, MonitorArgs, RecordArgs, ReportArgs, RunArgs};
 use crate::live_heap::LiveHeap;
 use crate::monitor::{self, LoopOptions};
@@ -18,9 +19,15 @@ fn heap_naming() -> bool {
     std::env::var("LASER_HEAP_BLOCKS").map_or(true, |v| v != "0")
 }
 
+/// Whether `laser run` preloads its allocation recorder (`LASER_ALLOC_SITES=0` turns it
+/// off).
+fn alloc_sites_enabled() -> bool {
+    std::env::var_os("LASER_ALLOC_SITES").is_none_or(|v| v != "0")
+}
+
 /// The heap blocks for the report, or `None` with a note saying why there are none.
 fn heap_blocks(
-    heap: Option<&LiveHeap>,
+    heap: Option<&mut LiveHeap>,
     analysis: &mut laser_detect::Analysis,
 ) -> Option<laser_detect::naming::heap_names::HeapBlocks> {
     let heap = heap?;
@@ -60,14 +67,25 @@ fn session_config(m: &MonitorArgs) -> Result<Config> {
 /// false sharing at or above the threshold and repairs it (once; `repair::online`).
 pub fn run(args: RunArgs) -> Result<i32> {
     let start = Instant::now();
-    let config = session_config(&args.monitor)?;
+    let mut config = session_config(&args.monitor)?;
+    // Allocation sites need the recorder in the program, and heap naming to ask for them.
+    let mut shim = None;
+    if heap_naming() && alloc_sites_enabled() {
+        let (s, setup) = AllocShim::prepare()?;
+        config.child = setup;
+        shim = Some(s);
+    }
     let mut session = Session::launch(&args.command, &config)?;
+    if let Some(s) = shim.as_mut() {
+        s.launched();
+    }
     let mut recorder = match &args.output {
         Some(p) => Some(Recorder::create(p, &session.header_info())?),
         None => None,
     };
     let mut detector = analyze::detector(&args.analysis, None);
-    let mut heap = heap_naming().then(|| LiveHeap::new(session.pid(), args.analysis.line));
+    let mut heap = heap_naming()
+        .then(|| LiveHeap::new(session.pid(), args.analysis.line).with_shim(shim.take()));
     let mut opts = LoopOptions {
         duration: args.repair.then_some(args.repair_after),
         stop_on_interrupt: false,
@@ -144,7 +162,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
             outcome.skipped
         ));
     }
-    let blocks = heap_blocks(heap.as_ref(), &mut analysis);
+    let blocks = heap_blocks(heap.as_mut(), &mut analysis);
     let title = format!("laser run {}", command_line(&args.command));
     let emitted = analyze::emit(&analysis, &args.analysis, blocks, &title)?;
     if let Some(o) = &online {
@@ -328,7 +346,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
             .collect();
         h.name(&lines, ATTACH_HEAP_BUDGET);
     }
-    let blocks = heap_blocks(heap.as_ref(), &mut analysis);
+    let blocks = heap_blocks(heap.as_mut(), &mut analysis);
     let title = format!("laser attach -p {pid}");
     let emitted = analyze::emit(&analysis, &args.analysis, blocks, &title)?;
     let (report, tripped) = (emitted.report, emitted.tripped);

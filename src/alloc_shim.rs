@@ -1,0 +1,105 @@
+//! The allocation recorder `laser run` preloads (`shim/laser_alloc.c`, built by build.rs and
+//! embedded here): writing it out, the environment and pipe the program gets, and the
+//! messages it sends (the address of its table).
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use laser_driver::launch::ChildSetup;
+
+/// The recorder, compiled for this machine by build.rs.
+const SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/liblaser_alloc.so"));
+
+/// Bytes of one message: kind, pid, tid, then an entry (ptr, size, ret, sp, bp, 24 words).
+const MESSAGE_BYTES: usize = 8 * (3 + 5 + 24);
+
+/// The recorder's file (removed on drop) and laser's end of its pipe.
+pub struct AllocShim {
+    /// The program's end of the pipe, held until it has been launched.
+    child_end: Option<OwnedFd>,
+    path: PathBuf,
+    announce: std::fs::File,
+    pending: Vec<u8>,
+    /// Run-time address of the recorder's table in the target, once it said so.
+    pub table: Option<u64>,
+}
+
+impl AllocShim {
+    /// Writes the recorder out and returns the set-up that preloads it into the program.
+    pub fn prepare() -> Result<(AllocShim, ChildSetup)> {
+        let path = std::env::temp_dir().join(format!("laser-alloc-{}.so", std::process::id()));
+        crate::private_file::write(&path, SHIM)
+            .with_context(|| format!("writing the allocation recorder to {}", path.display()))?;
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two descriptors into the array it is given.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(std::io::Error::last_os_error())
+                .context("pipe for the allocation recorder");
+        }
+        // SAFETY: both descriptors were just created and are owned by nobody else.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let preload = match std::env::var_os("LD_PRELOAD") {
+            Some(p) if !p.is_empty() => {
+                let mut s = p;
+                s.push(":");
+                s.push(&path);
+                s
+            }
+            _ => path.clone().into_os_string(),
+        };
+        let env: Vec<(OsString, OsString)> = vec![
+            ("LD_PRELOAD".into(), preload),
+            (
+                "LASER_ALLOC_PARENT".into(),
+                std::process::id().to_string().into(),
+            ),
+            ("LASER_ALLOC_FD".into(), w.as_raw_fd().to_string().into()),
+        ];
+        let setup = ChildSetup {
+            env,
+            inherit_fds: vec![w.as_raw_fd()],
+        };
+        Ok((
+            AllocShim {
+                child_end: Some(w),
+                path,
+                announce: std::fs::File::from(r),
+                pending: Vec::new(),
+                table: None,
+            },
+            setup,
+        ))
+    }
+
+    /// Closes laser's copy of the program's end once the program has it.
+    pub fn launched(&mut self) {
+        self.child_end = None;
+    }
+
+    /// Reads what the recorder said since the last call.
+    pub fn drain(&mut self) {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = self.announce.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            self.pending.extend_from_slice(&buf[..n]);
+        }
+        while self.pending.len() >= MESSAGE_BYTES {
+            let m: Vec<u8> = self.pending.drain(..MESSAGE_BYTES).collect();
+            let w = |i: usize| u64::from_le_bytes(m[i * 8..i * 8 + 8].try_into().expect("8"));
+            if w(0) == 0 {
+                self.table = Some(w(3));
+            }
+        }
+    }
+}
+
+impl Drop for AllocShim {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
