@@ -64,9 +64,10 @@ struct table {
 
 __attribute__((visibility("default"))) struct table laser_alloc_table;
 
-/* A message on the announce pipe: kind 0 hello (ptr = &table), 1 alloc, 2 free. */
+/* A message on the announce pipe: kind 0 hello (ptr = &table), 1 alloc, 2 free; the
+ * thread and the CPU it runs on. */
 struct message {
-    uint64_t kind, pid, tid;
+    uint64_t kind, pid, tid, cpu;
     struct entry e;
 };
 
@@ -207,7 +208,8 @@ static int matches_site(const struct entry *e) {
 static void announce(uint64_t kind, const struct entry *e) {
     while (__atomic_exchange_n(&announce_lock, 1, __ATOMIC_ACQUIRE)) sched_yield();
     if (ack_fd >= 0) {
-        struct message m = {kind, (uint64_t)getpid(), (uint64_t)gettid(), *e};
+        struct message m = {kind, (uint64_t)getpid(), (uint64_t)gettid(),
+                            (uint64_t)sched_getcpu(), *e};
         write_all(announce_fd, &m, sizeof m);
         struct pollfd p = {ack_fd, POLLIN, 0};
         char c = 'q';

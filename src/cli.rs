@@ -213,6 +213,16 @@ pub struct RunArgs {
     pub repair_after: Duration,
     #[command(flatten)]
     pub repair_opts: RepairTuning,
+    /// Print the access history of objects allocated on this line (FILE:LINE, the line that
+    /// calls malloc or a wrapper of it): each new object's first 32 bytes are watched with
+    /// the debug registers from its allocation to its free — which threads and functions
+    /// read and write which offsets, in order, on which CPU. The program waits briefly at
+    /// each such allocation while laser arms the watchpoints; watchpoint steering is off.
+    #[arg(long, value_name = "FILE:LINE", conflicts_with = "repair")]
+    pub history_site: Option<String>,
+    /// With --history-site: how many objects to follow, one after the other.
+    #[arg(long, default_value_t = 1, requires = "history_site")]
+    pub history_objects: usize,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<OsString>,

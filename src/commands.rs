@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use laser_driver::{Config, Session};
 
+use crate::alloc_history::{History, HistoryTarget};
 use crate::alloc_shim::AllocShim;
 use crate::cli::{AttachArgs, MonitorArgs, RecordArgs, ReportArgs, RunArgs};
 use crate::live_heap::LiveHeap;
@@ -70,8 +71,29 @@ pub fn run(args: RunArgs) -> Result<i32> {
     let mut config = session_config(&args.monitor)?;
     // Allocation sites need the recorder in the program, and heap naming to ask for them.
     let mut shim = None;
-    if heap_naming() && alloc_sites_enabled() {
-        let (s, setup) = AllocShim::prepare()?;
+    let history_target = match &args.history_site {
+        Some(s) => Some((s.clone(), HistoryTarget::parse_site(s)?)),
+        None => None,
+    };
+    let history_sites = match (&history_target, args.command.first()) {
+        (Some((_, t)), Some(program)) => {
+            let path =
+                laser_driver::launch::resolve_program(program, std::env::var_os("PATH").as_deref())
+                    .map_err(|searched| anyhow::anyhow!("{program:?} not found ({searched})"))?;
+            // The watchpoints follow the object, not the detector's candidates; its hits
+            // are what the user asked for, so the trap budget is generous.
+            config.watch = true;
+            config.duty_cycle = laser_driver::DutyCycle {
+                max_hits_per_window: u64::MAX / 4,
+                max_slowdown: 100.0,
+                ..config.duty_cycle
+            };
+            Some(t.call_sites(&path)?)
+        }
+        _ => None,
+    };
+    if (heap_naming() && alloc_sites_enabled()) || history_sites.is_some() {
+        let (s, setup) = AllocShim::prepare(history_sites.as_deref())?;
         config.child = setup;
         shim = Some(s);
     }
@@ -84,12 +106,14 @@ pub fn run(args: RunArgs) -> Result<i32> {
         None => None,
     };
     let mut detector = analyze::detector(&args.analysis, None);
-    let mut heap = heap_naming()
+    let mut heap = (heap_naming() || history_target.is_some())
         .then(|| LiveHeap::new(session.pid(), args.analysis.line).with_shim(shim.take()));
+    let mut history =
+        history_target.map(|(s, _)| History::new(s, args.history_objects, session.pid()));
     let mut opts = LoopOptions {
         duration: args.repair.then_some(args.repair_after),
         stop_on_interrupt: false,
-        steer_watchpoints: config.watch,
+        steer_watchpoints: config.watch && history.is_none(),
         skip_pcs: Vec::new(),
         forced_watch: monitor::forced_watch(&args.monitor.watch_addr),
         live_view: !args.analysis.quiet,
@@ -101,6 +125,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
             Some(detector),
             recorder.as_mut(),
             heap.as_mut(),
+            history.as_mut(),
         )
         .map_err(|e| e.context("monitoring failed"))
     };
@@ -174,6 +199,14 @@ pub fn run(args: RunArgs) -> Result<i32> {
             print!("{section}");
         }
     }
+    if let Some(h) = history {
+        let text = h.render();
+        if args.analysis.quiet {
+            eprint!("{text}");
+        } else {
+            print!("{text}");
+        }
+    }
     // The program's own failure wins over a tripped gate (README, "Exit status").
     let status = outcome.exit.map_or(exit::OK, exit::of_program);
     Ok(gate::exit_code(status, emitted.tripped))
@@ -209,6 +242,7 @@ pub fn record(args: RecordArgs) -> Result<i32> {
         &opts,
         Some(&mut steering),
         Some(&mut recorder),
+        None,
         None,
     )?;
     recorder.finish(outcome.elapsed.as_nanos() as u64)?;
@@ -327,6 +361,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
         Some(&mut detector),
         recorder.as_mut(),
         heap.as_mut(),
+        None,
     )?;
     drop(session); // detach before the (possibly slow) symbolization
     if let Some(r) = recorder {

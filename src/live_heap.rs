@@ -89,6 +89,10 @@ impl LiveHeap {
         self
     }
 
+    pub fn shim_mut(&mut self) -> Option<&mut AllocShim> {
+        self.shim.as_mut()
+    }
+
     pub fn tick(&mut self, detector: &Detector<crate::analyze::Code>) {
         if self.last.is_some_and(|t| t.elapsed() < HEAP_TICK) {
             return;

@@ -224,7 +224,8 @@ impl ModuleSet {
             .as_ref()
     }
 
-    fn place(&self, pc: u64) -> Option<(String, u64)> {
+    /// The module and ELF vaddr of run-time address `pc`.
+    pub fn place(&self, pc: u64) -> Option<(String, u64)> {
         self.maps
             .iter()
             .find(|m| m.0 <= pc && pc < m.1)
@@ -262,6 +263,20 @@ impl ModuleSet {
         let path = path.to_string();
         let mut inner = |t: u64| depth > 0 && t != start && self.wrapper(&path, t, depth - 1);
         is_alloc_wrapper(&code, start, &in_plt, &mut inner)
+    }
+
+    /// How the instruction before `ip` (a watchpoint's sample IP) touched memory.
+    pub fn touch(&mut self, ip: u64) -> Option<crate::naming::alloc_history::Touch> {
+        let (path, vaddr) = self.place(ip)?;
+        let img = self.image(&path)?;
+        let i = img.functions.partition_point(|f| f.0 < vaddr);
+        let &(start, end) = img.functions.get(i.checked_sub(1)?)?;
+        if vaddr > end || end - start > 1 << 20 {
+            return None;
+        }
+        let mut code = vec![0u8; (end - start) as usize];
+        let n = img.read_vaddr(start, &mut code);
+        crate::naming::alloc_history::touch_before(&code[..n], start, vaddr)
     }
 
     /// The allocation's stack and site.

@@ -1,6 +1,7 @@
 //! Stage 3: names for what the model found. Source lines and inlined frames, the program's own
 //! frame, global and heap data with their DWARF types and fields, and library call sites.
 
+pub mod alloc_history;
 pub mod alloc_record;
 pub mod alloc_site;
 pub mod call_sites;
