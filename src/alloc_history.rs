@@ -303,7 +303,7 @@ impl History {
                 last_cpu = Some(h.cpu);
                 let _ = writeln!(
                     out,
-                    "    +{:>9.6}s thread {:<7} cpu {}  {:<10} [{}..{})  {}{moved}",
+                    "    +{:.6}s thread {:<7} cpu {}  {:<10} [{}..{})  {}{moved}",
                     (h.time - t0) as f64 / 1e9,
                     h.tid,
                     h.cpu,

@@ -86,7 +86,13 @@ pub fn is_system_module(path: &str) -> bool {
     ]
     .iter()
     .any(|p| path.starts_with(p))
-        || path.contains("laser-alloc")
+        || is_recorder(path)
+}
+
+/// laser's own recorder (`laser-alloc-PID.so` in the temp directory).
+fn is_recorder(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.starts_with("laser-alloc-") && name.ends_with(".so")
 }
 
 /// Whether the function whose machine code is `code` (at ELF vaddr `start`) is an allocator
@@ -365,6 +371,14 @@ mod tests {
     const PLT: u64 = 0x1000;
     fn in_plt(t: u64) -> bool {
         (PLT..PLT + 0x100).contains(&t)
+    }
+
+    #[test]
+    fn system_modules_and_the_recorder_are_not_program_code() {
+        assert!(is_system_module("/usr/lib/x86_64-linux-gnu/libc.so.6"));
+        assert!(is_system_module("/tmp/laser-alloc-1234.so"));
+        assert!(!is_system_module("/tmp/laser-alloc-sites-O0-1/wrapped"));
+        assert!(!is_system_module("/home/u/app"));
     }
 
     #[test]
