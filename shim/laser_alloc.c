@@ -11,8 +11,8 @@
  * address, stack pointer and frame pointer, and the first STACK_WORDS words of the caller's
  * stack. laser unwinds that copy with the modules' .eh_frame to the allocation's call stack.
  * free() and realloc() drop the entry, so the table holds live blocks; a block that finds its
- * set full is not recorded (counted in `dropped`): the first blocks allocated stay, which are
- * the long-lived ones a contended line usually holds.
+ * set full is not recorded: the first blocks allocated stay, which are the long-lived ones a
+ * contended line usually holds.
  *
  * History mode (LASER_ALLOC_ANNOUNCE=fd,fd): allocations whose stack holds one of the
  * given call-site addresses are announced on a pipe and the allocating thread waits until
@@ -55,7 +55,7 @@ struct entry {
  * recorded whenever they are allocated; other blocks only among each thread's first
  * `early` allocations. */
 struct table {
-    uint64_t magic, sets, ways, stack_words, dropped, recorded;
+    uint64_t magic, sets, ways, stack_words, reserved1, reserved2;
     uint64_t early, armed_n;
     uint64_t armed_lo[MAX_ARMED], armed_hi[MAX_ARMED];
     uint64_t tags[SETS * WAYS];
@@ -80,6 +80,11 @@ static void *(*next_aligned_alloc)(size_t, size_t);
 static void *(*next_memalign)(size_t, size_t);
 
 static int recording;
+/* One bit per hash of every pointer ever recorded (never cleared): free() probes the table
+ * only when its pointer's bit is set. The table's tags (128 KiB) would cost most frees a
+ * cache miss; these 8 KiB stay in cache, and most blocks freed were never recorded. */
+#define SEEN_BITS (1 << 16)
+static uint64_t seen[SEEN_BITS / 64];
 /* Allocations this thread has made (initial-exec: a preloaded library has static TLS). */
 static __thread uint64_t thread_allocs __attribute__((tls_model("initial-exec")));
 static int announce_fd = -1, ack_fd = -1;
@@ -193,6 +198,10 @@ static inline uint64_t set_of(uint64_t ptr) {
     return ((ptr >> 4) * 0x9E3779B97F4A7C15ULL) >> (64 - 12);
 }
 
+static inline uint64_t seen_bit(uint64_t ptr) {
+    return ((ptr >> 4) * 0xD6E8FEB86659FD93ULL) >> (64 - 16);
+}
+
 static int matches_site(const struct entry *e) {
     if (size_filter && e->size != size_filter) return 0;
     for (int i = 0; i < nsites; i++) {
@@ -243,10 +252,14 @@ static inline void record(struct entry *e) {
             laser_alloc_table.entries[s + w] = *e;
             /* Release: laser reads the tag, then the entry, and checks entry.ptr == tag. */
             __atomic_store_n(&laser_alloc_table.tags[s + w], e->ptr, __ATOMIC_RELEASE);
+            uint64_t b = seen_bit(e->ptr);
+            if (!(__atomic_load_n(&seen[b / 64], __ATOMIC_RELAXED) & (1ULL << (b % 64))))
+                __atomic_fetch_or(&seen[b / 64], 1ULL << (b % 64), __ATOMIC_RELAXED);
             goto recorded;
         }
     }
-    __atomic_fetch_add(&laser_alloc_table.dropped, 1, __ATOMIC_RELAXED);
+    /* Set full: not recorded. (Not counted: a shared counter on the header's line would
+     * make every thread's malloc, which reads `armed_n` there, miss the cache.) */
 recorded:
     if (__builtin_expect(ack_fd >= 0, 0) && matches_site(e)) announce(1, e);
 }
@@ -259,6 +272,8 @@ static inline void forget(void *p) {
         e.ptr = ptr;
         announce(2, &e);
     }
+    uint64_t b = seen_bit(ptr);
+    if (!(__atomic_load_n(&seen[b / 64], __ATOMIC_RELAXED) & (1ULL << (b % 64)))) return;
     uint64_t s = set_of(ptr) * WAYS;
     for (int w = 0; w < WAYS; w++) {
         if (__atomic_load_n(&laser_alloc_table.tags[s + w], __ATOMIC_RELAXED) == ptr) {

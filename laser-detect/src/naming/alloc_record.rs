@@ -3,7 +3,7 @@
 //! go through the [`Memory`] seam, so tests run on byte images.
 //!
 //! ```text
-//!  table ──▶ header: magic "lsalloc1", sets, ways, stack_words, dropped, recorded,
+//!  table ──▶ header: magic "lsalloc1", sets, ways, stack_words, (2 reserved),
 //!                    early, armed_n, armed_lo[8], armed_hi[8]          (24 words)
 //!            tags[sets·ways]      live pointer of each entry (0 free, 1 being written)
 //!            entries[sets·ways]   ptr, size, ret, sp, bp, stack[stack_words]
@@ -73,8 +73,6 @@ pub struct Table {
     pub sets: u64,
     pub ways: u64,
     pub stack_words: u64,
-    /// Blocks not recorded because their set was full.
-    pub dropped: u64,
 }
 
 impl Table {
@@ -90,7 +88,6 @@ impl Table {
             sets: w(1),
             ways: w(2),
             stack_words: w(3),
-            dropped: w(4),
         };
         let sane = w(0) == MAGIC
             && t.sets.is_power_of_two()
@@ -157,7 +154,6 @@ mod tests {
             sets: 4,
             ways: 2,
             stack_words: 3,
-            dropped: 0,
         };
         let mut words = vec![MAGIC, 4, 2, 3, 0, 0];
         words.resize(HEADER_WORDS as usize, 0);
