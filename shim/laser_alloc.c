@@ -14,9 +14,10 @@
  * set full is not recorded: the first blocks allocated stay, which are the long-lived ones a
  * contended line usually holds.
  *
- * History mode (LASER_ALLOC_ANNOUNCE=fd,fd): allocations whose stack holds one of the
- * given call-site addresses are announced on a pipe and the allocating thread waits until
- * laser has armed its watchpoints on the new object; its free is announced the same way.
+ * History mode (LASER_ALLOC_ACK): allocations whose stack holds one of the given call-site
+ * addresses (LASER_ALLOC_SITES), or of the given requested size (LASER_ALLOC_SIZE, alone for a
+ * type), are announced on the pipe and the allocating thread waits until laser has armed its
+ * watchpoints on the new object; its free is announced the same way.
  *
  * Environment (set by laser): LASER_ALLOC_PARENT (the pid of laser: only the process laser
  * launched records, not programs it runs in turn; unset: record in any process), LASER_ALLOC_MODE (`record`, or `off` to
@@ -168,6 +169,7 @@ __attribute__((constructor)) static void init(void) {
     }
     const char *ack = getenv("LASER_ALLOC_ACK");
     const char *s = getenv("LASER_ALLOC_SITES");
+    if (!s && getenv("LASER_ALLOC_SIZE")) s = "";
     if (ack && s) {
         ack_fd = (int)strtol(ack, NULL, 10);
         dl_iterate_phdr(first_object, NULL);
@@ -204,6 +206,7 @@ static inline uint64_t seen_bit(uint64_t ptr) {
 
 static int matches_site(const struct entry *e) {
     if (size_filter && e->size != size_filter) return 0;
+    if (nsites == 0) return size_filter != 0; /* a type: its size alone */
     for (int i = 0; i < nsites; i++) {
         if (e->ret == sites[i]) return 1;
         for (int w = 0; w < STACK_WORDS; w++)

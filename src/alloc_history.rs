@@ -5,16 +5,18 @@
 //! CPU and instruction, until the object is freed (the recorder announces that too and waits
 //! while laser disarms) or the program ends. Objects are watched one at a time.
 //!
-//! The site is resolved to call sites here (`alloc_history::call_sites_at_line`); a type
-//! (`--history TYPE`) would resolve to sites the same way once DWARF access typing can say
-//! which sites allocate it: [`HistoryTarget`] is that seam.
+//! A site resolves to call sites (`alloc_history::call_sites_at_line`); a type
+//! (`--history-type`) to its DWARF size, allocations of exactly that size being taken as its
+//! objects (each object's printed site shows whether that held). When DWARF access typing can
+//! say which sites store into a `TYPE *`, a type should resolve to those sites instead:
+//! [`HistoryTarget::filter`] is that seam.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use laser_detect::naming::alloc_history::{call_sites_at_line, Touch};
+use laser_detect::naming::alloc_history::{call_sites_at_line, type_size, Touch};
 use laser_detect::naming::alloc_record::AllocRecord;
 use laser_detect::naming::alloc_site::{AllocSite, ModuleSet};
 use laser_detect::naming::symbolize::Symbolizer;
@@ -22,10 +24,19 @@ use laser_driver::{BackendKind, Sample, Session, WatchKind, WatchSpec, MAX_WATCH
 
 use crate::alloc_shim::{AllocShim, Message};
 
-/// What to follow: for now an allocation site given as `FILE:LINE`.
+/// What to follow: an allocation site given as `FILE:LINE`, or a type.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HistoryTarget {
     Site { file: String, line: u64 },
+    Type { name: String },
+}
+
+/// What the recorder looks for: call sites (return addresses, ELF vaddrs in the executable)
+/// and/or a requested size.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HistoryFilter {
+    pub sites: Vec<u64>,
+    pub size: Option<u64>,
 }
 
 impl HistoryTarget {
@@ -42,19 +53,33 @@ impl HistoryTarget {
         })
     }
 
-    /// The return addresses (ELF vaddrs in `program`) the recorder looks for on an
-    /// allocation's stack.
-    pub fn call_sites(&self, program: &Path) -> Result<Vec<u64>> {
-        let HistoryTarget::Site { file, line } = self;
+    /// What the recorder looks for, resolved in `program`'s DWARF: a site's call
+    /// instructions' return addresses, or a type's size (see `alloc_history::type_size`).
+    pub fn filter(&self, program: &Path) -> Result<HistoryFilter> {
         let bytes = std::fs::read(program)
-            .with_context(|| format!("reading {} for --history-site", program.display()))?;
+            .with_context(|| format!("reading {} for --history-*", program.display()))?;
         let module = laser_detect::naming::debug_module::DebugModule::parse(&bytes)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let Some(dwarf) = module.dwarf.as_ref() else {
             bail!(
-                "--history-site needs debug info: {} has no DWARF",
+                "--history-* needs debug info: {} has no DWARF",
                 program.display()
             );
+        };
+        let (file, line) = match self {
+            HistoryTarget::Type { name } => {
+                let Some(size) = type_size(dwarf, name) else {
+                    bail!(
+                        "--history-type: no type `{name}` with a size in {}",
+                        program.display()
+                    );
+                };
+                return Ok(HistoryFilter {
+                    sites: Vec::new(),
+                    size: Some(size),
+                });
+            }
+            HistoryTarget::Site { file, line } => (file, line),
         };
         let image = laser_detect::decode::code::ElfImage::open(program)
             .context("--history-site: not an ELF file")?;
@@ -66,7 +91,7 @@ impl HistoryTarget {
                 program.display()
             );
         }
-        Ok(sites)
+        Ok(HistoryFilter { sites, size: None })
     }
 }
 
@@ -240,11 +265,7 @@ impl History {
         }
         let mut sym = Symbolizer::new();
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "\naccess history: objects allocated at {}",
-            self.target
-        );
+        let _ = writeln!(out, "\naccess history: objects {}", self.target);
         if self.done.is_empty() {
             let _ = writeln!(
                 out,

@@ -61,7 +61,9 @@ impl AllocShim {
     /// Writes the recorder out and returns the set-up that preloads it into the program.
     /// `history_sites`: return addresses (ELF vaddrs in the executable) whose allocations the
     /// recorder announces and holds until laser answers (`--history-site`).
-    pub fn prepare(history_sites: Option<&[u64]>) -> Result<(AllocShim, ChildSetup)> {
+    pub fn prepare(
+        history: Option<&crate::alloc_history::HistoryFilter>,
+    ) -> Result<(AllocShim, ChildSetup)> {
         let path = std::env::temp_dir().join(format!("laser-alloc-{}.so", std::process::id()));
         crate::private_file::write(&path, SHIM)
             .with_context(|| format!("writing the allocation recorder to {}", path.display()))?;
@@ -92,12 +94,17 @@ impl AllocShim {
         ];
         let mut inherit_fds = vec![w.as_raw_fd()];
         let (mut ack, mut child_ack) = (None, None);
-        if let Some(sites) = history_sites {
+        if let Some(h) = history {
             // Blocking on both ends: the program waits for each answer (≤ 2 s, its poll).
             let (ar, aw) = pipe(libc::O_CLOEXEC)?;
-            let list: Vec<String> = sites.iter().map(|v| format!("{v:x}")).collect();
             env.push(("LASER_ALLOC_ACK".into(), ar.as_raw_fd().to_string().into()));
-            env.push(("LASER_ALLOC_SITES".into(), list.join(",").into()));
+            if !h.sites.is_empty() {
+                let list: Vec<String> = h.sites.iter().map(|v| format!("{v:x}")).collect();
+                env.push(("LASER_ALLOC_SITES".into(), list.join(",").into()));
+            }
+            if let Some(n) = h.size {
+                env.push(("LASER_ALLOC_SIZE".into(), n.to_string().into()));
+            }
             inherit_fds.push(ar.as_raw_fd());
             ack = Some(std::fs::File::from(aw));
             child_ack = Some(ar);

@@ -71,11 +71,15 @@ pub fn run(args: RunArgs) -> Result<i32> {
     let mut config = session_config(&args.monitor)?;
     // Allocation sites need the recorder in the program, and heap naming to ask for them.
     let mut shim = None;
-    let history_target = match &args.history_site {
-        Some(s) => Some((s.clone(), HistoryTarget::parse_site(s)?)),
-        None => None,
+    let history_target = match (&args.history_site, &args.history_type) {
+        (Some(s), _) => Some((format!("allocated at {s}"), HistoryTarget::parse_site(s)?)),
+        (None, Some(t)) => Some((
+            format!("of type {t} (allocations of its size)"),
+            HistoryTarget::Type { name: t.clone() },
+        )),
+        (None, None) => None,
     };
-    let history_sites = match (&history_target, args.command.first()) {
+    let history_filter = match (&history_target, args.command.first()) {
         (Some((_, t)), Some(program)) => {
             let path =
                 laser_driver::launch::resolve_program(program, std::env::var_os("PATH").as_deref())
@@ -88,12 +92,12 @@ pub fn run(args: RunArgs) -> Result<i32> {
                 max_slowdown: 100.0,
                 ..config.duty_cycle
             };
-            Some(t.call_sites(&path)?)
+            Some(t.filter(&path)?)
         }
         _ => None,
     };
-    if (heap_naming() && alloc_sites_enabled()) || history_sites.is_some() {
-        let (s, setup) = AllocShim::prepare(history_sites.as_deref())?;
+    if (heap_naming() && alloc_sites_enabled()) || history_filter.is_some() {
+        let (s, setup) = AllocShim::prepare(history_filter.as_ref())?;
         config.child = setup;
         shim = Some(s);
     }

@@ -6,8 +6,8 @@
 //!   record, and (with `LASER_ALLOC_EARLY=0`) from blocks allocated after laser armed the
 //!   contended line;
 //! - a hand-off: main allocates a job, a worker thread writes it, main reads and frees it:
-//!   `--history-site` shows the allocation, then the worker's writes in program order, then
-//!   main's reads and the free.
+//!   `--history-site` (and `--history-type job`) shows the allocation, then the worker's
+//!   writes in program order, then main's reads and the free.
 
 mod c_run;
 
@@ -169,7 +169,7 @@ __attribute__((noinline)) void finish_job(volatile struct job *j) {
 }
 static void *worker(void *arg) { finish_job(arg); return NULL; }
 int main(void) {
-    void *before = xmalloc(32); /* same size, other line: not followed */
+    void *before = xmalloc(48); /* another object, on another line: not followed */
     struct job *j = xmalloc(sizeof *j); /* HANDOFF */
     pthread_t t;
     pthread_create(&t, NULL, worker, j);
@@ -183,12 +183,20 @@ int main(void) {
 
 #[test]
 fn history_of_a_handed_off_object() {
-    for opt in ["-O0", "-O2"] {
-        let dir = c_run::temp_dir(&format!("alloc-history{opt}"));
+    let line = site_line(HANDOFF, "/* HANDOFF */");
+    let site = format!("handoff.c:{line}");
+    for (opt, how) in [
+        ("-O0", ["--history-site", site.as_str()]),
+        ("-O2", ["--history-site", site.as_str()]),
+        // By type: `struct job` is the program's only 32-byte allocation.
+        ("-O2", ["--history-type", "job"]),
+    ] {
+        let dir = c_run::temp_dir(&format!("alloc-history{opt}{}", how[0]));
         let exe = c_run::compile_opt(&dir, "handoff", HANDOFF, opt);
-        let line = site_line(HANDOFF, "/* HANDOFF */");
         let out = Command::new(c_run::LASER)
-            .args(["run", "--history-site", &format!("handoff.c:{line}"), "--"])
+            .arg("run")
+            .args(how)
+            .arg("--")
             .arg(&exe)
             .output()
             .expect("laser runs");

@@ -4,6 +4,11 @@
 //! CLI's; here are the pure parts: from `FILE:LINE` to the call sites whose return addresses
 //! the recorder looks for, and the history itself.
 //!
+//! Resolving a type ([`type_size`]): its DWARF size; allocations of exactly that many bytes
+//! are taken as objects of the type (a rule the history makes checkable: each object says
+//! where it was allocated). Arrays of the type and other types of the same size are not told
+//! apart; DWARF access typing (which sites store the result into a `TYPE *`) would narrow it.
+//!
 //! Resolving a site: the line-table rows of `FILE:LINE` give address ranges; the call
 //! instructions in them give return addresses. An allocation whose stack holds one of them
 //! was made by that line, directly (malloc called there) or through a wrapper.
@@ -64,6 +69,65 @@ pub fn call_sites_at_line<R: gimli::Reader>(
     out.sort_unstable();
     out.dedup();
     out
+}
+
+/// `sizeof(name)` from DWARF: the byte size of a struct, class or union named `name` (with or
+/// without a `struct `/`class `/`union ` prefix), or of what a typedef of that name stands
+/// for. The first complete definition wins.
+pub fn type_size<R: gimli::Reader>(dwarf: &gimli::Dwarf<R>, name: &str) -> Option<u64> {
+    let bare = ["struct ", "class ", "union "]
+        .iter()
+        .find_map(|p| name.strip_prefix(p))
+        .unwrap_or(name);
+    let mut units = dwarf.units();
+    while let Ok(Some(h)) = units.next() {
+        let Ok(unit) = dwarf.unit(h) else { continue };
+        let mut entries = unit.entries();
+        while let Ok(Some(e)) = entries.next_dfs() {
+            let tag = e.tag();
+            let aggregate = matches!(
+                tag,
+                gimli::DW_TAG_structure_type | gimli::DW_TAG_class_type | gimli::DW_TAG_union_type
+            );
+            if !aggregate && tag != gimli::DW_TAG_typedef {
+                continue;
+            }
+            let named = e
+                .attr_value(gimli::DW_AT_name)
+                .and_then(|v| dwarf.attr_string(&unit, v).ok())
+                .and_then(|s| s.to_string_lossy().ok().map(|s| s == bare))
+                .unwrap_or(false);
+            if !named {
+                continue;
+            }
+            if aggregate {
+                if let Some(n) = e.attr_value(gimli::DW_AT_byte_size) {
+                    if let Some(n) = n.udata_value() {
+                        return Some(n);
+                    }
+                }
+                continue; // a declaration: keep looking for the definition
+            }
+            // A typedef: the size of what it names (one level, then any further typedefs).
+            if let Some(gimli::AttributeValue::UnitRef(off)) = e.attr_value(gimli::DW_AT_type) {
+                let mut off = off;
+                for _ in 0..8 {
+                    let Ok(t) = unit.entry(off) else { break };
+                    if let Some(n) = t
+                        .attr_value(gimli::DW_AT_byte_size)
+                        .and_then(|v| v.udata_value())
+                    {
+                        return Some(n);
+                    }
+                    match t.attr_value(gimli::DW_AT_type) {
+                        Some(gimli::AttributeValue::UnitRef(o)) => off = o,
+                        _ => break,
+                    }
+                }
+            }
+        }
+    }
+    None
 }
 
 /// How an instruction touched memory.
