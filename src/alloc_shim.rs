@@ -5,7 +5,7 @@
 use std::ffi::OsString;
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use laser_detect::naming::alloc_record::AllocRecord;
@@ -123,6 +123,13 @@ impl AllocShim {
             },
             setup,
         ))
+    }
+
+    /// Whether the recorder is mapped in the process whose maps are `regions`: an `exec`
+    /// without it (e.g. `env LD_PRELOAD=x ./app`) leaves a table address that points into
+    /// another image.
+    pub fn mapped_in(&self, regions: &[laser_detect::decode::maps::Region]) -> bool {
+        regions.iter().any(|r| Path::new(&r.path) == self.path)
     }
 
     /// Closes laser's copy of the program's end once the program has it.

@@ -66,6 +66,8 @@ pub struct LiveHeap {
     sites: BTreeMap<u64, AllocSite>,
     /// Lines armed in the recorder (blocks allocated there later are recorded).
     armed: BTreeSet<u64>,
+    /// The recorder started, then the process exec'd a program without it.
+    recorder_lost: bool,
 }
 
 impl LiveHeap {
@@ -80,6 +82,7 @@ impl LiveHeap {
             shim: None,
             sites: BTreeMap::new(),
             armed: BTreeSet::new(),
+            recorder_lost: false,
         }
     }
 
@@ -148,6 +151,12 @@ impl LiveHeap {
             return;
         };
         shim.drain();
+        if shim.table.is_some() && !shim.mapped_in(regions) {
+            // The process exec'd something the recorder is not preloaded into: never read,
+            // let alone write, at the old table's address.
+            shim.table = None;
+            self.recorder_lost = true;
+        }
         let Some(table) = shim.table.and_then(|a| Table::read(mem, a)) else {
             return;
         };
@@ -203,22 +212,26 @@ impl LiveHeap {
     /// Why heap blocks of the report have no allocation site, if some have none.
     fn sites_note(&self, h: &HeapBlocks) -> Option<String> {
         let shim = self.shim.as_ref()?;
-        if shim.table.is_none() {
-            return Some(
-                "allocation sites: laser's recorder did not start in the program (its \
-                 LD_PRELOAD was replaced, e.g. by `env LD_PRELOAD=…`, or the program is \
-                 static or has its own malloc)"
-                    .into(),
-            );
-        }
-        let missing = h
+        let live: Vec<u64> = h
             .lines
             .values()
             .filter_map(|r| r.as_ref().ok())
             .flatten()
             .filter(|b| matches!(b.state, BlockState::InUse | BlockState::Mmapped))
-            .filter(|b| !h.sites.contains_key(&b.user))
-            .count();
+            .map(|b| b.user)
+            .collect();
+        if live.is_empty() {
+            return None;
+        }
+        if shim.table.is_none() || self.recorder_lost {
+            return Some(
+                "allocation sites: laser's recorder was not in the program (its LD_PRELOAD \
+                 was replaced, e.g. by `env LD_PRELOAD=…`, or the program is static or has \
+                 its own malloc)"
+                    .into(),
+            );
+        }
+        let missing = live.iter().filter(|u| !h.sites.contains_key(u)).count();
         (missing > 0).then(|| {
             format!(
                 "allocation sites: {missing} heap block(s) have none: allocated before laser \
