@@ -228,6 +228,27 @@ pub struct RunArgs {
     pub repair_after: Duration,
     #[command(flatten)]
     pub repair_opts: RepairTuning,
+    /// Name where each contended heap block was allocated (call stack past allocator
+    /// wrappers, requested size): preloads laser's allocation recorder into the program. Off
+    /// by default: every malloc/free then goes through the recorder, which costs
+    /// allocation-heavy programs up to ~1.2-1.4x (benchmarks/RESULTS.md, "Allocation sites").
+    #[arg(long)]
+    pub alloc_sites: bool,
+    /// Print the access history of objects allocated on this line (FILE:LINE, the line that
+    /// calls malloc or a wrapper of it): each new object's first 32 bytes are watched with
+    /// the debug registers from its allocation to its free — which threads and functions
+    /// read and write which offsets, in order, on which CPU. The program waits briefly at
+    /// each such allocation while laser arms the watchpoints; watchpoint steering is off.
+    #[arg(long, value_name = "FILE:LINE", conflicts_with_all = ["repair", "history_type"])]
+    pub history_site: Option<String>,
+    /// Like --history-site, for objects of a type (`struct job`, `job`, a typedef): every
+    /// allocation of exactly sizeof(TYPE) bytes (from DWARF) is taken as one; each object's
+    /// history says where it was allocated, so one of another type of the same size shows.
+    #[arg(long, value_name = "TYPE", conflicts_with = "repair")]
+    pub history_type: Option<String>,
+    /// With --history-site/--history-type: how many objects to follow, one after the other.
+    #[arg(long, default_value_t = 1)]
+    pub history_objects: usize,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<OsString>,

@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use laser_driver::{Config, Session};
 
+use crate::alloc_history::{History, HistoryTarget};
+use crate::alloc_shim::AllocShim;
 use crate::cli::{AttachArgs, MonitorArgs, RecordArgs, ReportArgs, RunArgs};
 use crate::live_heap::LiveHeap;
 use crate::monitor::{self, LoopOptions};
@@ -18,9 +20,20 @@ fn heap_naming() -> bool {
     std::env::var("LASER_HEAP_BLOCKS").map_or(true, |v| v != "0")
 }
 
+/// Whether `laser run` preloads its allocation recorder: `--alloc-sites`, or
+/// `LASER_ALLOC_SITES=1` (off by default: it costs allocation-heavy programs more than the
+/// detection overhead goal allows; `LASER_ALLOC_SITES=0` keeps it off even with the flag).
+fn alloc_sites_enabled(flag: bool) -> bool {
+    match std::env::var_os("LASER_ALLOC_SITES") {
+        Some(v) if v == "0" => false,
+        Some(v) if v == "1" => true,
+        _ => flag,
+    }
+}
+
 /// The heap blocks for the report, or `None` with a note saying why there are none.
 fn heap_blocks(
-    heap: Option<&LiveHeap>,
+    heap: Option<&mut LiveHeap>,
     analysis: &mut laser_detect::Analysis,
 ) -> Option<laser_detect::naming::heap_names::HeapBlocks> {
     let heap = heap?;
@@ -60,18 +73,56 @@ fn session_config(m: &MonitorArgs) -> Result<Config> {
 /// false sharing at or above the threshold and repairs it (once; `repair::online`).
 pub fn run(args: RunArgs) -> Result<i32> {
     let start = Instant::now();
-    let config = session_config(&args.monitor)?;
+    let mut config = session_config(&args.monitor)?;
+    // Allocation sites need the recorder in the program, and heap naming to ask for them.
+    let mut shim = None;
+    let history_target = match (&args.history_site, &args.history_type) {
+        (Some(s), _) => Some((format!("allocated at {s}"), HistoryTarget::parse_site(s)?)),
+        (None, Some(t)) => Some((
+            format!("of type {t} (allocations of its size)"),
+            HistoryTarget::Type { name: t.clone() },
+        )),
+        (None, None) => None,
+    };
+    let history_filter = match (&history_target, args.command.first()) {
+        (Some((_, t)), Some(program)) => {
+            let path =
+                laser_driver::launch::resolve_program(program, std::env::var_os("PATH").as_deref())
+                    .map_err(|searched| anyhow::anyhow!("{program:?} not found ({searched})"))?;
+            // The watchpoints follow the object, not the detector's candidates; its hits
+            // are what the user asked for, so the trap budget is generous.
+            config.watch = true;
+            config.duty_cycle = laser_driver::DutyCycle {
+                max_hits_per_window: u64::MAX / 4,
+                max_slowdown: 100.0,
+                ..config.duty_cycle
+            };
+            Some(t.filter(&path)?)
+        }
+        _ => None,
+    };
+    if (heap_naming() && alloc_sites_enabled(args.alloc_sites)) || history_filter.is_some() {
+        let (s, setup) = AllocShim::prepare(history_filter.as_ref())?;
+        config.child = setup;
+        shim = Some(s);
+    }
     let mut session = Session::launch(&args.command, &config)?;
+    if let Some(s) = shim.as_mut() {
+        s.launched();
+    }
     let mut recorder = match &args.output {
         Some(p) => Some(Recorder::create(p, &session.header_info())?),
         None => None,
     };
     let mut detector = analyze::detector(&args.analysis, None);
-    let mut heap = heap_naming().then(|| LiveHeap::new(session.pid(), args.analysis.line));
+    let mut heap = (heap_naming() || history_target.is_some())
+        .then(|| LiveHeap::new(session.pid(), args.analysis.line).with_shim(shim.take()));
+    let mut history =
+        history_target.map(|(s, _)| History::new(s, args.history_objects, session.pid()));
     let mut opts = LoopOptions {
         duration: args.repair.then_some(args.repair_after),
         stop_on_interrupt: false,
-        steer_watchpoints: config.watch,
+        steer_watchpoints: config.watch && history.is_none(),
         skip_pcs: Vec::new(),
         forced_watch: monitor::forced_watch(&args.monitor.watch_addr),
         live_view: !args.analysis.quiet,
@@ -88,6 +139,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
             recorder.as_mut(),
             heap.as_mut(),
             &mut steering,
+            history.as_mut(),
         )
         .map_err(|e| e.context("monitoring failed"))
     };
@@ -149,7 +201,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
             outcome.skipped
         ));
     }
-    let blocks = heap_blocks(heap.as_ref(), &mut analysis);
+    let blocks = heap_blocks(heap.as_mut(), &mut analysis);
     let title = format!("laser run {}", command_line(&args.command));
     let emitted = analyze::emit(&analysis, &args.analysis, blocks, &title)?;
     if let Some(o) = &online {
@@ -159,6 +211,14 @@ pub fn run(args: RunArgs) -> Result<i32> {
             eprint!("{section}");
         } else {
             print!("{section}");
+        }
+    }
+    if let Some(h) = history {
+        let text = h.render();
+        if args.analysis.quiet {
+            eprint!("{text}");
+        } else {
+            print!("{text}");
         }
     }
     // The program's own failure wins over a tripped gate (README, "Exit status").
@@ -198,6 +258,7 @@ pub fn record(args: RecordArgs) -> Result<i32> {
         Some(&mut recorder),
         None,
         &mut crate::steering::Steering::default(),
+        None,
     )?;
     recorder.finish(outcome.elapsed.as_nanos() as u64)?;
     let st = session.stats();
@@ -316,6 +377,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
         recorder.as_mut(),
         heap.as_mut(),
         &mut crate::steering::Steering::default(),
+        None,
     )?;
     drop(session); // detach before the (possibly slow) symbolization
     if let Some(r) = recorder {
@@ -335,7 +397,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
             .collect();
         h.name(&lines, ATTACH_HEAP_BUDGET);
     }
-    let blocks = heap_blocks(heap.as_ref(), &mut analysis);
+    let blocks = heap_blocks(heap.as_mut(), &mut analysis);
     let title = format!("laser attach -p {pid}");
     let emitted = analyze::emit(&analysis, &args.analysis, blocks, &title)?;
     let (report, tripped) = (emitted.report, emitted.tripped);

@@ -1,5 +1,7 @@
 //! `laser`: find and repair cache-line contention in multithreaded x86-64 Linux programs.
 
+mod alloc_history;
+mod alloc_shim;
 mod analyze;
 mod backend;
 mod cli;

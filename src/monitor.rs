@@ -98,6 +98,7 @@ pub fn run_loop(
     mut recorder: Option<&mut Recorder>,
     mut heap: Option<&mut LiveHeap>,
     steering: &mut Steering,
+    mut history: Option<&mut crate::alloc_history::History>,
 ) -> Result<Outcome> {
     let start = Instant::now();
     raise_reader_priority();
@@ -111,6 +112,9 @@ pub fn run_loop(
                 let skip = matches!(&e, Event::Sample(s)
                     if opts.skip_pcs.iter().any(|r| r.contains(&s.ip)));
                 skipped += u64::from(skip);
+                if let (Some(h), Event::Sample(s)) = (history.as_deref_mut(), &e) {
+                    h.observe(s);
+                }
                 if let Some(d) = detector.as_deref_mut().filter(|_| !skip) {
                     d.feed(&e);
                 }
@@ -162,6 +166,12 @@ pub fn run_loop(
         }
         if let (Some(h), Some(d)) = (heap.as_deref_mut(), detector.as_deref()) {
             h.tick(d);
+        }
+        if let (Some(hist), Some(shim)) = (
+            history.as_deref_mut(),
+            heap.as_deref_mut().and_then(LiveHeap::shim_mut),
+        ) {
+            hist.step(session, shim)?;
         }
         if view.is_shown() {
             let st = session.stats();

@@ -77,8 +77,21 @@ fn is_executable_file(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
+/// Extra set-up of a launched program: environment variables set (replacing any of the same
+/// name in laser's environment) and file descriptors it inherits (laser's are close-on-exec).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChildSetup {
+    pub env: Vec<(OsString, OsString)>,
+    pub inherit_fds: Vec<i32>,
+}
+
 /// Forks a child that waits for [`Stopped::release`] before exec'ing `argv`.
 pub fn spawn_stopped(argv: &[OsString]) -> Result<Stopped, DriverError> {
+    spawn_stopped_with(argv, &ChildSetup::default())
+}
+
+/// [`spawn_stopped`] with an environment and inherited descriptors.
+pub fn spawn_stopped_with(argv: &[OsString], setup: &ChildSetup) -> Result<Stopped, DriverError> {
     let first = argv.first().ok_or(DriverError::EmptyCommand)?;
     let program = first.to_string_lossy().into_owned();
     let path = resolve_program(first, std::env::var_os("PATH").as_deref()).map_err(|searched| {
@@ -97,6 +110,24 @@ pub fn spawn_stopped(argv: &[OsString]) -> Result<Stopped, DriverError> {
     let c_args = argv.iter().map(|a| nul(a)).collect::<Result<Vec<_>, _>>()?;
     let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
     c_argv.push(std::ptr::null());
+    // The environment is built before the fork: the child may only call async-signal-safe
+    // functions, so it cannot allocate.
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| !setup.env.iter().any(|(n, _)| n == k))
+        .collect();
+    env.extend(setup.env.iter().cloned());
+    let c_env = env
+        .iter()
+        .map(|(k, v)| {
+            let mut kv = k.as_bytes().to_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            nul(OsStr::from_bytes(&kv))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut c_envp: Vec<*const libc::c_char> = c_env.iter().map(|a| a.as_ptr()).collect();
+    c_envp.push(std::ptr::null());
+    let inherit = setup.inherit_fds.clone();
 
     // SAFETY: sigemptyset initialises the set it is given; a zeroed sigset_t is valid input.
     let empty_mask = unsafe {
@@ -113,8 +144,8 @@ pub fn spawn_stopped(argv: &[OsString]) -> Result<Stopped, DriverError> {
         return Err(DriverError::io("fork", io::Error::last_os_error()));
     }
     if pid == 0 {
-        // SAFETY (whole block): child side of fork. Only close/signal/sigprocmask/read/execv/
-        // write/_exit are called, all async-signal-safe; the pointers are to CStrings and a
+        // SAFETY (whole block): child side of fork. Only close/signal/sigprocmask/read/fcntl/
+        // execve/write/_exit are called, all async-signal-safe; the pointers are to CStrings and a
         // sigset prepared before the fork, alive for the whole block.
         unsafe {
             libc::close(go_w.as_raw_fd());
@@ -136,7 +167,13 @@ pub fn spawn_stopped(argv: &[OsString]) -> Result<Stopped, DriverError> {
                 // laser gave up (dropped the handle) before releasing us.
                 libc::_exit(127);
             }
-            libc::execv(c_path.as_ptr(), c_argv.as_ptr());
+            for &fd in &inherit {
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags >= 0 {
+                    libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+                }
+            }
+            libc::execve(c_path.as_ptr(), c_argv.as_ptr(), c_envp.as_ptr());
             let errno = *libc::__errno_location();
             libc::write(
                 err_w.as_raw_fd(),

@@ -66,6 +66,9 @@ pub struct Config {
     /// Open watchpoint events so `watch_mut().arm(…)` works. Implied by `backend = Watch`.
     pub watch: bool,
     pub duty_cycle: DutyCycle,
+    /// Launch only: what the program gets besides laser's own environment (see
+    /// [`launch::ChildSetup`]): `laser run` preloads its allocation recorder this way.
+    pub child: launch::ChildSetup,
 }
 
 impl Default for Config {
@@ -76,6 +79,7 @@ impl Default for Config {
             buffer_pages: DEFAULT_BUFFER_PAGES,
             watch: false,
             duty_cycle: DutyCycle::default(),
+            child: launch::ChildSetup::default(),
         }
     }
 }
@@ -166,7 +170,7 @@ impl Session {
     /// exec. Returns once the exec has happened.
     pub fn launch(argv: &[OsString], config: &Config) -> Result<Session, DriverError> {
         let config = checked(config)?;
-        let stopped = launch::spawn_stopped(argv)?;
+        let stopped = launch::spawn_stopped_with(argv, &config.child)?;
         let mut s = Session::new(Mode::Launched, stopped.pid, &config, Binding::Launch)?;
         s.command = argv
             .iter()

@@ -15,11 +15,16 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 
 /// Writes `source` to `dir/name.c` and builds `dir/name` with `gcc -O2 -g -pthread`.
 pub fn compile(dir: &Path, name: &str, source: &str) -> PathBuf {
+    compile_opt(dir, name, source, "-O2")
+}
+
+/// [`compile`] at optimization level `opt` (`-O0`, `-O2`).
+pub fn compile_opt(dir: &Path, name: &str, source: &str, opt: &str) -> PathBuf {
     let src = dir.join(format!("{name}.c"));
     let exe = dir.join(name);
     std::fs::write(&src, source).unwrap();
     let out = Command::new("gcc")
-        .args(["-O2", "-g", "-pthread", "-o"])
+        .args([opt, "-g", "-pthread", "-o"])
         .arg(&exe)
         .arg(&src)
         .output()

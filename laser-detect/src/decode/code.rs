@@ -142,6 +142,16 @@ impl ElfImage {
         })
     }
 
+    /// A section's ELF vaddr and bytes (`.eh_frame`, `.plt`, …), if the file has it.
+    pub fn section(&self, name: &str) -> Option<(u64, &[u8])> {
+        use object::{Object, ObjectSection};
+        let f = object::File::parse(&self.data[..]).ok()?;
+        let s = f.section_by_name(name)?;
+        let (off, len) = s.file_range()?;
+        let bytes = self.data.get(off as usize..(off + len) as usize)?;
+        Some((s.address(), bytes))
+    }
+
     /// Bytes at ELF vaddr `vaddr`, from the file-backed part of a segment.
     pub fn read_vaddr(&self, vaddr: u64, buf: &mut [u8]) -> usize {
         let Some(s) = self

@@ -18,6 +18,11 @@ use crate::naming::heap_blocks::{arena_for, Block, HeapError, Memory, Step, Walk
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct HeapBlocks {
     pub lines: BTreeMap<u64, Result<Vec<Block>, HeapError>>,
+    /// Allocation sites of blocks, by the pointer malloc returned (`laser run` with the
+    /// allocation recorder; see `naming::alloc_site`).
+    pub sites: BTreeMap<u64, crate::naming::alloc_site::AllocSite>,
+    /// Why blocks have no site, when none could be had (a note for the report).
+    pub sites_note: Option<String>,
 }
 
 /// Failed attempts after which a line is left unnamed (a torn chain is retried: the target
@@ -100,6 +105,20 @@ impl HeapNamer {
                 break;
             }
         }
+    }
+
+    /// Bytes per line.
+    pub fn line_size(&self) -> u64 {
+        self.line_size
+    }
+
+    /// The blocks named so far, with their line.
+    pub fn named(&self) -> impl Iterator<Item = (u64, &Block)> {
+        self.done
+            .lines
+            .iter()
+            .filter_map(|(&l, r)| r.as_ref().ok().map(|b| (l, b)))
+            .flat_map(|(l, bs)| bs.iter().map(move |b| (l, b)))
     }
 
     /// What was found. Lines still being walked are reported as too far to finish.

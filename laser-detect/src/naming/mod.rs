@@ -2,6 +2,9 @@
 //! frame, global and heap data with their DWARF types and fields, and library call sites.
 
 pub mod access_type;
+pub mod alloc_history;
+pub mod alloc_record;
+pub mod alloc_site;
 pub mod call_sites;
 pub mod dataname;
 pub mod debug_module;

@@ -240,7 +240,16 @@ fn finding(
             .and_then(|h| h.lines.get(&f.line_addr))
         {
             match found {
-                Ok(blocks) => name_heap(&mut data, f.line_addr, line_size, union, blocks),
+                Ok(blocks) => {
+                    name_heap(&mut data, f.line_addr, line_size, union, blocks);
+                    let sites = opts.heap_blocks.as_ref().map(|h| &h.sites);
+                    for b in &mut data.blocks {
+                        if let Some(site) = sites.and_then(|s| s.get(&b.addr)) {
+                            b.requested_size = Some(site.requested_size);
+                            b.alloc_site = Some(alloc_site(site, sym, modules));
+                        }
+                    }
+                }
                 Err(e) => notes.push(format!(
                     "heap line {:#x}: malloc block unknown: {e}",
                     f.line_addr
@@ -446,6 +455,42 @@ fn data(
     }
 }
 
+/// An allocation stack symbolized: each return address at its call instruction.
+fn alloc_site(
+    site: &crate::naming::alloc_site::AllocSite,
+    sym: &mut Symbolizer,
+    modules: &mut BTreeSet<String>,
+) -> crate::report::AllocSite {
+    let frames: Vec<crate::report::AllocFrame> = site
+        .frames
+        .iter()
+        .map(|f| {
+            let loc = match (&f.module, f.vaddr) {
+                (Some(m), Some(v)) => {
+                    modules.insert(m.clone());
+                    sym.symbolize(m, v.wrapping_sub(1))
+                }
+                _ => Default::default(),
+            };
+            crate::report::AllocFrame {
+                pc: f.pc,
+                module: f.module.clone(),
+                file: loc.file,
+                line: loc.line,
+                function: loc.function,
+                skipped: f.skipped.map(str::to_string),
+            }
+        })
+        .collect();
+    let at = site.site.and_then(|i| frames.get(i));
+    crate::report::AllocSite {
+        file: at.and_then(|f| f.file.clone()),
+        line: at.and_then(|f| f.line),
+        function: at.and_then(|f| f.function.clone()),
+        frames,
+    }
+}
+
 /// Names a heap line by the malloc blocks holding its contended bytes (`union`).
 fn name_heap(
     data: &mut Data,
@@ -469,6 +514,8 @@ fn name_heap(
                 state: b.state.as_str().to_string(),
                 arena: b.arena.as_str().to_string(),
                 offsets,
+                requested_size: None,
+                alloc_site: None,
             })
         })
         .collect();
@@ -537,6 +584,9 @@ fn heap_summary(findings: &[Finding], opts: &ReportOptions, notes: &mut Vec<Stri
     let Some(h) = &opts.heap_blocks else {
         return;
     };
+    if let Some(n) = &h.sites_note {
+        notes.push(n.clone());
+    }
     let unread = findings
         .iter()
         .filter(|f| f.data.kind == "heap" && !h.lines.contains_key(&f.line_addr))

@@ -298,6 +298,40 @@ pub struct HeapBlock {
     pub arena: String,
     /// Contended bytes of the line inside this block, as offsets from `addr`, ascending.
     pub offsets: Vec<u64>,
+    /// The size the program asked for (malloc's argument; `calloc`'s product), when the
+    /// allocation recorder saw the allocation (`laser run`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_size: Option<u64>,
+    /// Where the program allocated the block, past allocator wrappers and library frames.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc_site: Option<AllocSite>,
+}
+
+/// An allocation's site and call stack (`blocks[].alloc_site`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocSite {
+    /// The site: the first frame in the program's own code that is not an allocator wrapper.
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub function: Option<String>,
+    /// The call stack, innermost first (the caller of malloc first).
+    pub frames: Vec<AllocFrame>,
+}
+
+/// One frame of an allocation's call stack.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocFrame {
+    /// Run-time return address.
+    #[serde(with = "hex")]
+    pub pc: u64,
+    pub module: Option<String>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub function: Option<String>,
+    /// `wrapper` (an allocator wrapper such as `xmalloc`), `library` (system code), or absent
+    /// for program frames; the site is the first frame without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
 }
 
 impl HeapBlock {

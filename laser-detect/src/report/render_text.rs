@@ -251,8 +251,10 @@ fn data_line(f: &Finding) -> String {
                         st => format!(", {st}"),
                     };
                     format!(
-                        "heap block {:#x} ({} bytes, {arena}{state})",
-                        b.addr, b.size
+                        "heap block {:#x} ({} bytes, {arena}{state}){}",
+                        b.addr,
+                        b.size,
+                        alloc_site_text(b)
                     )
                 })
                 .collect();
@@ -263,6 +265,42 @@ fn data_line(f: &Finding) -> String {
         "stack" => "stack".into(),
         _ => "unknown (not in any mapping)".into(),
     }
+}
+
+/// `, allocated at fs.c:30 in main via xmalloc (24 bytes requested)`, or nothing.
+fn alloc_site_text(b: &crate::report::HeapBlock) -> String {
+    let Some(site) = &b.alloc_site else {
+        return String::new();
+    };
+    let at = match (&site.file, site.line) {
+        (Some(f), Some(l)) => format!("{}:{l}", short_path(f)),
+        _ => "an unknown line".to_string(),
+    };
+    let func = site
+        .function
+        .as_ref()
+        .map(|f| format!(" in {f}"))
+        .unwrap_or_default();
+    let via: Vec<&str> = site
+        .frames
+        .iter()
+        .filter(|f| f.skipped.as_deref() == Some("wrapper"))
+        .filter_map(|f| f.function.as_deref())
+        .collect();
+    let via = if via.is_empty() {
+        String::new()
+    } else {
+        format!(" via {}", via.join(" ← "))
+    };
+    let req = b
+        .requested_size
+        .map(|n| format!(" ({n} bytes requested)"))
+        .unwrap_or_default();
+    format!(", allocated at {at}{func}{via}{req}")
+}
+
+fn short_path(p: &str) -> &str {
+    p.rsplit('/').next().unwrap_or(p)
 }
 
 fn finding(out: &mut String, n: usize, f: &Finding, line_size: u32) {
