@@ -5,6 +5,7 @@
 //!   wrapper as a skipped frame, and the requested size — from the recorder's first-16384
 //!   record, and (with `LASER_ALLOC_EARLY=0`) from blocks allocated after laser armed the
 //!   contended line;
+//!   the same through a wrapper the compiler inlined (no frame of its own);
 //! - a hand-off: main allocates a job, a worker thread writes it, main reads and frees it:
 //!   `--history-site` (and `--history-type job`) shows the allocation, then the worker's
 //!   writes in program order, then main's reads and the free.
@@ -21,7 +22,12 @@ const WRAPPED: &str = r#"
 #include <unistd.h>
 
 struct stats { long hits; long misses; long pad; };  /* 24 bytes: 32-byte chunks */
-__attribute__((noinline)) void *safe_malloc(size_t n) {
+#ifdef INLINE_WRAPPER
+static inline __attribute__((always_inline))
+#else
+__attribute__((noinline))
+#endif
+void *safe_malloc(size_t n) {
     void *p = malloc(n);
     if (!p) { fprintf(stderr, "out of memory\n"); exit(1); }
     return p;
@@ -81,8 +87,23 @@ fn site_line(source: &str, marker: &str) -> u64 {
 }
 
 fn check_sites(opt: &str, early: Option<&str>, churn: bool) {
-    let dir = c_run::temp_dir(&format!("alloc-sites{opt}{}", early.unwrap_or("")));
-    let exe = c_run::compile_opt(&dir, "wrapped", WRAPPED, opt);
+    check_sites_of(opt, early, churn, false)
+}
+
+/// `inline_wrapper`: safe_malloc is `static inline` and always inlined, so it has no frame of
+/// its own: the site still names the line that called it, with safe_malloc as the wrapper.
+fn check_sites_of(opt: &str, early: Option<&str>, churn: bool, inline_wrapper: bool) {
+    let dir = c_run::temp_dir(&format!(
+        "alloc-sites{opt}{}{}",
+        early.unwrap_or(""),
+        if inline_wrapper { "-inline" } else { "" }
+    ));
+    let source = if inline_wrapper {
+        format!("#define INLINE_WRAPPER\n{WRAPPED}")
+    } else {
+        WRAPPED.to_string()
+    };
+    let exe = c_run::compile_opt(&dir, "wrapped", &source, opt);
     let json = dir.join("r.json");
     let mut cmd = Command::new(c_run::LASER);
     cmd.args([
@@ -126,7 +147,7 @@ fn check_sites(opt: &str, early: Option<&str>, churn: bool) {
         !sited.is_empty(),
         "{opt}: no heap block with an allocation site: {report:#}\n{ctx}"
     );
-    let line = site_line(WRAPPED, "/* SITE */");
+    let line = site_line(&source, "/* SITE */");
     for b in sited {
         let site = &b["alloc_site"];
         assert_eq!(b["requested_size"], 24, "{opt}: {b:#}");
@@ -151,6 +172,11 @@ fn check_sites(opt: &str, early: Option<&str>, churn: bool) {
 fn sites_through_a_wrapper_at_o0_and_o2() {
     check_sites("-O0", None, false);
     check_sites("-O2", None, false);
+}
+
+#[test]
+fn sites_through_an_inlined_wrapper_at_o2() {
+    check_sites_of("-O2", None, false, true);
 }
 
 #[test]

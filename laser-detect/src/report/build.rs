@@ -456,39 +456,68 @@ fn data(
 }
 
 /// An allocation stack symbolized: each return address at its call instruction.
+///
+/// A wrapper the compiler inlined into its caller (`static inline void *xmalloc(…)` in a
+/// header) has no frame of its own to analyse: the site frame's headline is then the
+/// wrapper's line. When that inlined function is named like an allocator
+/// ([`inlined_wrapper_name`]), it is listed as a `wrapper` frame and the site moves to the
+/// line that called it.
 fn alloc_site(
     site: &crate::naming::alloc_site::AllocSite,
     sym: &mut Symbolizer,
     modules: &mut BTreeSet<String>,
 ) -> crate::report::AllocSite {
-    let frames: Vec<crate::report::AllocFrame> = site
-        .frames
-        .iter()
-        .map(|f| {
-            let loc = match (&f.module, f.vaddr) {
-                (Some(m), Some(v)) => {
-                    modules.insert(m.clone());
-                    sym.symbolize(m, v.wrapping_sub(1))
-                }
-                _ => Default::default(),
-            };
-            crate::report::AllocFrame {
-                pc: f.pc,
-                module: f.module.clone(),
-                file: loc.file,
-                line: loc.line,
-                function: loc.function,
-                skipped: f.skipped.map(str::to_string),
+    let mut frames: Vec<crate::report::AllocFrame> = Vec::new();
+    let mut at = None;
+    for (i, f) in site.frames.iter().enumerate() {
+        let loc = match (&f.module, f.vaddr) {
+            (Some(m), Some(v)) => {
+                modules.insert(m.clone());
+                sym.symbolize(m, v.wrapping_sub(1))
             }
-        })
-        .collect();
-    let at = site.site.and_then(|i| frames.get(i));
+            _ => Default::default(),
+        };
+        let frame = |file, line, function, skipped: Option<&str>| crate::report::AllocFrame {
+            pc: f.pc,
+            module: f.module.clone(),
+            file,
+            line,
+            function,
+            skipped: skipped.map(str::to_string),
+        };
+        if site.site != Some(i) {
+            frames.push(frame(loc.file, loc.line, loc.function, f.skipped));
+            continue;
+        }
+        // The site frame: step out of inlined allocator wrappers, innermost first.
+        let (mut file, mut line, mut function) = (loc.file, loc.line, loc.function);
+        for caller in &loc.inlined {
+            if !function.as_deref().is_some_and(inlined_wrapper_name) {
+                break;
+            }
+            frames.push(frame(file, line, function, Some("wrapper")));
+            (file, line, function) = (caller.file.clone(), caller.line, caller.function.clone());
+        }
+        at = Some(frames.len());
+        frames.push(frame(file, line, function, None));
+    }
+    let at = at.and_then(|i| frames.get(i));
     crate::report::AllocSite {
         file: at.and_then(|f| f.file.clone()),
         line: at.and_then(|f| f.line),
         function: at.and_then(|f| f.function.clone()),
         frames,
     }
+}
+
+/// An inlined function taken for an allocator wrapper by its name: its last path component
+/// ends in `alloc` (`xmalloc`, `safe_malloc`, `xcalloc`, `xrealloc`, `zalloc`). Only for
+/// inlined frames, whose code is not there to analyse as [`crate::naming::alloc_site`] does
+/// for real frames; `allocate` or `make_job` are not taken.
+fn inlined_wrapper_name(function: &str) -> bool {
+    let base = function.split('(').next().unwrap_or(function);
+    let base = base.rsplit("::").next().unwrap_or(base);
+    base.to_ascii_lowercase().ends_with("alloc")
 }
 
 /// Names a heap line by the malloc blocks holding its contended bytes (`union`).
@@ -715,6 +744,33 @@ fn called_from(c: &CallSite, sym: &mut Symbolizer, modules: &mut BTreeSet<String
         out.line = loc.line;
     }
     out
+}
+
+#[cfg(test)]
+mod inlined_wrapper_tests {
+    use super::inlined_wrapper_name;
+
+    #[test]
+    fn allocator_names_are_wrappers_other_names_are_not() {
+        for w in [
+            "xmalloc",
+            "safe_malloc",
+            "xcalloc",
+            "ns::xrealloc",
+            "zalloc(unsigned long)",
+        ] {
+            assert!(inlined_wrapper_name(w), "{w}");
+        }
+        for n in [
+            "allocate",
+            "main",
+            "make_job",
+            "alloc_table_init",
+            "operator new",
+        ] {
+            assert!(!inlined_wrapper_name(n), "{n}");
+        }
+    }
 }
 
 #[cfg(test)]
