@@ -278,8 +278,13 @@ fn run_repair_with_the_trial_reports_its_verdict() {
         .lines()
         .find(|l| l.contains("trial: region"))
         .unwrap_or_else(|| panic!("no trial line: {}", r.stderr));
-    let kept = trial.contains(" kept: ");
-    assert!(kept || trial.contains(" undone: "), "{trial}");
+    assert!(
+        trial.contains(" kept: ") || trial.contains(" undone: "),
+        "{trial}"
+    );
+    // When the store buffer loses its trial, the placement repair (threads pinned to one
+    // CPU) gets one of its own; kept, the function counts as repaired.
+    let kept = trial.contains(" kept: ") || r.stdout.contains(": placement: ");
     let section = if kept {
         "repaired: 1 of 1 function(s) at "
     } else {
