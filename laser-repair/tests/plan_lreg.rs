@@ -169,17 +169,6 @@ fn run_timed(
     (el, wall, sums, pts)
 }
 
-/// This thread's CPU time in seconds.
-fn thread_cpu() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into a valid local.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
-
 fn check(sums: &[[u64; SUMS]], pts: &[Vec<u8>], passes: u64) {
     for (s, p) in sums.iter().zip(pts) {
         assert_eq!(*s, expected(p, passes), "repaired sums differ from native");

@@ -141,16 +141,6 @@ fn run(f: u64, offset: usize, n: usize) -> (f64, Vec<[u64; 5]>, Vec<Vec<u8>>) {
     (el, sums, pts)
 }
 
-fn thread_cpu() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec into a valid local.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
-
 /// Field order in memory is SX SY SXX SYY SXY (offsets 0x18..0x40).
 fn check(sums: &[[u64; 5]], pts: &[Vec<u8>]) {
     for (s, p) in sums.iter().zip(pts) {
