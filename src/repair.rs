@@ -121,9 +121,15 @@ impl Summary {
         }
     }
 
-    /// Code cache ranges of every repair in force.
+    /// Code cache ranges of every repair put in, kept or undone: the samples a trial's
+    /// windows took in a cache that was then undone are read after it is gone, and are no
+    /// more program code than those of a kept one (they showed as "undecodable").
     pub fn caches(&self) -> Vec<Range<u64>> {
-        self.repaired.iter().map(|r| r.cache.clone()).collect()
+        self.repaired
+            .iter()
+            .chain(&self.undone)
+            .map(|r| r.cache.clone())
+            .collect()
     }
 }
 
@@ -299,6 +305,12 @@ mod tests {
         });
         assert_eq!(s.exit_code(), exit::OK, "repaired");
         assert_eq!(s.caches(), vec![0x1000..0x2000]);
+        // An undone repair's cache still holds samples its trial took: skipped too.
+        let mut undone = s.repaired[0].clone();
+        undone.cache = 0x3000..0x4000;
+        s.undone.push(undone);
+        assert_eq!(s.caches(), vec![0x1000..0x2000, 0x3000..0x4000]);
+        s.undone.clear();
         s.refused.push(("g".into(), "vmovdqu".into()));
         assert_eq!(s.exit_code(), exit::REPAIR_REFUSED, "one of two refused");
     }
