@@ -97,6 +97,9 @@ pub struct Repaired {
     pub trial: Option<TrialOutcome>,
     /// The placement repair kept instead of the store buffer (`placement.rs`): what it did.
     pub placement: Option<String>,
+    /// Code caches the trial's plans ran in, undone since (count-only windows, repaired
+    /// windows of earlier rounds, a lost repair): samples taken there arrive later.
+    pub trial_caches: Vec<Range<u64>>,
 }
 
 /// What a repair pass did.
@@ -121,15 +124,18 @@ impl Summary {
         }
     }
 
-    /// Code cache ranges of every repair put in, kept or undone: the samples a trial's
-    /// windows took in a cache that was then undone are read after it is gone, and are no
+    /// Code cache ranges of every plan put in, kept or undone, trial windows included: the
+    /// samples taken in a cache that was then undone are read after it is gone, and are no
     /// more program code than those of a kept one (they showed as "undecodable").
     pub fn caches(&self) -> Vec<Range<u64>> {
-        self.repaired
-            .iter()
-            .chain(&self.undone)
-            .map(|r| r.cache.clone())
-            .collect()
+        let all = self.repaired.iter().chain(&self.undone);
+        let mut out: Vec<Range<u64>> = all
+            .flat_map(|r| std::iter::once(r.cache.clone()).chain(r.trial_caches.iter().cloned()))
+            .filter(|c| !c.is_empty())
+            .collect();
+        out.sort_by_key(|c| (c.start, c.end));
+        out.dedup();
+        out
     }
 }
 
@@ -302,14 +308,19 @@ mod tests {
             mode: None,
             trial: None,
             placement: None,
+            trial_caches: Vec::new(),
         });
         assert_eq!(s.exit_code(), exit::OK, "repaired");
         assert_eq!(s.caches(), vec![0x1000..0x2000]);
         // An undone repair's cache still holds samples its trial took: skipped too.
         let mut undone = s.repaired[0].clone();
-        undone.cache = 0x3000..0x4000;
+        undone.cache = 0..0;
+        undone.trial_caches = vec![0x3000..0x4000, 0x5000..0x6000];
         s.undone.push(undone);
-        assert_eq!(s.caches(), vec![0x1000..0x2000, 0x3000..0x4000]);
+        assert_eq!(
+            s.caches(),
+            vec![0x1000..0x2000, 0x3000..0x4000, 0x5000..0x6000]
+        );
         s.undone.clear();
         s.refused.push(("g".into(), "vmovdqu".into()));
         assert_eq!(s.exit_code(), exit::REPAIR_REFUSED, "one of two refused");

@@ -179,6 +179,8 @@ pub fn repair_group(
     let n_rounds = settings.trial.map_or(1, |t| t.rounds.max(1));
     let mut kept: Option<(tracee::AppliedRepair, usize, Duration)> = None;
     let mut repair_pause = Duration::ZERO;
+    // Every code cache a plan ran in, for the samples taken there (`Summary::caches`).
+    let mut trial_caches: Vec<std::ops::Range<u64>> = Vec::new();
     for r in 0..n_rounds {
         let native = match settings.trial {
             Some(t) => {
@@ -187,6 +189,7 @@ pub fn repair_group(
                     ..opts
                 };
                 let (a, _, _) = put.apply(counting, say)?;
+                trial_caches.push(a.cache.map_base..a.cache.map_base + a.cache.map_len);
                 extra_pauses.push(a.pause.paused);
                 let at = trial_start.elapsed();
                 let w = trial::measure(&mem, a.cache.data_base, &opts.runtime, t.window, |_| false);
@@ -196,6 +199,7 @@ pub fn repair_group(
             None => None,
         };
         let (applied, tries, replan) = put.apply(opts, say)?;
+        trial_caches.push(applied.cache.map_base..applied.cache.map_base + applied.cache.map_len);
         if r == 0 {
             repair_pause = applied.pause.paused;
         } else {
@@ -260,6 +264,7 @@ pub fn repair_group(
                     ..opts
                 };
                 let (a, _, _) = put.apply(counting, say)?;
+                trial_caches.push(a.cache.map_base..a.cache.map_base + a.cache.map_len);
                 let (pout, pin) =
                     placement::trial_rounds(pid, &mem, a.cache.data_base, &opts.runtime, &t);
                 kill_and_undo(&mem, &a, "the placement trial's count-only plan")?;
@@ -276,6 +281,7 @@ pub fn repair_group(
                         mode: None,
                         trial: Some(pout),
                         placement: Some(what),
+                        trial_caches,
                     }));
                 }
             }
@@ -288,6 +294,7 @@ pub fn repair_group(
             mode: None,
             trial,
             placement: None,
+            trial_caches,
         }));
     };
     let c = applied.cache;
@@ -332,6 +339,7 @@ pub fn repair_group(
         mode,
         trial,
         placement: None,
+        trial_caches,
     }))
 }
 

@@ -218,6 +218,7 @@ mod tests {
             mode: Some(SsbMode::Fifo),
             trial: None,
             placement: None,
+            trial_caches: Vec::new(),
         }
     }
 
