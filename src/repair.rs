@@ -97,8 +97,9 @@ pub struct Repaired {
     pub trial: Option<TrialOutcome>,
     /// The placement repair kept instead of the store buffer (`placement.rs`): what it did.
     pub placement: Option<String>,
-    /// Code caches the trial's plans ran in, undone since (count-only windows, repaired
-    /// windows of earlier rounds, a lost repair): samples taken there arrive later.
+    /// Every code cache a plan of this repair ran in: the trial's count-only windows, earlier
+    /// rounds, a lost repair, and the kept repair's own `cache`. Samples taken in one arrive
+    /// after it may be gone (`Summary::caches`).
     pub trial_caches: Vec<Range<u64>>,
 }
 

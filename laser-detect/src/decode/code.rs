@@ -123,6 +123,8 @@ pub struct ElfImage {
     pub build_id: Option<Vec<u8>>,
     /// Data symbols `(vaddr, size)` in writable sections (`.data`, `.bss`), sorted.
     pub writable_objects: Arc<[(u64, u64)]>,
+    /// Section headers with file contents: (name, vaddr, file offset, length).
+    sections: Vec<(String, u64, u64, u64)>,
 }
 
 impl ElfImage {
@@ -139,17 +141,16 @@ impl ElfImage {
             functions: facts.functions,
             build_id: facts.build_id,
             writable_objects: facts.writable_objects.into(),
+            sections: facts.sections,
         })
     }
 
-    /// A section's ELF vaddr and bytes (`.eh_frame`, `.plt`, …), if the file has it.
+    /// A section's ELF vaddr and bytes (`.eh_frame`, `.plt`, …), if the file has it: from the
+    /// headers read at `open` (unwinding asks for `.eh_frame` once per frame).
     pub fn section(&self, name: &str) -> Option<(u64, &[u8])> {
-        use object::{Object, ObjectSection};
-        let f = object::File::parse(&self.data[..]).ok()?;
-        let s = f.section_by_name(name)?;
-        let (off, len) = s.file_range()?;
+        let &(_, addr, off, len) = self.sections.iter().find(|s| s.0 == name)?;
         let bytes = self.data.get(off as usize..(off + len) as usize)?;
-        Some((s.address(), bytes))
+        Some((addr, bytes))
     }
 
     /// Bytes at ELF vaddr `vaddr`, from the file-backed part of a segment.
@@ -180,6 +181,8 @@ pub struct ElfFacts {
     pub build_id: Option<Vec<u8>>,
     /// Data symbols `(vaddr, size)` in writable allocated sections, sorted by address.
     pub writable_objects: Vec<(u64, u64)>,
+    /// Section headers with file contents: (name, vaddr, file offset, length).
+    pub sections: Vec<(String, u64, u64, u64)>,
 }
 
 /// Parse an ELF image's segments, function and writable data symbols and build-id from its
@@ -213,7 +216,15 @@ pub fn parse_elf(data: &[u8]) -> Option<ElfFacts> {
     functions.sort_unstable();
     functions.dedup();
     let build_id = f.build_id().ok().flatten().map(<[u8]>::to_vec);
+    let sections = f
+        .sections()
+        .filter_map(|s| {
+            let (off, len) = s.file_range()?;
+            Some((s.name().ok()?.to_string(), s.address(), off, len))
+        })
+        .collect();
     Some(ElfFacts {
+        sections,
         segments,
         functions,
         build_id,
