@@ -130,7 +130,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     // One steering for the whole run: `--repair` checks return from the loop and resume it,
     // and the watch survey must carry on where it was, or the checks would see only the
     // first ~1 s of every survey (the report, built at the end, sees all of them).
-    let mut steering = crate::steering::Steering::default();
+    let mut steering = crate::steering::Steering::with_threshold(args.analysis.threshold);
     let mut monitor = |session: &mut Session, detector: &mut _, opts: &LoopOptions| {
         monitor::run_loop(
             session,
@@ -376,7 +376,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
         Some(&mut detector),
         recorder.as_mut(),
         heap.as_mut(),
-        &mut crate::steering::Steering::default(),
+        &mut crate::steering::Steering::with_threshold(args.analysis.threshold),
         None,
     )?;
     drop(session); // detach before the (possibly slow) symbolization

@@ -51,6 +51,13 @@ const SURVEY_REFRESH: Duration = Duration::from_millis(300);
 const ARMED_COST_BUDGET: f64 = 0.015;
 /// How often the globals are read again for heap pointers (programs allocate as they go).
 const POINTERS_EVERY: Duration = Duration::from_millis(200);
+/// An instruction given a code turn gets the next one this long after at the earliest: a few
+/// turns over a run are enough to rate the loop (each window sees it on whichever line is hot
+/// then), and every execution traps while it is watched.
+const CODE_REFRESH: Duration = Duration::from_millis(150);
+/// The report threshold code turns aim at when steering is not told one (`--threshold`'s
+/// default).
+const DEFAULT_THRESHOLD: f64 = 1000.0;
 
 /// A line whose estimate was good at `at`, with the totals it had then.
 #[derive(Clone, Copy, Debug)]
@@ -66,6 +73,9 @@ struct Settled {
 enum Turn {
     Candidate,
     Survey,
+    /// Instruction breakpoints on code that contends on lines too briefly hot for a data
+    /// window ([`Detector::code_candidates`]).
+    Code,
 }
 
 #[derive(Default)]
@@ -94,9 +104,21 @@ pub struct Steering {
     /// When steering started, and the time any turn has kept the watchpoints armed since.
     started: Option<Instant>,
     armed: Duration,
+    /// Instructions given code turns, and when each last was.
+    coded: HashMap<u64, Instant>,
+    /// The report's threshold (`None`: the default), which code turns aim at.
+    threshold: Option<f64>,
 }
 
 impl Steering {
+    /// Steering for a report at `threshold` events/s.
+    pub fn with_threshold(threshold: f64) -> Self {
+        Self {
+            threshold: Some(threshold),
+            ..Self::default()
+        }
+    }
+
     /// The watchpoints were disarmed from outside (the monitor loop returned): the armed
     /// turn is over; settled lines, survey history and the tier order are kept, so a loop
     /// that stops and resumes (`run --repair` checks) does not start its survey again.
@@ -109,7 +131,7 @@ impl Steering {
     /// How long the monitor loop may wait before the next `step`: short during a survey turn,
     /// so turns are not stretched to the loop's idle poll.
     pub fn poll_hint(&self) -> Option<Duration> {
-        matches!(self.turn, Some((Turn::Survey, _))).then_some(SURVEY_TURN / 2)
+        matches!(self.turn, Some((Turn::Survey | Turn::Code, _))).then_some(SURVEY_TURN / 2)
     }
 
     /// Called between polls: re-points the watchpoints when a turn is over.
@@ -148,7 +170,7 @@ impl Steering {
             }
         }
         let over = match self.turn {
-            Some((Turn::Survey, _)) => {
+            Some((Turn::Survey | Turn::Code, _)) => {
                 self.counted >= SURVEY_TURN
                     || hits.saturating_sub(self.hits_at_start)
                         >= SURVEY_WINDOWS * watcher.duty_cycle().max_hits_per_window
@@ -158,6 +180,40 @@ impl Steering {
         };
         if !over {
             return Ok(());
+        }
+        // Code turns take every other turn while an instruction is due for one.
+        if !matches!(self.turn, Some((Turn::Code, _))) {
+            let threshold = self.threshold.unwrap_or(DEFAULT_THRESHOLD);
+            let pcs: Vec<u64> = detector
+                .code_candidates(threshold, MAX_WATCHES)
+                .into_iter()
+                .filter(|pc| {
+                    self.coded
+                        .get(pc)
+                        .is_none_or(|at| now.duration_since(*at) >= CODE_REFRESH)
+                })
+                .collect();
+            if !pcs.is_empty() {
+                let specs: Vec<WatchSpec> = pcs
+                    .iter()
+                    .map(|&addr| WatchSpec {
+                        addr,
+                        len: 8,
+                        kind: WatchKind::Exec,
+                    })
+                    .collect();
+                watcher
+                    .arm(&specs)
+                    .with_context(|| format!("arming code watchpoints on {pcs:#x?}"))?;
+                for pc in pcs {
+                    self.coded.insert(pc, now);
+                }
+                self.idle = false;
+                self.turn = Some((Turn::Code, now));
+                self.counted = Duration::ZERO;
+                self.hits_at_start = hits;
+                return Ok(());
+            }
         }
         // Lines the user named come first; a detector candidate on the same line is dropped
         // (the user's words are the ones to watch there).
@@ -332,6 +388,7 @@ mod tests {
             effective_s: armed_s,
             clamped: false,
             stores_only: false,
+            code: false,
             shared_windows: 1,
             rate_per_s: transfers as f64 / armed_s.max(1e-9),
             rel_error: 0.1,

@@ -163,6 +163,7 @@ fn line(
         threads,
         data,
         sources,
+        by_code: false,
     }
 }
 

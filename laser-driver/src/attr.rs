@@ -36,11 +36,17 @@ pub const STACK_USER_BYTES: u32 = 512;
 /// is 8-aligned (valid for every length) and lies in user space (no privilege needed).
 pub const PARKED_ADDR: u64 = 0x1000;
 
-/// Read/write direction of a data watchpoint. x86 debug registers cannot trap reads alone.
+/// What a watchpoint traps on. x86 debug registers cannot trap reads alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WatchKind {
+    /// Stores to the watched bytes.
     Write,
+    /// Loads and stores of the watched bytes.
     ReadWrite,
+    /// Every execution of the instruction at the watched address (a code window): the trap
+    /// comes before the instruction runs, so the sample's registers give the address it is
+    /// about to access, whatever data that is.
+    Exec,
 }
 
 /// How an event is bound to the target: the launch (per CPU, inherited, enabled at exec)
@@ -154,6 +160,11 @@ pub fn repoint(
     a.bp_type = match kind {
         WatchKind::Write => b::HW_BREAKPOINT_W,
         WatchKind::ReadWrite => b::HW_BREAKPOINT_RW,
+        WatchKind::Exec => {
+            // The kernel takes exactly sizeof(long) for an x86 instruction breakpoint.
+            a.__bindgen_anon_4.bp_len = std::mem::size_of::<u64>() as u64;
+            b::HW_BREAKPOINT_X
+        }
     };
     a.set_disabled(disabled as u64);
     a

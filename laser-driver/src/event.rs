@@ -290,6 +290,9 @@ pub enum Event {
         /// Bit i set: word i traps on writes only (a survey window, see laser-detect's
         /// `survey`); clear: on reads and writes.
         write_only: u8,
+        /// Bit i set: word i is an instruction (a code window: it traps on every execution
+        /// of the instruction at that address, whatever it accesses), not data.
+        exec: u8,
     },
     /// The `watch` backend measured what one watchpoint hit costs the trapping thread (the
     /// debug trap, the sample written to the ring, the resume): `hit_ns` nanoseconds. Emitted

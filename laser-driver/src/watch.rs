@@ -99,10 +99,16 @@ impl WatchSpec {
             len: self.len,
             reason,
         };
-        if !matches!(self.len, 1 | 2 | 4 | 8) {
+        if self.kind == WatchKind::Exec {
+            // An instruction breakpoint covers the instruction starting at `addr`, at any
+            // alignment; the kernel wants its length given as 8.
+            if self.len != 8 {
+                return Err(bad("an instruction watch takes length 8"));
+            }
+        } else if !matches!(self.len, 1 | 2 | 4 | 8) {
             return Err(bad("length must be 1, 2, 4 or 8 bytes"));
         }
-        if !self.addr.is_multiple_of(self.len as u64) {
+        if self.kind != WatchKind::Exec && !self.addr.is_multiple_of(self.len as u64) {
             return Err(bad("address must be aligned to the length"));
         }
         if self.addr.saturating_add(self.len as u64) > USER_END {
@@ -336,17 +342,18 @@ impl Watcher {
     /// Queues an [`Event::WatchSet`] saying what is being watched from now on (nothing unless
     /// `counting`). The session merges these into the event stream by time.
     fn mark(&mut self, counting: bool, time: u64) {
-        let (words, write_only) = if counting {
+        let (words, write_only, exec) = if counting {
             let words = self.specs.iter().map(|s| (s.addr, s.len)).collect();
-            let write_only = self
-                .specs
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| s.kind == WatchKind::Write)
-                .fold(0u8, |m, (i, _)| m | 1 << i);
-            (words, write_only)
+            let mask = |kind| {
+                self.specs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.kind == kind)
+                    .fold(0u8, |m, (i, _)| m | 1 << i)
+            };
+            (words, mask(WatchKind::Write), mask(WatchKind::Exec))
         } else {
-            (Vec::new(), 0)
+            (Vec::new(), 0, 0)
         };
         if !counting && self.last_marked_empty {
             return; // already announced as idle; don't flood the stream
@@ -356,6 +363,7 @@ impl Watcher {
             time,
             words,
             write_only,
+            exec,
         });
     }
 

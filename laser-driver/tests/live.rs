@@ -417,6 +417,60 @@ fn watchpoints_hit_in_both_threads_at_the_watched_address() {
     }
 }
 
+/// A code window: an instruction breakpoint on the instruction after the fixture's store (it
+/// runs once per inner loop in both workers) traps before it runs, reports its own address as
+/// both IP and watched address, and is announced as an instruction (`exec`), not data.
+#[test]
+fn code_watchpoints_trap_before_the_instruction_in_both_threads() {
+    let t = target();
+    let cfg = Config {
+        backend: BackendKind::Watch,
+        duty_cycle: generous_duty(Duration::from_millis(50)),
+        ..Config::default()
+    };
+    let mut s = Session::launch(&argv(t, &["0.6", "0"]), &cfg).unwrap();
+    let pid = s.pid() as u32;
+    let spec = WatchSpec {
+        addr: t.store_insn_end,
+        len: 8,
+        kind: WatchKind::Exec,
+    };
+    s.watch_mut().unwrap().arm(&[spec]).unwrap();
+    let (events, status) = run_to_exit(&mut s);
+    assert_eq!(status, ExitStatus::Code(0));
+    let hits: Vec<&Sample> = samples(&events).collect();
+    assert!(!hits.is_empty(), "no instruction breakpoint hits");
+    for h in &hits {
+        assert_eq!(h.backend, BackendKind::Watch);
+        assert_eq!(h.ip, t.store_insn_end, "ip {:#x}", h.ip);
+        assert_eq!(h.addr, Some(t.store_insn_end));
+        assert!(
+            h.regs.is_some(),
+            "registers for the address the instruction will use"
+        );
+    }
+    let tids: BTreeSet<u32> = hits.iter().map(|h| h.tid).filter(|&x| x != pid).collect();
+    assert_eq!(tids.len(), 2, "hits from both inherited threads: {tids:?}");
+    let first = events.iter().find_map(|e| match e {
+        Event::WatchSet {
+            words,
+            exec,
+            write_only,
+            ..
+        } if !words.is_empty() => Some((words.clone(), *exec, *write_only)),
+        _ => None,
+    });
+    assert_eq!(first, Some((vec![(t.store_insn_end, 8u8)], 1, 0)));
+    // An instruction watch takes length 8 at any alignment; data rules do not apply.
+    let odd = WatchSpec {
+        addr: t.store_insn_end | 1,
+        len: 8,
+        kind: WatchKind::Exec,
+    };
+    assert!(odd.validate().is_ok());
+    assert!(WatchSpec { len: 4, ..odd }.validate().is_err());
+}
+
 #[test]
 fn watchpoints_rearm_and_disarm_while_running() {
     let t = target();

@@ -84,11 +84,13 @@ fn events() -> Vec<Event> {
             time: 32,
             words: vec![(0x5555_0000_4000, 8), (0x5555_0000_4008, 4)],
             write_only: 0b10,
+            exec: 0b01,
         },
         Event::WatchSet {
             time: 33,
             words: vec![],
             write_only: 0,
+            exec: 0,
         },
         Event::Exit {
             pid: 100,

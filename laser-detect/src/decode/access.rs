@@ -119,6 +119,7 @@ pub fn resolve(
     out.clear();
     match s.backend {
         BackendKind::Soft => soft(s, info, skid, out),
+        BackendKind::Watch if is_code_hit(s) => code_hit(s, info, out),
         BackendKind::Watch => watch(s, info, skid.and_then(|p| p.feeder.as_ref()), out),
         BackendKind::Pebs | BackendKind::Ibs => precise(s, info, out),
     }
@@ -210,6 +211,26 @@ fn pick_operand<'a>(insn: &'a Insn, s: &Sample, addr: u64) -> Option<&'a MemOper
     ops.iter()
         .find(|m| !m.is_stack() && m.segment == Segment::Flat)
         .or(ops.first())
+}
+
+/// Whether `s` is a code window's trap: an instruction breakpoint reports the instruction's
+/// own address as the watched address (a data watchpoint reports the watched word, which is
+/// never the code that touched it).
+pub fn is_code_hit(s: &Sample) -> bool {
+    s.backend == BackendKind::Watch && s.addr == Some(s.ip)
+}
+
+/// A code window's trap comes *before* the instruction at the IP runs (an instruction
+/// breakpoint is a fault): the registers are those it will use, so every memory operand's
+/// address is exact, whatever it points at.
+fn code_hit(s: &Sample, info: &PcInfo, out: &mut Accesses) {
+    let (Some(regs), Some(at)) = (s.regs.as_ref(), info.at.as_ref()) else {
+        out.missing += 1;
+        return;
+    };
+    for m in at.mem() {
+        push_operand(s, at.pc, m, effective_address(m, regs), out);
+    }
 }
 
 /// Watched words are at most 8 bytes (the watch backend arms 8-byte words).
@@ -562,6 +583,34 @@ mod tests {
             (v[0].pc, v[0].addr, v[0].op, v[0].size),
             (pcs[2], 0x60_0008, Op::Store, 8)
         );
+    }
+
+    /// A code window's trap is before the instruction at the IP runs: its operand is
+    /// computed from the registers it is about to use (here i3, `mov rax,[rax]`, whose base
+    /// a data watchpoint's trap — after it ran — could not have recovered), not the previous
+    /// instruction's.
+    #[test]
+    fn code_hit_decodes_the_instruction_at_the_ip_with_its_registers() {
+        let (m, pcs) = setup();
+        let mut s = soft_sample(pcs[3]);
+        s.backend = BackendKind::Watch;
+        s.addr = Some(pcs[3]);
+        s.weight = 1;
+        assert!(is_code_hit(&s));
+        let (r, v) = run(&m, &s);
+        assert_eq!(r, Ok(()));
+        assert_eq!(v.len(), 1);
+        assert_eq!(
+            (v[0].pc, v[0].addr, v[0].op, v[0].size),
+            (pcs[3], 0x70_0000, Op::Load, 8)
+        );
+        // A data watchpoint's hit names the watched word, never the code.
+        s.addr = Some(0x60_0008);
+        assert!(!is_code_hit(&s));
+        // No registers: nothing can be said.
+        s.addr = Some(pcs[3]);
+        s.regs = None;
+        assert_eq!(run(&m, &s).0, Err(DropReason::MissingRegs));
     }
 
     #[test]

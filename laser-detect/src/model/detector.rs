@@ -120,6 +120,8 @@ pub struct Detector<C: CodeSource> {
     estimator: Estimator,
     /// Lines whose watch window is open (from the last `Event::WatchSet`).
     watched_lines: Vec<u64>,
+    /// Instructions code windows have watched (see `code_candidates`).
+    code_watched: Vec<u64>,
     stats: StreamStats,
     filter: FilterStats,
     first_time: u64,
@@ -205,6 +207,7 @@ impl<C: CodeSource> Detector<C> {
             model,
             estimator,
             watched_lines: Vec::new(),
+            code_watched: Vec::new(),
             stats: StreamStats::default(),
             filter: FilterStats::default(),
             first_time: u64::MAX,
@@ -339,7 +342,8 @@ impl<C: CodeSource> Detector<C> {
                 time,
                 words,
                 write_only,
-            } => self.on_watch_set(*time, words, *write_only),
+                exec,
+            } => self.on_watch_set(*time, words, *write_only, *exec),
             // A measurement of this run beats the configured default.
             Event::WatchCost { hit_ns, .. } => self.estimator.set_trap_cost(*hit_ns),
             _ => {}
@@ -353,13 +357,35 @@ impl<C: CodeSource> Detector<C> {
     /// Words watched for writes only (`write_only`, bit i = word i: survey windows) give the
     /// estimator every store to them and no load: stores of two threads are transfers it
     /// counts, transfers loads cause are missed (a lower bound, said in the survey note).
-    fn on_watch_set(&mut self, time: u64, words: &[(u64, u8)], write_only: u8) {
+    ///
+    /// Words that are instructions (`exec`, bit i = word i) open one code window on them
+    /// ([`crate::model::estimate`], "Code windows"), not a data window on their bytes.
+    fn on_watch_set(&mut self, time: u64, words: &[(u64, u8)], write_only: u8, exec: u8) {
         for line in std::mem::take(&mut self.watched_lines) {
             self.estimator.end_window(line, time);
         }
+        self.estimator.end_code_window(time);
         self.armed_cost.transition(time, !words.is_empty());
+        let is_code = |i: usize| exec & (1 << i) != 0;
+        let pcs: Vec<u64> = (0..words.len())
+            .filter(|&i| is_code(i))
+            .map(|i| words[i].0)
+            .collect();
+        if !pcs.is_empty() {
+            for &pc in &pcs {
+                if !self.code_watched.contains(&pc) {
+                    self.code_watched.push(pc);
+                }
+            }
+            self.estimator.begin_code_window(time, pcs);
+        }
+        // The data words, each with whether it traps on stores only.
+        let words: Vec<((u64, u8), bool)> = (0..words.len())
+            .filter(|&i| !is_code(i))
+            .map(|i| (words[i], write_only & (1 << i) != 0))
+            .collect();
         let mask = !(u64::from(self.config.line_size.max(1)) - 1);
-        let mut lines: Vec<u64> = words.iter().map(|&(a, _)| a & mask).collect();
+        let mut lines: Vec<u64> = words.iter().map(|&((a, _), _)| a & mask).collect();
         lines.sort_unstable();
         lines.dedup();
         for &line in &lines {
@@ -367,19 +393,15 @@ impl<C: CodeSource> Detector<C> {
             if !self.model.is_contended(line) {
                 let bytes = words
                     .iter()
-                    .filter(|w| w.0 & mask == line)
-                    .fold(0u128, |b, &(a, len)| {
+                    .filter(|w| w.0 .0 & mask == line)
+                    .fold(0u128, |b, &((a, len), _)| {
                         b | byte_mask((a - line) as u32, u32::from(len))
                     });
                 let e = self.surveyed.entry(line).or_default();
                 e.0 |= bytes;
                 e.1 += 1;
             }
-            let stores_only = words
-                .iter()
-                .enumerate()
-                .filter(|(_, w)| w.0 & mask == line)
-                .all(|(i, _)| write_only & (1 << i) != 0);
+            let stores_only = words.iter().filter(|w| w.0 .0 & mask == line).all(|w| w.1);
             if stores_only {
                 self.estimator.begin_store_window(line, time);
             } else {
@@ -459,6 +481,7 @@ impl<C: CodeSource> Detector<C> {
             _ => None,
         };
         let line_mask = !(u64::from(self.model.line_size().max(1)) - 1);
+        let code_hit = crate::decode::access::is_code_hit(s);
         for a in self.out.iter() {
             match space.classify(a.addr) {
                 Class::Stack | Class::Special => {
@@ -472,7 +495,9 @@ impl<C: CodeSource> Detector<C> {
             }
             self.filter.accesses += 1;
             self.model.access(a);
-            if s.backend == BackendKind::Watch {
+            if code_hit {
+                self.estimator.observe_code(a);
+            } else if s.backend == BackendKind::Watch {
                 self.estimator.observe(a);
             } else {
                 let line = a.addr & line_mask;
@@ -606,6 +631,7 @@ impl<C: CodeSource> Detector<C> {
             threads,
             data: self.location(l.line_addr),
             sources,
+            by_code: est.is_some_and(|e| e.code),
         }
     }
 
@@ -649,6 +675,20 @@ impl<C: CodeSource> Detector<C> {
         let survey = self.survey_summary();
         if let Some(s) = &survey {
             notes.push(survey_note(s));
+        }
+        if let Some((windows, armed_ns, traps, lines)) = self.estimator.code_summary() {
+            notes.push(format!(
+                "code windows: {} instruction(s) that contend on lines too briefly hot for a \
+                 data window were watched at every execution in {} window(s), {:.1} ms armed, \
+                 {} traps, on {} line(s); a line's rate from them is its transfers over the \
+                 time its instructions were watched, and accesses by other instructions are \
+                 not seen (lower bounds)",
+                self.code_watched.len(),
+                windows,
+                armed_ns as f64 * 1e-6,
+                traps,
+                lines
+            ));
         }
         if let Some(n) = armed_cost_note(&self.armed_cost.summary()) {
             notes.push(n);
@@ -886,5 +926,46 @@ impl<C: CodeSource> Detector<C> {
     /// different threads touched: where to arm watchpoints.
     pub fn candidates(&self, max_lines: usize) -> Vec<WatchCandidate> {
         crate::model::candidates::candidates(self.model.contended(), max_lines)
+    }
+
+    /// Instructions worth a code window ([`crate::model::estimate`], "Code windows"), most
+    /// promising first: each contends on two or more lines that samples showed contended by
+    /// two threads, every one of them under `threshold` by what samples and data windows
+    /// measured. That is the mark of contention that moves (`model::migratory`): a line hot
+    /// for a few milliseconds has cooled before a data window can open on it, so its rate
+    /// stays a sampled lower bound, while the instruction that moves along the lines is
+    /// there all the time. Instructions that also contend on a line above the threshold are
+    /// left to that line's data windows.
+    pub fn code_candidates(&self, threshold: f64, max: usize) -> Vec<u64> {
+        let duration = self.duration_s();
+        if duration <= 0.0 {
+            return Vec::new();
+        }
+        let estimates = self.estimator.estimates();
+        let rate = |l: &LineStat| {
+            estimates
+                .iter()
+                .find(|e| e.line_addr == l.line_addr && e.informative() && !e.code)
+                .map_or(l.events as f64 / duration, |e| e.rate_per_s)
+        };
+        // Per instruction: contended lines under the threshold, events on them, and whether
+        // it also contends on a line above it.
+        let mut per_pc: HashMap<u64, (u32, u64, bool)> = HashMap::new();
+        for l in self.model.contended().filter(|l| l.threads.len() >= 2) {
+            let hot = rate(l) >= threshold;
+            for src in &l.sources {
+                let e = per_pc.entry(src.pc).or_default();
+                e.0 += 1;
+                e.1 += src.events;
+                e.2 |= hot;
+            }
+        }
+        let mut pcs: Vec<(u64, u32, u64)> = per_pc
+            .into_iter()
+            .filter(|(_, (lines, _, hot))| *lines >= 2 && !hot)
+            .map(|(pc, (lines, events, _))| (pc, lines, events))
+            .collect();
+        pcs.sort_by(|a, b| b.1.cmp(&a.1).then(b.2.cmp(&a.2)).then(a.0.cmp(&b.0)));
+        pcs.into_iter().take(max).map(|p| p.0).collect()
     }
 }

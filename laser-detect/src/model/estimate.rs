@@ -58,6 +58,19 @@
 //! line one thread reads hot (armed for microseconds between cooldowns) must not dilute what
 //! store-only windows measured over long stretches, nor the other way round.
 
+//! # Code windows
+//! A code window watches an *instruction* (an x86 instruction breakpoint) instead of data: it
+//! traps before every execution, and the registers give the address it is about to access,
+//! whatever line that is (see `decode::access`). Its history is every access that instruction
+//! makes, on every line, for as long as it is watched: the only exact view of contention that
+//! moves (an array processed block by block keeps each line hot for a few milliseconds, over
+//! before a data window could open on it, see [`crate::model::migratory`]). Its accesses are
+//! tallied as a third kind, and a line's armed time for that kind is the time its
+//! instructions were watched — all of it, including the windows in which they touched other
+//! lines — so summed over the lines one loop moves along, the rates give the loop's rate.
+//! Accesses by other instructions are not seen (a lower bound), and every thread running the
+//! instruction traps on every execution, so the trap-time correction usually clamps.
+
 use hashbrown::HashMap;
 
 use crate::decode::access::Access;
@@ -87,6 +100,16 @@ struct Tally {
 /// Index into `LineEst::tallies`.
 const READ_WRITE: usize = 0;
 const STORES_ONLY: usize = 1;
+const CODE: usize = 2;
+
+/// An announced code window: `[start, end)` (end `u64::MAX` while open) and the instructions
+/// it watched.
+#[derive(Clone, Debug)]
+struct CodeWindow {
+    start: u64,
+    end: u64,
+    pcs: Vec<u64>,
+}
 
 #[derive(Clone, Debug, Default)]
 struct LineEst {
@@ -106,7 +129,11 @@ struct LineEst {
     /// Latest access time seen (closes an open window at `estimates` time).
     last_time: u64,
     outside: u64,
-    tallies: [Tally; 2],
+    tallies: [Tally; 3],
+    /// The code window the previous code access fell in (state resets when it changes), and
+    /// the watched instructions that accessed the line.
+    code_cur: Option<usize>,
+    code_pcs: Vec<u64>,
     /// Threads seen in the current window.
     window_tids: Vec<u32>,
     /// No window was ever announced for this line (a replayed recording): the window is
@@ -142,6 +169,9 @@ pub struct LineEstimate {
     pub clamped: bool,
     /// The rate is from store-only (survey) windows: loads were not seen, a lower bound.
     pub stores_only: bool,
+    /// The rate is from code windows (the accesses of watched instructions, armed time = the
+    /// time they were watched): contention that moves from line to line is seen.
+    pub code: bool,
     pub rate_per_s: f64,
     /// Statistical relative standard error, 1/√transfers (1.0 when there are none).
     pub rel_error: f64,
@@ -160,6 +190,12 @@ pub struct Estimator {
     line_size: u64,
     trap_cost_ns: u64,
     lines: HashMap<u64, LineEst>,
+    code_windows: Vec<CodeWindow>,
+    /// Hits per thread over all code windows (each thread traps on every execution of a
+    /// watched instruction, whichever line it touches: the trap time is per thread, not line).
+    code_hits: Vec<(u32, u64)>,
+    /// Latest code access seen (closes an open code window at `estimates` time).
+    code_last: u64,
 }
 
 impl Estimator {
@@ -168,6 +204,9 @@ impl Estimator {
             line_size: if line_size > 64 { 128 } else { 64 },
             trap_cost_ns: DEFAULT_TRAP_COST_NS,
             lines: HashMap::new(),
+            code_windows: Vec::new(),
+            code_hits: Vec::new(),
+            code_last: 0,
         }
     }
 
@@ -222,6 +261,75 @@ impl Estimator {
         }
     }
 
+    /// Instruction breakpoints on `pcs` were armed at `time`: a code window (module doc).
+    pub fn begin_code_window(&mut self, time: u64, pcs: Vec<u64>) {
+        self.code_windows.push(CodeWindow {
+            start: time,
+            end: u64::MAX,
+            pcs,
+        });
+    }
+
+    /// The open code window (if any) closed at `time`.
+    pub fn end_code_window(&mut self, time: u64) {
+        if let Some(w) = self.code_windows.last_mut().filter(|w| w.end == u64::MAX) {
+            w.end = time.max(w.start);
+        }
+    }
+
+    /// One access by a watched instruction, from a code window's trap. Accesses outside every
+    /// code window, or by an instruction the window did not watch, are ignored.
+    pub fn observe_code(&mut self, a: &Access) {
+        let inside = |w: &CodeWindow| w.start <= a.time && a.time < w.end && w.pcs.contains(&a.pc);
+        let Some(w) = self.code_windows.iter().rposition(inside) else {
+            return;
+        };
+        self.code_last = self.code_last.max(a.time);
+        match self.code_hits.iter_mut().find(|h| h.0 == a.tid) {
+            Some(h) => h.1 += 1,
+            None => self.code_hits.push((a.tid, 1)),
+        }
+        let line = self.line_of(a.addr);
+        let line_size = self.line_size;
+        let l = self.lines.entry(line).or_default();
+        if l.code_cur != Some(w) {
+            l.code_cur = Some(w);
+            l.cur = None;
+            restart(l);
+        }
+        if !l.code_pcs.contains(&a.pc) {
+            l.code_pcs.push(a.pc);
+        }
+        account(l, line, line_size, a, CODE);
+    }
+
+    /// What code windows did: (windows, armed ns, traps, lines they saw), `None` if none
+    /// opened.
+    pub fn code_summary(&self) -> Option<(usize, u64, u64, usize)> {
+        if self.code_windows.is_empty() {
+            return None;
+        }
+        let armed = self
+            .code_windows
+            .iter()
+            .map(|w| {
+                let end = if w.end == u64::MAX {
+                    self.code_last.max(w.start)
+                } else {
+                    w.end
+                };
+                end - w.start
+            })
+            .sum();
+        let traps = self.code_hits.iter().map(|h| h.1).sum();
+        let lines = self
+            .lines
+            .values()
+            .filter(|l| !l.code_pcs.is_empty())
+            .count();
+        Some((self.code_windows.len(), armed, traps, lines))
+    }
+
     /// Whether a window is open on the line holding `addr`.
     pub fn is_armed(&self, addr: u64) -> bool {
         self.lines
@@ -255,77 +363,14 @@ impl Estimator {
             };
             if l.cur != Some(w) {
                 l.cur = Some(w);
-                l.window_tids.clear();
-                l.holders.clear();
-                l.dirty = false;
-                l.recent.clear();
-                // `exchange` is kept: which bytes each thread works on is the program's
-                // behaviour, not coherence state, and restarting it would call the first
-                // neighbour transfers of every window false sharing.
+                l.code_cur = None;
+                restart(l);
             }
             if l.stores_only.get(w).copied().unwrap_or(false) {
                 kind = STORES_ONLY;
             }
         }
-        let tally = &mut l.tallies[kind];
-        tally.accesses += 1;
-        if !l.window_tids.contains(&a.tid) {
-            l.window_tids.push(a.tid);
-            if l.window_tids.len() == 2 {
-                tally.shared_windows += 1;
-            }
-        }
-        match tally.hits.iter_mut().find(|h| h.0 == a.tid) {
-            Some(h) => h.1 += 1,
-            None => tally.hits.push((a.tid, 1)),
-        }
-        let off = (a.addr - line) as u32;
-        let len = (a.size.max(1) as u32).min(self.line_size as u32 - off);
-        let bytes = byte_mask(off, len);
-        let t = a.tid;
-        let others = l.holders.iter().any(|&h| h != t);
-        let transfer = if a.op.writes() {
-            others
-        } else {
-            !l.holders.contains(&t) && l.dirty && others
-        };
-        l.exchange.push(t, bytes, a.op.writes(), false);
-        if transfer {
-            let (other, other_bytes) = l
-                .recent
-                .iter()
-                .filter(|r| r.0 != t)
-                .max_by_key(|r| r.2)
-                .map_or((t, 0), |r| (r.0, r.1));
-            let true_sharing = other_bytes & bytes != 0 || l.exchange.pair_shares(t, other);
-            let tally = &mut l.tallies[kind];
-            tally.transfers += 1;
-            if true_sharing {
-                tally.true_transfers += 1;
-            } else {
-                tally.false_transfers += 1;
-            }
-            match tally.per_pc.iter_mut().find(|p| p.0 == a.pc) {
-                Some(p) => p.1 += 1,
-                None => tally.per_pc.push((a.pc, 1)),
-            }
-        }
-        if a.op.writes() {
-            l.holders.clear();
-            l.holders.push(t);
-            l.dirty = true;
-        } else if !l.holders.contains(&t) {
-            // A read of a line nobody is known to hold gives T a clean exclusive copy; a read
-            // of another thread's copy makes it shared and clean.
-            l.holders.push(t);
-            l.dirty = false;
-        }
-        l.seq += 1;
-        let seq = l.seq;
-        match l.recent.iter_mut().find(|r| r.0 == t) {
-            Some(r) => *r = (t, bytes, seq),
-            None => l.recent.push((t, bytes, seq)),
-        }
+        account(l, line, self.line_size, a, kind);
     }
 
     /// Estimates for every line that had at least one closed window.
@@ -343,7 +388,7 @@ impl Estimator {
     /// measured the higher rate (both are lower bounds when they differ; see the module doc).
     fn estimate(&self, line: u64, l: &LineEst) -> Option<LineEstimate> {
         // Armed time per kind; an open window counts up to the last access seen in it.
-        let mut armed_ns = [0u64; 2];
+        let mut armed_ns = [0u64; 3];
         match l.implicit {
             Some((a, b)) => armed_ns[READ_WRITE] = b - a,
             None => {
@@ -354,10 +399,31 @@ impl Estimator {
                 }
             }
         }
+        // Code windows: every window that watched an instruction seen on this line, also
+        // those in which it touched other lines (the module doc).
+        let mut code_windows = 0u32;
+        for w in &self.code_windows {
+            if w.pcs.iter().any(|pc| l.code_pcs.contains(pc)) {
+                let e = if w.end == u64::MAX {
+                    self.code_last.max(w.start)
+                } else {
+                    w.end
+                };
+                armed_ns[CODE] += e - w.start;
+                code_windows += 1;
+            }
+        }
         let rated = |kind: usize| {
             let t = &l.tallies[kind];
             let armed = armed_ns[kind] as f64 * 1e-9;
-            let max_hits = t.hits.iter().map(|h| h.1).max().unwrap_or(0);
+            // A thread in a code window traps wherever the instruction goes: its trap time is
+            // its hits on every line.
+            let hits = if kind == CODE {
+                &self.code_hits
+            } else {
+                &t.hits
+            };
+            let max_hits = hits.iter().map(|h| h.1).max().unwrap_or(0);
             let trap = (max_hits.saturating_mul(self.trap_cost_ns)) as f64 * 1e-9;
             // Past half the armed time the correction would more than double the rate on the
             // strength of the trap cost alone (a 20% error in it moves the result by more
@@ -366,7 +432,7 @@ impl Estimator {
             let effective = if clamped { armed } else { armed - trap };
             (t.transfers as f64 / effective, armed, effective, clamped)
         };
-        let kinds: Vec<usize> = (0..2).filter(|&k| armed_ns[k] > 0).collect();
+        let kinds: Vec<usize> = (0..3).filter(|&k| armed_ns[k] > 0).collect();
         // Read+write first: on a tie (both 0) the exact kind speaks.
         let kind = kinds
             .iter()
@@ -388,13 +454,14 @@ impl Estimator {
             windows: if l.implicit.is_some() {
                 1
             } else {
-                l.windows.len() as u32
+                l.windows.len() as u32 + code_windows
             },
             inferred: l.implicit.is_some(),
             armed_s: armed_ns.iter().sum::<u64>() as f64 * 1e-9,
             effective_s: effective,
             clamped,
             stores_only: kind == STORES_ONLY,
+            code: kind == CODE,
             rate_per_s: rate,
             rel_error: if t.transfers == 0 {
                 1.0
@@ -403,6 +470,79 @@ impl Estimator {
             },
             per_pc,
         })
+    }
+}
+
+/// A new window on the line: the coherence state restarts unknown. `exchange` is kept: which
+/// bytes each thread works on is the program's behaviour, not coherence state, and restarting
+/// it would call the first neighbour transfers of every window false sharing.
+fn restart(l: &mut LineEst) {
+    l.window_tids.clear();
+    l.holders.clear();
+    l.dirty = false;
+    l.recent.clear();
+}
+
+/// Replays one access inside a window of `kind` through the line's coherence model.
+fn account(l: &mut LineEst, line: u64, line_size: u64, a: &Access, kind: usize) {
+    let tally = &mut l.tallies[kind];
+    tally.accesses += 1;
+    if !l.window_tids.contains(&a.tid) {
+        l.window_tids.push(a.tid);
+        if l.window_tids.len() == 2 {
+            tally.shared_windows += 1;
+        }
+    }
+    match tally.hits.iter_mut().find(|h| h.0 == a.tid) {
+        Some(h) => h.1 += 1,
+        None => tally.hits.push((a.tid, 1)),
+    }
+    let off = (a.addr - line) as u32;
+    let len = (a.size.max(1) as u32).min(line_size as u32 - off);
+    let bytes = byte_mask(off, len);
+    let t = a.tid;
+    let others = l.holders.iter().any(|&h| h != t);
+    let transfer = if a.op.writes() {
+        others
+    } else {
+        !l.holders.contains(&t) && l.dirty && others
+    };
+    l.exchange.push(t, bytes, a.op.writes(), false);
+    if transfer {
+        let (other, other_bytes) = l
+            .recent
+            .iter()
+            .filter(|r| r.0 != t)
+            .max_by_key(|r| r.2)
+            .map_or((t, 0), |r| (r.0, r.1));
+        let true_sharing = other_bytes & bytes != 0 || l.exchange.pair_shares(t, other);
+        let tally = &mut l.tallies[kind];
+        tally.transfers += 1;
+        if true_sharing {
+            tally.true_transfers += 1;
+        } else {
+            tally.false_transfers += 1;
+        }
+        match tally.per_pc.iter_mut().find(|p| p.0 == a.pc) {
+            Some(p) => p.1 += 1,
+            None => tally.per_pc.push((a.pc, 1)),
+        }
+    }
+    if a.op.writes() {
+        l.holders.clear();
+        l.holders.push(t);
+        l.dirty = true;
+    } else if !l.holders.contains(&t) {
+        // A read of a line nobody is known to hold gives T a clean exclusive copy; a read
+        // of another thread's copy makes it shared and clean.
+        l.holders.push(t);
+        l.dirty = false;
+    }
+    l.seq += 1;
+    let seq = l.seq;
+    match l.recent.iter_mut().find(|r| r.0 == t) {
+        Some(r) => *r = (t, bytes, seq),
+        None => l.recent.push((t, bytes, seq)),
     }
 }
 
@@ -538,6 +678,59 @@ mod tests {
         assert_eq!((r.transfers, r.windows, r.outside), (2, 2, 2));
         assert!((r.armed_s - 0.002).abs() < 1e-12);
         assert!((r.rate_per_s - 1000.0).abs() < 1e-6);
+    }
+
+    /// ```text
+    ///   code window 1 [0, 1 ms)    pc 0x77 by T1, T2 alternating on line A: 9 transfers
+    ///   code window 2 [2, 3 ms)    same pc, now on line B: 9 transfers
+    ///   code window 3 [4, 5 ms)    another pc on line C: 1 transfer
+    /// ```
+    /// A and B are each credited with both windows of their instruction (2 ms: the loop was
+    /// watched that long and was on the line half of it), so their rates add up to the
+    /// loop's; C only with its own instruction's window. Data windows and accesses outside
+    /// code windows are not mixed in.
+    #[test]
+    fn code_windows_credit_a_line_with_all_the_time_its_instructions_were_watched() {
+        const A: u64 = 0x5000;
+        const B: u64 = 0x5040;
+        const C: u64 = 0x9000;
+        let code = |tid: u32, pc: u64, line: u64, time: u64| Access {
+            tid,
+            time,
+            pc,
+            addr: line + u64::from(tid) * 8,
+            size: 8,
+            op: Op::Store,
+            weight: 1,
+        };
+        let mut e = Estimator::new(64).with_trap_cost(0);
+        for (w, line) in [(0u64, A), (1, B)] {
+            let t0 = w * 2_000_000;
+            e.begin_code_window(t0, vec![0x77]);
+            for i in 0..10u64 {
+                e.observe_code(&code(1 + (i % 2) as u32, 0x77, line, t0 + 1 + i));
+            }
+            e.end_code_window(t0 + 1_000_000);
+        }
+        e.observe_code(&code(1, 0x77, A, 1_500_000)); // between windows: ignored
+        e.begin_code_window(4_000_000, vec![0x99]);
+        e.observe_code(&code(1, 0x99, C, 4_000_001));
+        e.observe_code(&code(2, 0x99, C, 4_000_002));
+        e.observe_code(&code(1, 0x77, C, 4_000_003)); // not watched in this window: ignored
+        e.end_code_window(5_000_000);
+        let all = e.estimates();
+        let of = |line| all.iter().find(|r| r.line_addr == line).unwrap();
+        for line in [A, B] {
+            let r = of(line);
+            assert!(r.code && !r.stores_only, "{r:?}");
+            assert_eq!((r.transfers, r.false_transfers, r.windows), (9, 9, 2));
+            assert!((r.armed_s - 0.002).abs() < 1e-12, "{r:?}");
+            assert!((r.rate_per_s - 4500.0).abs() < 1e-6, "{r:?}");
+        }
+        let c = of(C);
+        assert_eq!((c.transfers, c.windows), (1, 1));
+        assert!((c.rate_per_s - 1000.0).abs() < 1e-6);
+        assert_eq!(e.code_summary(), Some((3, 3_000_000, 22, 3)));
     }
 
     #[test]

@@ -121,6 +121,10 @@ pub struct LineFinding {
     pub data: Location,
     /// Contending instructions, most events first.
     pub sources: Vec<SourceAccess>,
+    /// The rate is from code windows (`model::estimate`): measured over the time the
+    /// contending instructions were watched, wherever they went. Such lines join a migratory
+    /// group whatever their own rate ([`crate::model::migratory`]).
+    pub by_code: bool,
 }
 
 /// A loaded module (executable or shared library) seen in the target.

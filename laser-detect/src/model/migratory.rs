@@ -13,6 +13,12 @@
 //! whose contention comes from the same instructions are one finding, with their extent,
 //! when their rates add up to the threshold. "Same instructions" is the set of contending PCs:
 //! one loop walking an object touches every line of it from the same few instructions.
+//!
+//! Timer samples alone rate such lines far too low (a line hot for 10 ms gets a handful of
+//! samples, and has cooled before a data window can open on it). Steering therefore gives the
+//! instructions behind sub-threshold lines code windows (instruction breakpoints, see
+//! `model::estimate`), which follow the loop onto whichever line is hot: the lines they rate
+//! join their group here whatever their own rate.
 
 use hashbrown::HashMap;
 
@@ -26,21 +32,46 @@ pub struct Extent {
     pub lines: Vec<u64>,
 }
 
+/// Share of a group's rate above which one line is contention that stays there, not a
+/// moving loop's: each code window credits the line the loop was on then, so a loop seen in
+/// two windows on two lines gives them half each, while a line that never cools takes
+/// (nearly) every window's transfers.
+const DOMINANT: f64 = 0.75;
+
 /// Lines under `threshold` grouped by their contending instructions; each group of two or
 /// more lines whose rates add up to `threshold` becomes one finding (rates, events and
 /// shares summed, sources merged per instruction, the byte offsets of all its lines laid on
 /// one line), returned with its extent.
+///
+/// Lines rated by code windows (`LineFinding::by_code`) join their group whatever their own
+/// rate: a code window sees the loop on whichever line is hot while it is watched, and
+/// credits that line with transfers over the time the loop was watched, so a line hot for
+/// one window of a few can come out above the threshold on its own. The group is the
+/// finding — unless one line holds most of the group's rate ([`DOMINANT`]: contention that
+/// stays on one line, with a few stray lines beside it): that line stands alone, as any line
+/// above the threshold does.
 pub fn migratory(findings: &[LineFinding], threshold: f64) -> Vec<(LineFinding, Extent)> {
     let mut groups: HashMap<Vec<u64>, Vec<&LineFinding>> = HashMap::new();
-    for f in findings.iter().filter(|f| f.rate_per_s < threshold) {
+    for f in findings
+        .iter()
+        .filter(|f| f.rate_per_s < threshold || f.by_code)
+    {
         let mut pcs: Vec<u64> = f.sources.iter().map(|s| s.pc).collect();
         pcs.sort_unstable();
         pcs.dedup();
         groups.entry(pcs).or_default().push(f);
     }
+    let total = |g: &[&LineFinding]| g.iter().map(|f| f.rate_per_s).sum::<f64>();
     let mut out: Vec<(LineFinding, Extent)> = groups
         .into_values()
-        .filter(|g| g.len() >= 2 && g.iter().map(|f| f.rate_per_s).sum::<f64>() >= threshold)
+        .map(|mut g| {
+            let top = g.iter().map(|f| f.rate_per_s).fold(0.0, f64::max);
+            if top >= threshold && top > DOMINANT * total(&g) {
+                g.retain(|f| f.rate_per_s < threshold);
+            }
+            g
+        })
+        .filter(|g| g.len() >= 2 && total(g) >= threshold)
         .map(merge)
         .collect();
     out.sort_by(|a, b| b.0.rate_per_s.total_cmp(&a.0.rate_per_s));
@@ -84,6 +115,7 @@ fn merge(mut lines: Vec<&LineFinding>) -> (LineFinding, Extent) {
         threads,
         data: first.data.clone(),
         sources,
+        by_code: lines.iter().any(|f| f.by_code),
     };
     let extent = Extent {
         lines: lines.iter().map(|f| f.line_addr).collect(),
@@ -120,6 +152,7 @@ mod tests {
                     called_from: vec![],
                 })
                 .collect(),
+            by_code: false,
         }
     }
 
@@ -163,5 +196,44 @@ mod tests {
             "above the threshold itself"
         );
         assert!(migratory(&f, 1000.0).is_empty(), "one line under it");
+    }
+
+    /// ```text
+    ///   a loop moving along 0x1000.. : code windows caught it on 0x1000 and 0x1400
+    ///   (1,500 and 1,200 ev/s over the time it was watched), samples saw 0x1800 (80 ev/s)
+    ///   → one finding, all three lines, 2,780 ev/s
+    ///   a loop on one hot line 0x5000 (code windows: 9,000 ev/s) and a stray 0x5040
+    ///   (code windows: 50 ev/s) → 0x5000 is not folded into a group
+    /// ```
+    #[test]
+    fn lines_rated_by_code_windows_join_their_group_whatever_their_rate() {
+        let pcs = [(0x10, 0xff, 1), (0x20, 0xff00, 2)];
+        let coded = |addr, rate| LineFinding {
+            by_code: true,
+            ..line(addr, rate, &pcs)
+        };
+        let f = vec![
+            coded(0x1000, 1500.0),
+            coded(0x1400, 1200.0),
+            line(0x1800, 80.0, &pcs),
+        ];
+        let m = migratory(&f, 1000.0);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].1.lines, [0x1000, 0x1400, 0x1800]);
+        assert!((m[0].0.rate_per_s - 2780.0).abs() < 1e-9);
+        assert!(m[0].0.by_code);
+
+        let hot = [(0x30, 0xff, 1), (0x40, 0xff00, 2)];
+        let f = vec![
+            LineFinding {
+                by_code: true,
+                ..line(0x5000, 9000.0, &hot)
+            },
+            LineFinding {
+                by_code: true,
+                ..line(0x5040, 50.0, &hot)
+            },
+        ];
+        assert!(migratory(&f, 1000.0).is_empty());
     }
 }

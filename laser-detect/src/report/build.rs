@@ -66,10 +66,15 @@ pub fn build_report(
     let mut kept: Vec<(&LineFinding, Option<&Extent>)> = Vec::new();
     let mut below = BelowThreshold::default();
     for f in &analysis.findings {
+        // A line of a migratory finding is reported in it, whatever its own rate (lines
+        // rated by code windows can be above the threshold, see `migratory`).
+        if in_extent(f.line_addr) {
+            continue;
+        }
         // NaN rates (a zero-length run) are never above a threshold.
         if f.rate_per_s >= opts.threshold {
             kept.push((f, None));
-        } else if !in_extent(f.line_addr) {
+        } else {
             below.lines += 1;
             below.events += f.events;
         }
@@ -99,7 +104,7 @@ pub fn build_report(
                 out.extent = Some(report_extent(e, line_size));
                 out.fix = format!(
                     "Contention moves along {} lines ({} bytes) that the same code touches one \
-                     after another, each under the threshold, together {:.0} ev/s. {}",
+                     after another, each hot for a while, together {:.0} ev/s. {}",
                     e.lines.len(),
                     out.extent.as_ref().map_or(0, |x| x.bytes),
                     f.rate_per_s,

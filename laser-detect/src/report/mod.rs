@@ -191,7 +191,8 @@ fn default_line_size() -> u32 {
 /// The lines a migratory finding spans (see `laser_detect::model::migratory`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Extent {
-    /// Contended lines in it (each under the threshold on its own).
+    /// Contended lines in it (hot one after another: each under the threshold on its own,
+    /// or rated by code windows over the time its code was watched).
     pub lines: u64,
     /// `[start, end)`: from the first line's first byte to the last line's end (run-time
     /// addresses, valid for that run only).

@@ -324,8 +324,8 @@ fn finding(out: &mut String, n: usize, f: &Finding, line_size: u32) {
     if let Some(e) = &f.extent {
         let _ = writeln!(
             out,
-            "    extent   {} lines {:#x}..{:#x} ({} bytes): migratory, each line under the \
-             threshold, the byte map lays them on one line",
+            "    extent   {} lines {:#x}..{:#x} ({} bytes): migratory, the same code makes \
+             them hot one after another; the byte map lays them on one line",
             e.lines, e.start, e.end, e.bytes
         );
     }

@@ -104,6 +104,7 @@ pub(crate) fn encode_event(e: &Event, out: &mut Vec<u8>) -> Result<(), TraceErro
             time,
             words,
             write_only,
+            exec,
         } => {
             out.extend_from_slice(&time.to_le_bytes());
             // At most 4 debug registers; a u8 count is plenty and keeps the frame tiny.
@@ -118,8 +119,13 @@ pub(crate) fn encode_event(e: &Event, out: &mut Vec<u8>) -> Result<(), TraceErro
             }
             // After the fields older readers know: they ignore it and read every word as
             // read+write (which is what they were before this byte existed).
-            if *write_only != 0 {
+            if *write_only != 0 || *exec != 0 {
                 out.push(*write_only);
+            }
+            // Likewise the code-window mask, one byte later (an older reader would open a
+            // data window on the instruction's bytes: harmless, nothing stores there).
+            if *exec != 0 {
+                out.push(*exec);
             }
             kind::WATCH_SET
         }
@@ -266,10 +272,12 @@ fn decode_other(k: u8, p: &[u8]) -> Result<Event, Why> {
                 .collect::<Option<Vec<_>>>()
                 .ok_or(SHORT)?;
             let write_only = c.u8().unwrap_or(0);
+            let exec = c.u8().unwrap_or(0);
             Event::WatchSet {
                 time,
                 words,
                 write_only,
+                exec,
             }
         }
         kind::WATCH_COST => {
