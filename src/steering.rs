@@ -58,6 +58,17 @@ const CODE_REFRESH: Duration = Duration::from_millis(150);
 /// The report threshold code turns aim at when steering is not told one (`--threshold`'s
 /// default).
 const DEFAULT_THRESHOLD: f64 = 1000.0;
+/// Counting time of one front window: long enough for a few hundred exact accesses on a line
+/// that stays hot for milliseconds, short enough to be back on the moving code before it has
+/// moved far.
+const FRONT_TURN: Duration = Duration::from_millis(8);
+/// Front windows one code turn leads to before steering moves on (code turn, front, code
+/// turn, front, …): enough to rate several of the lines the code moves along.
+const FRONTS_PER_CHAIN: u32 = 4;
+/// How often steering looks at a code turn while it counts: a code window reaches its hit
+/// cap about a millisecond after it opens (every execution traps), and the front window must
+/// start inside that window, on what is left of its budget.
+const MOVING_POLL: Duration = Duration::from_micros(50);
 
 /// A line whose estimate was good at `at`, with the totals it had then.
 #[derive(Clone, Copy, Debug)]
@@ -76,6 +87,9 @@ enum Turn {
     /// Instruction breakpoints on code that contends on lines too briefly hot for a data
     /// window ([`Detector::code_candidates`]).
     Code,
+    /// A data window on the line a code turn has just seen contended, while it is hot
+    /// ([`Detector::code_front`]); the code turn resumes after it.
+    Front,
 }
 
 #[derive(Default)]
@@ -108,6 +122,11 @@ pub struct Steering {
     coded: HashMap<u64, Instant>,
     /// The report's threshold (`None`: the default), which code turns aim at.
     threshold: Option<f64>,
+    /// The instructions of the code turn being followed, and how many more front windows it
+    /// may lead to in this chain.
+    following: Option<(Vec<u64>, u32)>,
+    /// Whether the watchpoints were counting at the last step (not cooling down).
+    counting: bool,
 }
 
 impl Steering {
@@ -131,7 +150,14 @@ impl Steering {
     /// How long the monitor loop may wait before the next `step`: short during a survey turn,
     /// so turns are not stretched to the loop's idle poll.
     pub fn poll_hint(&self) -> Option<Duration> {
-        matches!(self.turn, Some((Turn::Survey | Turn::Code, _))).then_some(SURVEY_TURN / 2)
+        match self.turn {
+            // Only while the window counts: a cooldown is waited out at the duty cycle's
+            // own deadline.
+            Some((Turn::Code, _)) if self.counting => Some(MOVING_POLL),
+            Some((Turn::Code | Turn::Front, _)) => None,
+            Some((Turn::Survey, _)) => Some(SURVEY_TURN / 2),
+            _ => None,
+        }
     }
 
     /// Called between polls: re-points the watchpoints when a turn is over.
@@ -147,6 +173,7 @@ impl Steering {
             return Ok(());
         };
         let (counting, hits) = (watcher.is_counting(), watcher.stats().hits);
+        self.counting = counting;
         if let (Some(last), true) = (self.last_step, counting) {
             self.counted += now.duration_since(last);
         }
@@ -169,7 +196,39 @@ impl Steering {
                 return Ok(());
             }
         }
+        // A code turn that has seen its instructions contend hands the debug registers to a
+        // front window on that line at once: the line is measured while it is hot, at a trap
+        // per access to it instead of one per execution of the code.
+        // Only while the window counts: armed in a cooldown it would open on a line that has
+        // long cooled.
+        let front = match self.turn {
+            Some((Turn::Code, _)) if counting => detector.code_front(),
+            _ => None,
+        };
+        if let Some(front) = front {
+            let kind = if self.read_hot.contains(&front.line_addr) {
+                WatchKind::Write
+            } else {
+                WatchKind::ReadWrite
+            };
+            let specs = watch_specs(&front, kind);
+            watcher
+                .arm_front(&specs)
+                .with_context(|| format!("arming a front window on line {:#x}", front.line_addr))?;
+            self.turn = Some((Turn::Front, now));
+            self.counted = Duration::ZERO;
+            self.hits_at_start = hits;
+            return Ok(());
+        }
         let over = match self.turn {
+            // A front window ends with its duty window: after the cooldown the line it
+            // watched is cold, and the code turn must find the new one.
+            Some((Turn::Front, _)) => {
+                !counting
+                    || self.counted >= FRONT_TURN
+                    || hits.saturating_sub(self.hits_at_start)
+                        >= SURVEY_WINDOWS * watcher.duty_cycle().max_hits_per_window
+            }
             Some((Turn::Survey | Turn::Code, _)) => {
                 self.counted >= SURVEY_TURN
                     || hits.saturating_sub(self.hits_at_start)
@@ -181,8 +240,17 @@ impl Steering {
         if !over {
             return Ok(());
         }
+        // After a front window, back to the code it came from while the chain lasts.
+        if matches!(self.turn, Some((Turn::Front, _))) {
+            if let Some((pcs, left)) = self.following.take().filter(|f| f.1 > 0) {
+                self.arm_code(watcher, &pcs, now, hits)?;
+                self.following = Some((pcs, left - 1));
+                return Ok(());
+            }
+        }
+        self.following = None;
         // Code turns take every other turn while an instruction is due for one.
-        if !matches!(self.turn, Some((Turn::Code, _))) {
+        if !matches!(self.turn, Some((Turn::Code | Turn::Front, _))) {
             let threshold = self.threshold.unwrap_or(DEFAULT_THRESHOLD);
             let pcs: Vec<u64> = detector
                 .code_candidates(threshold, MAX_WATCHES)
@@ -194,24 +262,11 @@ impl Steering {
                 })
                 .collect();
             if !pcs.is_empty() {
-                let specs: Vec<WatchSpec> = pcs
-                    .iter()
-                    .map(|&addr| WatchSpec {
-                        addr,
-                        len: 8,
-                        kind: WatchKind::Exec,
-                    })
-                    .collect();
-                watcher
-                    .arm(&specs)
-                    .with_context(|| format!("arming code watchpoints on {pcs:#x?}"))?;
-                for pc in pcs {
+                self.arm_code(watcher, &pcs, now, hits)?;
+                for &pc in &pcs {
                     self.coded.insert(pc, now);
                 }
-                self.idle = false;
-                self.turn = Some((Turn::Code, now));
-                self.counted = Duration::ZERO;
-                self.hits_at_start = hits;
+                self.following = Some((pcs, FRONTS_PER_CHAIN));
                 return Ok(());
             }
         }
@@ -267,20 +322,38 @@ impl Steering {
             Turn::Candidate if !self.read_hot.contains(&c.line_addr) => WatchKind::ReadWrite,
             _ => WatchKind::Write,
         };
-        let specs: Vec<WatchSpec> = c
-            .words
-            .iter()
-            .take(MAX_WATCHES)
-            .map(|&(addr, len)| WatchSpec {
-                addr,
-                len: len as u8,
-                kind,
-            })
-            .collect();
+        let specs = watch_specs(&c, kind);
         watcher
             .arm(&specs)
             .with_context(|| format!("arming watchpoints on line {:#x}", c.line_addr))?;
         self.turn = Some((turn, now));
+        self.counted = Duration::ZERO;
+        self.hits_at_start = hits;
+        Ok(())
+    }
+
+    /// A code turn: instruction breakpoints on `pcs`.
+    fn arm_code(
+        &mut self,
+        watcher: &mut laser_driver::Watcher,
+        pcs: &[u64],
+        now: Instant,
+        hits: u64,
+    ) -> Result<()> {
+        let specs: Vec<WatchSpec> = pcs
+            .iter()
+            .map(|&addr| WatchSpec {
+                addr,
+                len: 8,
+                kind: WatchKind::Exec,
+            })
+            .collect();
+        watcher
+            .arm(&specs)
+            .with_context(|| format!("arming code watchpoints on {pcs:#x?}"))?;
+        self.counting = watcher.is_counting();
+        self.idle = false;
+        self.turn = Some((Turn::Code, now));
         self.counted = Duration::ZERO;
         self.hits_at_start = hits;
         Ok(())
@@ -370,6 +443,19 @@ impl Steering {
     }
 }
 
+/// The watchpoints for a candidate's words (at most the debug registers' count).
+fn watch_specs(c: &WatchCandidate, kind: WatchKind) -> Vec<WatchSpec> {
+    c.words
+        .iter()
+        .take(MAX_WATCHES)
+        .map(|&(addr, len)| WatchSpec {
+            addr,
+            len: len as u8,
+            kind,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -389,6 +475,7 @@ mod tests {
             clamped: false,
             stores_only: false,
             code: false,
+            front: false,
             shared_windows: 1,
             rate_per_s: transfers as f64 / armed_s.max(1e-9),
             rel_error: 0.1,

@@ -80,6 +80,7 @@ fn line(addr: u64, kind: Kind, sources: Vec<SourceAccess>) -> LineFinding {
         data: Location::Heap,
         sources,
         by_code: false,
+        front: false,
     }
 }
 

@@ -45,6 +45,7 @@ fn analysis(t1: std::ops::Range<u32>, t2: std::ops::Range<u32>) -> Analysis {
             data: Location::Heap,
             sources: vec![access(0x1000, mask(t1), 11), access(0x1010, mask(t2), 12)],
             by_code: false,
+            front: false,
         }],
         modules: vec![],
         notes: vec![],

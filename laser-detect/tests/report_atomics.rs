@@ -239,6 +239,7 @@ fn report_of(b: &Built, kind: Kind, data: u64, sources: Vec<SourceAccess>) -> Re
             },
             sources,
             by_code: false,
+            front: false,
         }],
         modules: vec![],
         notes: vec![],

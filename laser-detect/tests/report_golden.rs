@@ -164,6 +164,7 @@ fn line(
         data,
         sources,
         by_code: false,
+        front: false,
     }
 }
 

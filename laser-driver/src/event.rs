@@ -293,6 +293,10 @@ pub enum Event {
         /// Bit i set: word i is an instruction (a code window: it traps on every execution
         /// of the instruction at that address, whatever it accesses), not data.
         exec: u8,
+        /// Bit i set: word i is data on a line a code window has just seen contended (a
+        /// *front* window: it follows contention that moves from line to line, see
+        /// laser-detect's `model::estimate`), armed to measure that line while it is hot.
+        front: u8,
     },
     /// The `watch` backend measured what one watchpoint hit costs the trapping thread (the
     /// debug trap, the sample written to the ring, the resume): `hit_ns` nanoseconds. Emitted

@@ -435,7 +435,15 @@ impl Session {
         let live: Vec<usize> = (0..self.leaders.len())
             .filter(|&i| !self.leaders[i].hup)
             .collect();
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // Sub-millisecond waits stay sub-millisecond (ppoll takes a timespec): steering
+        // follows contention that moves at a fraction of a millisecond's notice.
+        let timeout = if live.is_empty() {
+            // Every leader hung up (launch: the main thread exited, other threads may still
+            // write through inherited events). Poll the rings on a short timer instead.
+            timeout.min(Duration::from_millis(10))
+        } else {
+            timeout
+        };
         let mut pfds: Vec<libc::pollfd> = live
             .iter()
             .map(|&i| libc::pollfd {
@@ -444,13 +452,6 @@ impl Session {
                 revents: 0,
             })
             .collect();
-        let ms = if live.is_empty() {
-            // Every leader hung up (launch: the main thread exited, other threads may still
-            // write through inherited events). Poll the rings on a short timer instead.
-            ms.min(10)
-        } else {
-            ms
-        };
         if let Some(fd) = &self.pidfd {
             pfds.push(libc::pollfd {
                 fd: fd.as_raw_fd(),
@@ -459,12 +460,24 @@ impl Session {
             });
         }
         if pfds.is_empty() {
-            std::thread::sleep(Duration::from_millis(ms.max(0) as u64));
+            std::thread::sleep(timeout);
             return Ok(());
         }
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+        };
         // SAFETY: pfds is a live, correctly sized array of pollfd for the duration of the
-        // call; the descriptors stay open (owned by self.leaders).
-        let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+        // call; the descriptors stay open (owned by self.leaders); ts outlives the call and
+        // a null signal mask leaves the mask as it is (plain poll).
+        let r = unsafe {
+            libc::ppoll(
+                pfds.as_mut_ptr(),
+                pfds.len() as libc::nfds_t,
+                &ts,
+                std::ptr::null(),
+            )
+        };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() != io::ErrorKind::Interrupted {

@@ -162,6 +162,8 @@ pub struct Watcher {
     markers: Vec<Event>,
     /// The last marker said "nothing watched" (or none was sent yet).
     last_marked_empty: bool,
+    /// The armed data words are a front window ([`Watcher::arm_front`]).
+    front: bool,
     /// Online CPUs: how many rings share the hits (launch) and how fast the target can
     /// burn through a cooldown.
     cpus: u32,
@@ -179,6 +181,7 @@ impl Watcher {
             procs: Vec::new(),
             markers: Vec::new(),
             last_marked_empty: true,
+            front: false,
             cpus: crate::sys::online_cpus().map_or(1, |c| c.len().max(1) as u32),
         };
         if let Some(pid) = target {
@@ -294,9 +297,25 @@ impl Watcher {
     /// cooldowns short, and every re-point of an inherited event interrupts each CPU the
     /// target runs on.)
     pub fn arm(&mut self, specs: &[WatchSpec]) -> Result<(), DriverError> {
-        if specs.len() <= MAX_WATCHES && specs == self.specs.as_slice() && !self.state.is_idle() {
+        self.arm_as(specs, false)
+    }
+
+    /// [`Watcher::arm`] for a *front* window: data words on a line a code window has just
+    /// seen contended, announced as such (`Event::WatchSet::front`) so the estimator can tell
+    /// the line's contention moves.
+    pub fn arm_front(&mut self, specs: &[WatchSpec]) -> Result<(), DriverError> {
+        self.arm_as(specs, true)
+    }
+
+    fn arm_as(&mut self, specs: &[WatchSpec], front: bool) -> Result<(), DriverError> {
+        if specs.len() <= MAX_WATCHES
+            && specs == self.specs.as_slice()
+            && front == self.front
+            && !self.state.is_idle()
+        {
             return Ok(());
         }
+        self.front = front;
         // A window opens when the first event is enabled, so its time is taken before any is:
         // an announced window may start a little early, never after a hit it contains.
         let t = now_ns();
@@ -333,6 +352,7 @@ impl Watcher {
     pub fn disarm(&mut self) -> Result<(), DriverError> {
         self.state.stop(Instant::now(), self.target_cpu());
         self.specs.clear();
+        self.front = false;
         let r = self.events.iter().try_for_each(|ev| sys::disable(&ev.fd));
         // Closing times are taken after the last event is disabled, for the same reason.
         self.mark(false, now_ns());
@@ -342,7 +362,7 @@ impl Watcher {
     /// Queues an [`Event::WatchSet`] saying what is being watched from now on (nothing unless
     /// `counting`). The session merges these into the event stream by time.
     fn mark(&mut self, counting: bool, time: u64) {
-        let (words, write_only, exec) = if counting {
+        let (words, write_only, exec, front) = if counting {
             let words = self.specs.iter().map(|s| (s.addr, s.len)).collect();
             let mask = |kind| {
                 self.specs
@@ -351,9 +371,11 @@ impl Watcher {
                     .filter(|(_, s)| s.kind == kind)
                     .fold(0u8, |m, (i, _)| m | 1 << i)
             };
-            (words, mask(WatchKind::Write), mask(WatchKind::Exec))
+            let data = !mask(WatchKind::Exec) & ((1u16 << self.specs.len()) - 1) as u8;
+            let front = if self.front { data } else { 0 };
+            (words, mask(WatchKind::Write), mask(WatchKind::Exec), front)
         } else {
-            (Vec::new(), 0, 0)
+            (Vec::new(), 0, 0, 0)
         };
         if !counting && self.last_marked_empty {
             return; // already announced as idle; don't flood the stream
@@ -364,6 +386,7 @@ impl Watcher {
             words,
             write_only,
             exec,
+            front,
         });
     }
 

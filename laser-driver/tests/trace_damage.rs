@@ -85,12 +85,14 @@ fn events() -> Vec<Event> {
             words: vec![(0x5555_0000_4000, 8), (0x5555_0000_4008, 4)],
             write_only: 0b10,
             exec: 0b01,
+            front: 0b10,
         },
         Event::WatchSet {
             time: 33,
             words: vec![],
             write_only: 0,
             exec: 0,
+            front: 0,
         },
         Event::Exit {
             pid: 100,

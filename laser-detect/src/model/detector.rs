@@ -343,7 +343,8 @@ impl<C: CodeSource> Detector<C> {
                 words,
                 write_only,
                 exec,
-            } => self.on_watch_set(*time, words, *write_only, *exec),
+                front,
+            } => self.on_watch_set(*time, words, *write_only, *exec, *front),
             // A measurement of this run beats the configured default.
             Event::WatchCost { hit_ns, .. } => self.estimator.set_trap_cost(*hit_ns),
             _ => {}
@@ -360,7 +361,17 @@ impl<C: CodeSource> Detector<C> {
     ///
     /// Words that are instructions (`exec`, bit i = word i) open one code window on them
     /// ([`crate::model::estimate`], "Code windows"), not a data window on their bytes.
-    fn on_watch_set(&mut self, time: u64, words: &[(u64, u8)], write_only: u8, exec: u8) {
+    ///
+    /// Data words of a front window (`front`) open front windows on their lines: data windows
+    /// like the others, on lines a code window has just found contended, so not surveys.
+    fn on_watch_set(
+        &mut self,
+        time: u64,
+        words: &[(u64, u8)],
+        write_only: u8,
+        exec: u8,
+        front: u8,
+    ) {
         for line in std::mem::take(&mut self.watched_lines) {
             self.estimator.end_window(line, time);
         }
@@ -380,6 +391,7 @@ impl<C: CodeSource> Detector<C> {
             self.estimator.begin_code_window(time, pcs);
         }
         // The data words, each with whether it traps on stores only.
+        let is_front = front != 0;
         let words: Vec<((u64, u8), bool)> = (0..words.len())
             .filter(|&i| !is_code(i))
             .map(|i| (words[i], write_only & (1 << i) != 0))
@@ -390,7 +402,7 @@ impl<C: CodeSource> Detector<C> {
         lines.dedup();
         for &line in &lines {
             // A window on a line no sample showed contended is a survey (see `survey`).
-            if !self.model.is_contended(line) {
+            if !self.model.is_contended(line) && !is_front {
                 let bytes = words
                     .iter()
                     .filter(|w| w.0 .0 & mask == line)
@@ -402,7 +414,9 @@ impl<C: CodeSource> Detector<C> {
                 e.1 += 1;
             }
             let stores_only = words.iter().filter(|w| w.0 .0 & mask == line).all(|w| w.1);
-            if stores_only {
+            if is_front {
+                self.estimator.begin_front_window(line, time, stores_only);
+            } else if stores_only {
                 self.estimator.begin_store_window(line, time);
             } else {
                 self.estimator.begin_window(line, time);
@@ -632,6 +646,7 @@ impl<C: CodeSource> Detector<C> {
             data: self.location(l.line_addr),
             sources,
             by_code: est.is_some_and(|e| e.code),
+            front: est.is_some_and(|e| e.front),
         }
     }
 
@@ -928,13 +943,23 @@ impl<C: CodeSource> Detector<C> {
         crate::model::candidates::candidates(self.model.contended(), max_lines)
     }
 
+    /// Where the open code window last saw contention (`Estimator::code_front`): the line and
+    /// the words a front window should watch, `None` while it has seen no transfer.
+    pub fn code_front(&self) -> Option<WatchCandidate> {
+        let (line_addr, words) = self.estimator.code_front()?;
+        Some(WatchCandidate {
+            line_addr,
+            words: words.into_iter().map(|w| (w, 8)).collect(),
+        })
+    }
+
     /// Instructions worth a code window ([`crate::model::estimate`], "Code windows"), most
     /// promising first: each contends on two or more lines that samples showed contended by
-    /// two threads, every one of them under `threshold` by what samples and data windows
-    /// measured. That is the mark of contention that moves (`model::migratory`): a line hot
-    /// for a few milliseconds has cooled before a data window can open on it, so its rate
-    /// stays a sampled lower bound, while the instruction that moves along the lines is
-    /// there all the time. Instructions that also contend on a line above the threshold are
+    /// two threads, or on one that a data window then found untouched (it had cooled), every
+    /// one of them under `threshold` by what samples and data windows measured. That is the
+    /// mark of contention that moves (`model::migratory`): a line hot for a few milliseconds
+    /// has cooled before a data window can open on it, so its rate stays a sampled lower
+    /// bound, while the instruction that moves along the lines is there all the time. Instructions that also contend on a line above the threshold are
     /// left to that line's data windows.
     pub fn code_candidates(&self, threshold: f64, max: usize) -> Vec<u64> {
         let duration = self.duration_s();
@@ -948,24 +973,68 @@ impl<C: CodeSource> Detector<C> {
                 .find(|e| e.line_addr == l.line_addr && e.informative() && !e.code)
                 .map_or(l.events as f64 / duration, |e| e.rate_per_s)
         };
-        // Per instruction: contended lines under the threshold, events on them, and whether
-        // it also contends on a line above it.
-        let mut per_pc: HashMap<u64, (u32, u64, bool)> = HashMap::new();
+        // Per instruction: contended lines under the threshold, events on them, whether it
+        // stores, and whether it also contends on a line above the threshold.
+        #[derive(Default)]
+        struct Pc {
+            lines: Vec<u64>,
+            events: u64,
+            stores: bool,
+            hot: bool,
+            cold: bool,
+        }
+        // A line samples showed contended that a data window then found untouched has
+        // cooled: the contention was there and has moved on (or stopped).
+        let cooled = |l: &LineStat| {
+            estimates
+                .iter()
+                .any(|e| e.line_addr == l.line_addr && e.windows > 0 && e.accesses == 0)
+        };
+        let mut per_pc: HashMap<u64, Pc> = HashMap::new();
         for l in self.model.contended().filter(|l| l.threads.len() >= 2) {
             let hot = rate(l) >= threshold;
+            let cold = cooled(l);
             for src in &l.sources {
                 let e = per_pc.entry(src.pc).or_default();
-                e.0 += 1;
-                e.1 += src.events;
-                e.2 |= hot;
+                e.lines.push(l.line_addr);
+                e.events += src.events;
+                e.stores |= src.op.writes();
+                e.hot |= hot;
+                e.cold |= cold;
             }
         }
-        let mut pcs: Vec<(u64, u32, u64)> = per_pc
+        // Code that contends on two lines, or on one that had cooled when it was watched.
+        let mut pcs: Vec<(u64, Pc)> = per_pc
             .into_iter()
-            .filter(|(_, (lines, _, hot))| *lines >= 2 && !hot)
-            .map(|(pc, (lines, events, _))| (pc, lines, events))
+            .filter(|(_, p)| (p.lines.len() >= 2 || p.cold) && !p.hot)
             .collect();
-        pcs.sort_by(|a, b| b.1.cmp(&a.1).then(b.2.cmp(&a.2)).then(a.0.cmp(&b.0)));
-        pcs.into_iter().take(max).map(|p| p.0).collect()
+        // Stores first (a line two threads store to is what moves), then most lines.
+        pcs.sort_by(|a, b| {
+            (b.1.stores, b.1.lines.len(), b.1.events, a.0).cmp(&(
+                a.1.stores,
+                a.1.lines.len(),
+                a.1.events,
+                b.0,
+            ))
+        });
+        // One instruction per loop: every watched instruction traps at each execution, and
+        // the loads beside a store on the same lines would only triple the traps that fill
+        // the window's budget before the loop has gone round once. Instructions whose lines
+        // are mostly another chosen one's are the same loop.
+        let mut chosen: Vec<(u64, Vec<u64>)> = Vec::new();
+        for (pc, mut p) in pcs {
+            p.lines.sort_unstable();
+            let same_loop = chosen.iter().any(|(_, lines)| {
+                let common = p.lines.iter().filter(|l| lines.binary_search(l).is_ok());
+                2 * common.count() >= p.lines.len().min(lines.len())
+            });
+            if !same_loop {
+                chosen.push((pc, p.lines));
+            }
+            if chosen.len() == max {
+                break;
+            }
+        }
+        chosen.into_iter().map(|c| c.0).collect()
     }
 }

@@ -70,6 +70,17 @@
 //! lines — so summed over the lines one loop moves along, the rates give the loop's rate.
 //! Accesses by other instructions are not seen (a lower bound), and every thread running the
 //! instruction traps on every execution, so the trap-time correction usually clamps.
+//!
+//! # Front windows
+//! A code window's rate is bound by its traps, not by the program: every execution of the
+//! instruction traps, so a loop that writes eight lines for each one it shares (a matrix
+//! whose block edges two owners write) shows one transfer per eight traps however fast it
+//! runs natively. So as soon as a code window sees its instructions contend on a line,
+//! steering hands the debug registers to a *front window* on that line's words
+//! ([`Estimator::code_front`]): a data window like the others (a trap per access to those
+//! words only, rated and corrected the same way), announced as a front so the line is known
+//! to be one that moving code makes hot (`LineEstimate::front`): it joins its migratory
+//! group whatever its rate. Then the code window resumes to find where the code has gone.
 
 use hashbrown::HashMap;
 
@@ -96,6 +107,9 @@ struct Tally {
     /// Windows in which two or more threads were seen.
     shared_windows: u32,
 }
+
+/// Words a front window watches at most (the debug registers).
+pub const FRONT_WORDS: usize = 4;
 
 /// Index into `LineEst::tallies`.
 const READ_WRITE: usize = 0;
@@ -134,6 +148,15 @@ struct LineEst {
     /// the watched instructions that accessed the line.
     code_cur: Option<usize>,
     code_pcs: Vec<u64>,
+    /// In the code window `code_cur`: transfers seen, the latest access time, and the words
+    /// accessed (tid, 8-byte word, stored), the first [`FRONT_WORDS`] distinct ones: what a
+    /// front window on the line would watch ([`Estimator::code_front`]).
+    code_win_transfers: u32,
+    code_win_last: u64,
+    code_words: Vec<(u32, u64, bool)>,
+    /// A front window was opened on the line: a code window saw it contended just before,
+    /// and the line was watched while the contention was there (the module doc).
+    front: bool,
     /// Threads seen in the current window.
     window_tids: Vec<u32>,
     /// No window was ever announced for this line (a replayed recording): the window is
@@ -172,6 +195,9 @@ pub struct LineEstimate {
     /// The rate is from code windows (the accesses of watched instructions, armed time = the
     /// time they were watched): contention that moves from line to line is seen.
     pub code: bool,
+    /// Some of the line's windows were front windows: a code window had just found the line
+    /// contended by moving code, and its data were watched while it was hot.
+    pub front: bool,
     pub rate_per_s: f64,
     /// Statistical relative standard error, 1/√transfers (1.0 when there are none).
     pub rel_error: f64,
@@ -242,6 +268,15 @@ impl Estimator {
         self.begin(line_addr, time, true);
     }
 
+    /// A front window (module doc, "Front windows"): a data window like the others, on a line
+    /// a code window has just seen contended; the line is marked as moving contention's.
+    pub fn begin_front_window(&mut self, line_addr: u64, time: u64, stores_only: bool) {
+        self.begin(line_addr, time, stores_only);
+        if let Some(l) = self.lines.get_mut(&self.line_of(line_addr)) {
+            l.front = true;
+        }
+    }
+
     fn begin(&mut self, line_addr: u64, time: u64, stores_only: bool) {
         let l = self.lines.entry(self.line_of(line_addr)).or_default();
         if l.implicit.take().is_some() {
@@ -295,12 +330,84 @@ impl Estimator {
         if l.code_cur != Some(w) {
             l.code_cur = Some(w);
             l.cur = None;
+            l.code_win_transfers = 0;
+            l.code_words.clear();
             restart(l);
         }
         if !l.code_pcs.contains(&a.pc) {
             l.code_pcs.push(a.pc);
         }
+        let before = l.tallies[CODE].transfers;
         account(l, line, line_size, a, CODE);
+        l.code_win_transfers += (l.tallies[CODE].transfers - before) as u32;
+        l.code_win_last = l.code_win_last.max(a.time);
+        let word = a.addr & !7;
+        let full = l.code_words.len() >= 2 * FRONT_WORDS;
+        match l
+            .code_words
+            .iter_mut()
+            .find(|w| w.0 == a.tid && w.1 == word)
+        {
+            Some(w) => w.2 |= a.op.writes(),
+            None if !full => l.code_words.push((a.tid, word, a.op.writes())),
+            None => {}
+        }
+    }
+
+    /// Where the open code window last saw its instructions share a line: of the lines two
+    /// or more threads accessed in it, one of them storing, those with a transfer first, then
+    /// the one accessed last; and the words to watch there (up to [`FRONT_WORDS`] 8-byte
+    /// words, the threads' stored words first, alternating between threads). A transfer need
+    /// not have been seen: each thread traps on every execution, so in a window's budget a
+    /// loop over several lines goes round once or twice, and two threads on one line within
+    /// that millisecond is the sharing a front window then measures. `None` when no code
+    /// window is open or it has seen no shared line yet.
+    pub fn code_front(&self) -> Option<(u64, Vec<u64>)> {
+        let open = self.code_windows.len().checked_sub(1)?;
+        if self.code_windows[open].end != u64::MAX {
+            return None;
+        }
+        let shared = |l: &LineEst| {
+            let mut tids = l.code_words.iter().map(|w| w.0);
+            let first = tids.next();
+            l.code_words.iter().any(|w| w.2) && tids.any(|t| Some(t) != first)
+        };
+        let (line, l) = self
+            .lines
+            .iter()
+            .filter(|(_, l)| l.code_cur == Some(open) && shared(l))
+            .max_by_key(|(line, l)| {
+                (
+                    l.code_win_transfers > 0,
+                    l.code_win_last,
+                    std::cmp::Reverse(**line),
+                )
+            })?;
+        // Stored words first; then round-robin over threads so both sides are watched.
+        let mut cands: Vec<(u32, u64, bool)> = l.code_words.clone();
+        cands.sort_by_key(|w| (!w.2, w.1));
+        let mut tids: Vec<u32> = cands.iter().map(|w| w.0).collect();
+        tids.dedup();
+        tids.sort_unstable();
+        tids.dedup();
+        let mut words: Vec<u64> = Vec::new();
+        let mut round = 0;
+        while words.len() < FRONT_WORDS && round < FRONT_WORDS {
+            for &t in &tids {
+                if let Some(w) = cands
+                    .iter()
+                    .filter(|w| w.0 == t && !words.contains(&w.1))
+                    .nth(0)
+                {
+                    if words.len() < FRONT_WORDS {
+                        words.push(w.1);
+                    }
+                }
+            }
+            round += 1;
+        }
+        words.sort_unstable();
+        Some((*line, words))
     }
 
     /// What code windows did: (windows, armed ns, traps, lines they saw), `None` if none
@@ -462,6 +569,7 @@ impl Estimator {
             clamped,
             stores_only: kind == STORES_ONLY,
             code: kind == CODE,
+            front: l.front,
             rate_per_s: rate,
             rel_error: if t.transfers == 0 {
                 1.0
@@ -689,6 +797,57 @@ mod tests {
     /// watched that long and was on the line half of it), so their rates add up to the
     /// loop's; C only with its own instruction's window. Data windows and accesses outside
     /// code windows are not mixed in.
+    /// ```text
+    ///   code window on pc 0x77 (open):
+    ///     T1 stores 0x5000+0, +8      T1 stores 0x5040+0 (a line only T1 touches)
+    ///     T2 stores 0x5000+32
+    ///   → front: line 0x5000, words 0x5000, 0x5008 (T1) and 0x5020 (T2), stores first
+    ///   after the window closes: no front
+    /// ```
+    /// A front window then opened on 0x5000 rates it like any data window and marks it.
+    #[test]
+    fn code_front_is_the_line_two_threads_share_in_the_open_code_window() {
+        const A: u64 = 0x5000;
+        let code = |tid: u32, addr: u64, time: u64, op: Op| Access {
+            tid,
+            time,
+            pc: 0x77,
+            addr,
+            size: 8,
+            op,
+            weight: 1,
+        };
+        let mut e = Estimator::new(64).with_trap_cost(0);
+        assert_eq!(e.code_front(), None, "no code window");
+        e.begin_code_window(1_000, vec![0x77]);
+        e.observe_code(&code(1, A, 1_001, Op::Store));
+        e.observe_code(&code(1, A + 0x40, 1_002, Op::Store));
+        assert_eq!(e.code_front(), None, "one thread per line so far");
+        e.observe_code(&code(1, A + 8, 1_003, Op::Load));
+        e.observe_code(&code(2, A + 32, 1_004, Op::Store));
+        assert_eq!(e.code_front(), Some((A, vec![A, A + 8, A + 32])));
+        e.end_code_window(2_000);
+        assert_eq!(e.code_front(), None, "the window closed");
+
+        e.begin_front_window(A, 3_000, false);
+        for i in 0..10u64 {
+            let t = 1 + (i % 2) as u32;
+            e.observe(&Access {
+                pc: 0x77,
+                ..code(t, A + u64::from(t - 1) * 32, 3_001 + i, Op::Store)
+            });
+        }
+        e.end_window(A, 4_000);
+        let r = e
+            .estimates()
+            .into_iter()
+            .find(|r| r.line_addr == A)
+            .unwrap();
+        assert!(r.front && !r.code, "{r:?}");
+        assert_eq!(r.transfers, 9);
+        assert!((r.rate_per_s - 9.0 / 1e-6).abs() < 1e-3, "{r:?}");
+    }
+
     #[test]
     fn code_windows_credit_a_line_with_all_the_time_its_instructions_were_watched() {
         const A: u64 = 0x5000;

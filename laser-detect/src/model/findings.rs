@@ -122,9 +122,12 @@ pub struct LineFinding {
     /// Contending instructions, most events first.
     pub sources: Vec<SourceAccess>,
     /// The rate is from code windows (`model::estimate`): measured over the time the
-    /// contending instructions were watched, wherever they went. Such lines join a migratory
-    /// group whatever their own rate ([`crate::model::migratory`]).
+    /// contending instructions were watched, wherever they went. Such lines join a migratory group whatever their own rate ([`crate::model::migratory`]).
     pub by_code: bool,
+    /// The line had front windows (`model::estimate`): a code window found the code that
+    /// moves along lines on it, and its data were watched while it was hot; its rate is the
+    /// loop's while there. It joins its migratory group whatever its rate.
+    pub front: bool,
 }
 
 /// A loaded module (executable or shared library) seen in the target.

@@ -39,43 +39,101 @@ pub struct Extent {
 const DOMINANT: f64 = 0.75;
 
 /// Lines under `threshold` grouped by their contending instructions; each group of two or
-/// more lines whose rates add up to `threshold` becomes one finding (rates, events and
-/// shares summed, sources merged per instruction, the byte offsets of all its lines laid on
-/// one line), returned with its extent.
+/// more lines whose rates add up to `threshold` becomes one finding (events and shares
+/// summed, sources merged per instruction, the byte offsets of all its lines laid on one
+/// line), returned with its extent. Lines are in one group when they share a contending
+/// instruction (directly or through other lines of the group): one loop walking an object
+/// touches its lines from the same few instructions, and samples see only some of them on
+/// each line.
 ///
-/// Lines rated by code windows (`LineFinding::by_code`) join their group whatever their own
-/// rate: a code window sees the loop on whichever line is hot while it is watched, and
-/// credits that line with transfers over the time the loop was watched, so a line hot for
-/// one window of a few can come out above the threshold on its own. The group is the
-/// finding — unless one line holds most of the group's rate ([`DOMINANT`]: contention that
-/// stays on one line, with a few stray lines beside it): that line stands alone, as any line
-/// above the threshold does.
+/// Lines rated by code windows (`LineFinding::by_code`) or front windows
+/// (`LineFinding::front`) join their group whatever their own rate. A code window sees the
+/// loop on whichever line is hot while it is watched and credits that line with transfers
+/// over the time the loop was watched, so a line hot for one window of a few can come out
+/// above the threshold on its own; a front window measures the line the loop is on while it
+/// is there. The group's rate is the larger of two lower bounds of the loop's: the sum of
+/// its other lines' rates (each over the run, or over the time the loop was watched), and
+/// the mean of its front lines' (each the loop's rate while it was on that line). A line
+/// that is not a front and holds most of the others' rate ([`DOMINANT`]: contention that
+/// stays on one line, with a few stray lines beside it) stands alone, as any line above the
+/// threshold does.
 pub fn migratory(findings: &[LineFinding], threshold: f64) -> Vec<(LineFinding, Extent)> {
-    let mut groups: HashMap<Vec<u64>, Vec<&LineFinding>> = HashMap::new();
-    for f in findings
+    let eligible: Vec<&LineFinding> = findings
         .iter()
-        .filter(|f| f.rate_per_s < threshold || f.by_code)
-    {
-        let mut pcs: Vec<u64> = f.sources.iter().map(|s| s.pc).collect();
-        pcs.sort_unstable();
-        pcs.dedup();
-        groups.entry(pcs).or_default().push(f);
-    }
-    let total = |g: &[&LineFinding]| g.iter().map(|f| f.rate_per_s).sum::<f64>();
-    let mut out: Vec<(LineFinding, Extent)> = groups
-        .into_values()
+        .filter(|f| f.rate_per_s < threshold || f.by_code || f.front)
+        .collect();
+    let mut out: Vec<(LineFinding, Extent)> = groups_by_shared_pcs(&eligible)
+        .into_iter()
         .map(|mut g| {
-            let top = g.iter().map(|f| f.rate_per_s).fold(0.0, f64::max);
-            if top >= threshold && top > DOMINANT * total(&g) {
+            let rest = |g: &[&LineFinding]| {
+                g.iter()
+                    .filter(|f| !f.front)
+                    .map(|f| f.rate_per_s)
+                    .sum::<f64>()
+            };
+            let top = g
+                .iter()
+                .filter(|f| !f.front)
+                .map(|f| f.rate_per_s)
+                .fold(0.0, f64::max);
+            if top >= threshold && top > DOMINANT * rest(&g) && !g.iter().any(|f| f.front) {
                 g.retain(|f| f.rate_per_s < threshold);
             }
             g
         })
-        .filter(|g| g.len() >= 2 && total(g) >= threshold)
+        .filter(|g| g.len() >= 2 && group_rate(g) >= threshold)
         .map(merge)
         .collect();
     out.sort_by(|a, b| b.0.rate_per_s.total_cmp(&a.0.rate_per_s));
     out
+}
+
+/// The eligible lines partitioned by shared contending instructions (union-find over PCs),
+/// each group in `lines` order.
+fn groups_by_shared_pcs<'a>(lines: &[&'a LineFinding]) -> Vec<Vec<&'a LineFinding>> {
+    let mut parent: Vec<usize> = (0..lines.len()).collect();
+    fn root(parent: &mut [usize], mut i: usize) -> usize {
+        while parent[i] != i {
+            parent[i] = parent[parent[i]];
+            i = parent[i];
+        }
+        i
+    }
+    let mut owner: HashMap<u64, usize> = HashMap::new();
+    for (i, f) in lines.iter().enumerate() {
+        for s in &f.sources {
+            match owner.get(&s.pc) {
+                Some(&j) => {
+                    let (a, b) = (root(&mut parent, i), root(&mut parent, j));
+                    parent[a.max(b)] = a.min(b);
+                }
+                None => {
+                    owner.insert(s.pc, i);
+                }
+            }
+        }
+    }
+    let mut groups: HashMap<usize, Vec<&'a LineFinding>> = HashMap::new();
+    for (i, f) in lines.iter().enumerate() {
+        let r = root(&mut parent, i);
+        groups.entry(r).or_default().push(f);
+    }
+    let mut v: Vec<(usize, Vec<&LineFinding>)> = groups.into_iter().collect();
+    v.sort_by_key(|g| g.0);
+    v.into_iter().map(|g| g.1).collect()
+}
+
+/// A group's rate (see [`migratory`]): the larger of its non-front lines' sum and its front
+/// lines' mean.
+fn group_rate(g: &[&LineFinding]) -> f64 {
+    let sum: f64 = g.iter().filter(|f| !f.front).map(|f| f.rate_per_s).sum();
+    let fronts: Vec<f64> = g.iter().filter(|f| f.front).map(|f| f.rate_per_s).collect();
+    let mean = if fronts.is_empty() {
+        0.0
+    } else {
+        fronts.iter().sum::<f64>() / fronts.len() as f64
+    };
+    sum.max(mean)
 }
 
 fn merge(mut lines: Vec<&LineFinding>) -> (LineFinding, Extent) {
@@ -110,12 +168,13 @@ fn merge(mut lines: Vec<&LineFinding>) -> (LineFinding, Extent) {
         events: sum(|f| f.events),
         true_events,
         false_events,
-        rate_per_s: lines.iter().map(|f| f.rate_per_s).sum(),
+        rate_per_s: group_rate(&lines),
         share: lines.iter().map(|f| f.share).sum(),
         threads,
         data: first.data.clone(),
         sources,
         by_code: lines.iter().any(|f| f.by_code),
+        front: lines.iter().any(|f| f.front),
     };
     let extent = Extent {
         lines: lines.iter().map(|f| f.line_addr).collect(),
@@ -153,6 +212,7 @@ mod tests {
                 })
                 .collect(),
             by_code: false,
+            front: false,
         }
     }
 
@@ -235,5 +295,38 @@ mod tests {
             },
         ];
         assert!(migratory(&f, 1000.0).is_empty());
+    }
+
+    /// ```text
+    ///   front windows on 0x2000 (30,000 ev/s) and 0x23c0 (10,000 ev/s), pcs {0x10, 0x20}
+    ///   code-rated 0x2780 (600 ev/s), pc {0x20}; sampled 0x2b40 (5 ev/s), pc {0x30, 0x20}
+    ///   sampled 0x9000 (200 ev/s), pc {0x40}: another loop
+    ///   → one finding over the four lines that share pcs, at the fronts' mean (20,000 ev/s,
+    ///     above the 605 ev/s the others add up to); 0x9000 alone
+    /// ```
+    #[test]
+    fn front_lines_join_lines_that_share_an_instruction_at_their_mean_rate() {
+        let front = |addr, rate, pcs: &[(u64, u128, u32)]| LineFinding {
+            front: true,
+            ..line(addr, rate, pcs)
+        };
+        let f = vec![
+            front(0x2000, 30_000.0, &[(0x10, 0xff, 1), (0x20, 0xff00, 2)]),
+            front(0x23c0, 10_000.0, &[(0x10, 0xff, 1), (0x20, 0xff00, 2)]),
+            LineFinding {
+                by_code: true,
+                ..line(0x2780, 600.0, &[(0x20, 0xff00, 2)])
+            },
+            line(0x2b40, 5.0, &[(0x30, 0xff, 1), (0x20, 0xff00, 2)]),
+            line(0x9000, 200.0, &[(0x40, 0xff, 1)]),
+        ];
+        let m = migratory(&f, 1000.0);
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].1.lines, [0x2000, 0x23c0, 0x2780, 0x2b40]);
+        assert!((m[0].0.rate_per_s - 20_000.0).abs() < 1e-9);
+        assert!(m[0].0.front && m[0].0.by_code);
+        // One front line and nothing else it shares code with: not a group.
+        let lone = vec![front(0x2000, 30_000.0, &[(0x10, 0xff, 1)])];
+        assert!(migratory(&lone, 1000.0).is_empty());
     }
 }

@@ -105,6 +105,7 @@ pub(crate) fn encode_event(e: &Event, out: &mut Vec<u8>) -> Result<(), TraceErro
             words,
             write_only,
             exec,
+            front,
         } => {
             out.extend_from_slice(&time.to_le_bytes());
             // At most 4 debug registers; a u8 count is plenty and keeps the frame tiny.
@@ -119,13 +120,17 @@ pub(crate) fn encode_event(e: &Event, out: &mut Vec<u8>) -> Result<(), TraceErro
             }
             // After the fields older readers know: they ignore it and read every word as
             // read+write (which is what they were before this byte existed).
-            if *write_only != 0 || *exec != 0 {
+            if *write_only != 0 || *exec != 0 || *front != 0 {
                 out.push(*write_only);
             }
             // Likewise the code-window mask, one byte later (an older reader would open a
             // data window on the instruction's bytes: harmless, nothing stores there).
-            if *exec != 0 {
+            if *exec != 0 || *front != 0 {
                 out.push(*exec);
+            }
+            // And the front-window mask (an older reader rates the line as any data window).
+            if *front != 0 {
+                out.push(*front);
             }
             kind::WATCH_SET
         }
@@ -273,11 +278,13 @@ fn decode_other(k: u8, p: &[u8]) -> Result<Event, Why> {
                 .ok_or(SHORT)?;
             let write_only = c.u8().unwrap_or(0);
             let exec = c.u8().unwrap_or(0);
+            let front = c.u8().unwrap_or(0);
             Event::WatchSet {
                 time,
                 words,
                 write_only,
                 exec,
+                front,
             }
         }
         kind::WATCH_COST => {
