@@ -18,10 +18,11 @@
 //!  charged: pause  0      pause      (1 − rate/native) × elapsed, ended when it would overrun
 //! ```
 //!
-//! A trial starts only when the budget covers every hold it may take (estimated from the
-//! holds measured so far, a prior before the first) plus a little loss; each window that
-//! loses ends as soon as its loss would leave no room for the holds still to come (the
-//! undo). `run --repair` defers the repair to a later check until the process is old enough
+//! A trial starts only when the budget covers its first round's holds (estimated from the
+//! holds measured so far, a prior before the first) plus a little loss; a second round, and
+//! the placement trial, only when what is left covers theirs; each window that loses ends as
+//! soon as its loss would leave no room for the undo. A trial the budget ended before its
+//! last round keeps nothing (`Verdict::OutOfBudget`). `run --repair` defers the repair to a later check until the process is old enough
 //! (`needed_age`).
 
 use std::time::Duration;
@@ -100,6 +101,23 @@ impl Budget {
     pub fn needed_age(&self, applies: u32, undos: u32, extra: Duration) -> Option<Duration> {
         let f = self.fraction.filter(|f| *f > 0.0)?;
         Some(self.estimate(applies, undos, extra).div_f64(f))
+    }
+
+    /// Whether a trial may start: its first round's holds (the count-only plan in and out,
+    /// the repair in and out) and a losing window fit. Later rounds and the placement trial
+    /// are each checked when they come, against what is left then.
+    pub fn affords_first_round(&self) -> bool {
+        self.affords(2, 2, MIN_LOSS)
+    }
+
+    /// The process age from which [`Budget::affords_first_round`] holds.
+    pub fn first_round_age(&self) -> Option<Duration> {
+        self.needed_age(2, 2, MIN_LOSS)
+    }
+
+    /// What [`Budget::affords_first_round`] needs.
+    pub fn first_round_need(&self) -> Duration {
+        self.estimate(2, 2, MIN_LOSS)
     }
 
     /// A hold happened: charge it and let it inform the next estimates.

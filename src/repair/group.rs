@@ -159,9 +159,8 @@ pub fn repair_group(
         ));
     }
     let n_rounds = settings.trial.map_or(1, |t| t.rounds.max(1));
-    if settings.trial.is_some() && !budget.affords(2 * n_rounds, 2 * n_rounds, MIN_LOSS) {
-        // Every round puts the count-only plan in and out and the repair in and out.
-        return Err(Outcome::Refused(budget_refusal(budget, n_rounds)));
+    if settings.trial.is_some() && !budget.affords_first_round() {
+        return Err(Outcome::Refused(budget_refusal(budget)));
     }
     let sizes = CacheSizes {
         record: record_room,
@@ -406,17 +405,15 @@ pub fn repair_group(
     }))
 }
 
-/// Why a trial does not start: its holds do not fit the budget (`budget.rs`).
-fn budget_refusal(b: &Budget, rounds: u32) -> String {
-    let need = b.estimate(2 * rounds, 2 * rounds, MIN_LOSS);
+/// Why a trial does not start: its first round's holds do not fit the budget (`budget.rs`).
+fn budget_refusal(b: &Budget) -> String {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     format!(
-        "the trial's {} holds (~{:.0} ms with a losing window) would cost more than its budget \
-         ({:.1} ms left{}); --trial-budget 0 lifts the limit",
-        4 * rounds,
-        ms(need),
+        "the trial's first round (4 holds of the target, ~{:.0} ms with a losing window) would \
+         cost more than its budget ({:.1} ms left{}); --trial-budget 0 lifts the limit",
+        ms(b.first_round_need()),
         ms(b.left()),
-        match b.needed_age(2 * rounds, 2 * rounds, MIN_LOSS) {
+        match b.first_round_age() {
             Some(age) => format!(
                 "; the process has run {:.2} s, the trial fits from {:.2} s",
                 b.age.as_secs_f64(),

@@ -24,7 +24,7 @@ use std::time::Duration;
 use laser_detect::{Analysis, Kind, Report};
 use laser_repair::plan::SsbMode;
 
-use super::budget::{Budget, MIN_LOSS};
+use super::budget::Budget;
 use super::{repair_report, Settings, Summary};
 
 /// What the mid-run repair did.
@@ -47,21 +47,20 @@ pub enum Online {
     },
 }
 
-/// Whether a trial (`trial` args) of process `pid` fits its budget now: the holds of every
-/// round and a losing window (`budget.rs`). Without a trial, or without a limit, it does.
+/// Whether a trial (`trial` args) of process `pid` may start now: its first round's holds
+/// and a losing window fit its budget (`budget.rs`). Without a trial, or without a limit, it
+/// may.
 pub fn trial_fits(pid: i32, trial: &crate::cli::TrialArgs) -> bool {
     let Some(t) = trial.settings() else {
         return true;
     };
-    let n = t.rounds.max(1);
-    Budget::for_pid(pid, t.budget).affords(2 * n, 2 * n, MIN_LOSS)
+    Budget::for_pid(pid, t.budget).affords_first_round()
 }
 
 /// The process age from which [`trial_fits`] holds, by the budget's prior estimates.
 pub fn trial_fits_from(pid: i32, trial: &crate::cli::TrialArgs) -> Option<Duration> {
     let t = trial.settings()?;
-    let n = t.rounds.max(1);
-    Budget::for_pid(pid, t.budget).needed_age(2 * n, 2 * n, MIN_LOSS)
+    Budget::for_pid(pid, t.budget).first_round_age()
 }
 
 /// What `run --repair` says when it first defers a repair.
