@@ -244,8 +244,8 @@ pub fn repair_group(
             &opts.runtime,
             t.window,
             |w| {
-                // Not before 2/5 of the window: a few scheduler ticks on a loaded machine.
-                (w.elapsed >= t.window * 2 / 5 && trial::clearly_losing(&native, w))
+                // Not before a fifth of the window (10 ms: a few scheduler ticks).
+                (w.elapsed >= t.window / 5 && trial::clearly_losing(&native, w))
                     // Whatever it shows: its loss must leave room for the undo.
                     || budget.must_stop(&native, w, 1)
             },
@@ -409,8 +409,8 @@ pub fn repair_group(
 fn budget_refusal(b: &Budget) -> String {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     format!(
-        "the trial's first round (4 holds of the target, ~{:.0} ms with a losing window) would \
-         cost more than its budget ({:.1} ms left{}); --trial-budget 0 lifts the limit",
+        "the trial's first round and the placement trial after it (6 holds of the target, ~{:.0} \
+         ms with a losing window each) would cost more than its budget ({:.1} ms left{}); --trial-budget 0 lifts the limit",
         ms(b.first_round_need()),
         ms(b.left()),
         match b.first_round_age() {

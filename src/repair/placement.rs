@@ -192,7 +192,7 @@ pub fn trial_rounds(
         // One CPU for every thread: a pinned window that loses may run at half the rate
         // (the parallelism given up); it ends as soon as its loss would overrun the budget.
         let pinned = trial::measure(mem, data_base, cfg, t.window, |w| {
-            (w.elapsed >= t.window * 2 / 5 && trial::clearly_losing(&native, w))
+            (w.elapsed >= t.window / 5 && trial::clearly_losing(&native, w))
                 || budget.must_stop(&native, w, 1)
         });
         if pinned.elapsed < t.window && budget.must_stop(&native, &pinned, 1) {

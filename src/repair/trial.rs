@@ -303,7 +303,7 @@ pub fn measure(
 }
 
 /// Ends the repaired window early once the repair is clearly losing: at under half the
-/// native rate over 2/5 of the window (the caller's bound), noise would not change the
+/// native rate over a fifth of the window (the caller's bound), noise would not change the
 /// verdict, and every further millisecond runs the target at that speed.
 pub fn clearly_losing(native: &Window, so_far: &Window) -> bool {
     native.iterations > 0 && so_far.rate() < 0.5 * native.rate()
