@@ -284,12 +284,19 @@ pub struct TrialArgs {
     /// Milliseconds each of the trial's measurements runs (four of them: two rounds).
     #[arg(long, default_value_t = crate::repair::trial::DEFAULT_TRIAL_MS, value_parser = clap::value_parser!(u64).range(1..=60_000), conflicts_with = "no_trial")]
     pub trial_ms: u64,
+    /// Percent of the process's age (when the trial starts) the trial may cost it: its
+    /// holds of the target and the time its losing windows lose. A trial starts only when
+    /// its holds fit (`run --repair` waits for a later check until they do) and a losing
+    /// window ends when it would overrun. 0: no limit.
+    #[arg(long, default_value_t = crate::repair::budget::DEFAULT_BUDGET_PERCENT, value_parser = parse_non_negative, conflicts_with = "no_trial")]
+    pub trial_budget: f64,
 }
 
 impl TrialArgs {
     pub fn settings(&self) -> Option<crate::repair::TrialSettings> {
         (!self.no_trial).then(|| crate::repair::TrialSettings {
             window: Duration::from_millis(self.trial_ms),
+            budget: (self.trial_budget > 0.0).then_some(self.trial_budget / 100.0),
             ..Default::default()
         })
     }

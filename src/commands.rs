@@ -148,12 +148,22 @@ pub fn run(args: RunArgs) -> Result<i32> {
     if args.repair {
         // Check every --repair-after until false sharing crosses the threshold; repair once.
         let (mut checks, mut last) = (0, Duration::ZERO);
+        // Set when a line crossed but the trial did not fit its budget yet (`budget.rs`).
+        let mut deferred: Option<(Duration, Option<Duration>)> = None;
         while outcome.exit.is_none() {
             checks += 1;
             let at = start.elapsed();
             last = at;
             let mut so_far = detector.finish();
-            if repair::online::crossed(&so_far, args.analysis.threshold) {
+            let crossed = repair::online::crossed(&so_far, args.analysis.threshold);
+            if crossed && !repair::online::trial_fits(session.pid(), &args.repair_opts.trial) {
+                if deferred.is_none() {
+                    let until =
+                        repair::online::trial_fits_from(session.pid(), &args.repair_opts.trial);
+                    eprintln!("{}", repair::online::deferral_line(at, until));
+                    deferred = Some((at, until));
+                }
+            } else if crossed {
                 so_far.duration_s = at.as_secs_f64();
                 let report = analyze::build(&so_far, &args.analysis, None);
                 let settings = repair::Settings {
@@ -176,12 +186,16 @@ pub fn run(args: RunArgs) -> Result<i32> {
             opts.skip_pcs = o.caches();
             outcome = monitor(&mut session, &mut detector, &opts)?;
         } else {
-            online = Some(if checks == 0 {
-                Online::ExitedFirst {
+            online = Some(match (checks, deferred) {
+                (0, _) => Online::ExitedFirst {
                     after: start.elapsed(),
-                }
-            } else {
-                Online::NothingFound { checks, last }
+                },
+                (_, Some((at, until))) => Online::Deferred {
+                    at,
+                    until,
+                    exited: start.elapsed(),
+                },
+                _ => Online::NothingFound { checks, last },
             });
         }
     }

@@ -41,6 +41,7 @@ use laser_detect::Report;
 use laser_repair::plan::SsbMode;
 use laser_repair::tracee::{self, UndoOptions};
 
+pub mod budget;
 mod group;
 pub mod online;
 pub mod placement;
@@ -204,8 +205,10 @@ fn repair_groups(
         return Ok(summary);
     }
     say(&ssb_mode_line(None));
+    // One budget for the pass: every group's trial is charged to it.
+    let mut budget = budget::Budget::for_pid(pid, settings.trial.and_then(|t| t.budget));
     for g in groups {
-        match repair_group(pid, space, g, settings, say) {
+        match repair_group(pid, space, g, settings, &mut budget, say) {
             Ok(Some(r)) if r.trial.as_ref().is_some_and(|t| !t.kept()) => summary.undone.push(r),
             Ok(Some(r)) => summary.repaired.push(r),
             Ok(None) => {}

@@ -23,6 +23,7 @@ use laser_repair::tracee::{
     UndoOptions,
 };
 
+use super::budget::{Budget, MIN_LOSS};
 use super::placement;
 use super::targets::{Group, Live, Space};
 use super::trial::{self, TrialOutcome, Verdict};
@@ -63,6 +64,7 @@ pub fn repair_group(
     space: &Space,
     g: &Group,
     settings: &Settings,
+    budget: &mut Budget,
     say: &mut Say<'_>,
 ) -> Result<Option<Repaired>, Outcome> {
     let (dry_run, min_stores_per_flush) = (settings.dry_run, settings.min_stores_per_flush);
@@ -156,6 +158,10 @@ pub fn repair_group(
                 .to_string(),
         ));
     }
+    let n_rounds = settings.trial.map_or(1, |t| t.rounds.max(1));
+    if settings.trial.is_some() && !budget.affords_first_round() {
+        return Err(Outcome::Refused(budget_refusal(budget)));
+    }
     let sizes = CacheSizes {
         record: record_room,
         ..sizes0
@@ -176,12 +182,21 @@ pub fn repair_group(
     let trial_start = Instant::now();
     let mut extra_pauses = Vec::new();
     let mut rounds: Vec<trial::Round> = Vec::new();
-    let n_rounds = settings.trial.map_or(1, |t| t.rounds.max(1));
+    let mut stopped: Option<String> = None;
     let mut kept: Option<(tracee::AppliedRepair, usize, Duration)> = None;
     let mut repair_pause = Duration::ZERO;
     // Every code cache a plan ran in, for the samples taken there (`Summary::caches`).
     let mut trial_caches: Vec<std::ops::Range<u64>> = Vec::new();
     for r in 0..n_rounds {
+        if r > 0 && !budget.affords(2, 2, MIN_LOSS) {
+            // The holds measured so far were slower than estimated at the start.
+            stopped = Some(format!(
+                "ended before round {}: its holds (~{:.0} ms) no longer fit the budget",
+                r + 1,
+                budget.estimate(2, 2, Duration::ZERO).as_secs_f64() * 1e3
+            ));
+            break;
+        }
         let native = match settings.trial {
             Some(t) => {
                 let counting = PlanOptions {
@@ -191,13 +206,25 @@ pub fn repair_group(
                 let (a, _, _) = put.apply(counting, say)?;
                 trial_caches.push(a.cache.map_base..a.cache.map_base + a.cache.map_len);
                 extra_pauses.push(a.pause.paused);
+                budget.charge_pause(a.pause.paused, true);
                 let at = trial_start.elapsed();
                 let w = trial::measure(&mem, a.cache.data_base, &opts.runtime, t.window, |_| false);
-                extra_pauses.push(kill_and_undo(&mem, &a, "the trial's count-only plan")?);
+                let u = kill_and_undo(&mem, &a, "the trial's count-only plan")?;
+                extra_pauses.push(u);
+                budget.charge_pause(u, false);
                 Some((at, w))
             }
             None => None,
         };
+        if settings.trial.is_some() && !budget.affords(1, 1, MIN_LOSS) {
+            stopped = Some(format!(
+                "ended before round {}'s repaired window: the repair's holds (~{:.0} ms) no \
+                 longer fit the budget",
+                r + 1,
+                budget.estimate(1, 1, Duration::ZERO).as_secs_f64() * 1e3
+            ));
+            break;
+        }
         let (applied, tries, replan) = put.apply(opts, say)?;
         trial_caches.push(applied.cache.map_base..applied.cache.map_base + applied.cache.map_len);
         if r == 0 {
@@ -209,6 +236,7 @@ pub fn repair_group(
             kept = Some((applied, tries, replan));
             break;
         };
+        budget.charge_pause(applied.pause.paused, true);
         let r_at = trial_start.elapsed();
         let repaired = trial::measure(
             &mem,
@@ -216,10 +244,21 @@ pub fn repair_group(
             &opts.runtime,
             t.window,
             |w| {
-                // Not before 2/5 of the window: a few scheduler ticks on a loaded machine.
-                w.elapsed >= t.window * 2 / 5 && trial::clearly_losing(&native, w)
+                // Not before a fifth of the window (10 ms: a few scheduler ticks).
+                (w.elapsed >= t.window / 5 && trial::clearly_losing(&native, w))
+                    // Whatever it shows: its loss must leave room for the undo.
+                    || budget.must_stop(&native, w, 1)
             },
         );
+        if repaired.elapsed < t.window && budget.must_stop(&native, &repaired, 1) {
+            stopped = Some(format!(
+                "round {}'s repaired window ended after {:.0} ms: its loss would overrun the \
+                 budget",
+                r + 1,
+                repaired.elapsed.as_secs_f64() * 1e3
+            ));
+        }
+        budget.charge_loss(&native, &repaired);
         rounds.push(trial::Round {
             native,
             repaired,
@@ -235,19 +274,24 @@ pub fn repair_group(
             } else {
                 "a repair that lost its trial"
             };
-            extra_pauses.push(kill_and_undo(&mem, &applied, what)?);
+            let u = kill_and_undo(&mem, &applied, what)?;
+            extra_pauses.push(u);
+            budget.charge_pause(u, false);
         }
-        if !won {
+        if !won || stopped.is_some() {
             break;
         }
     }
     let trial = settings.trial.map(|t| {
-        let out = TrialOutcome::from_rounds(
+        let mut out = TrialOutcome::from_rounds(
             rounds,
+            n_rounds,
             t.margin,
             extra_pauses.clone(),
             trial_start.elapsed(),
         );
+        out.stop(stopped.clone());
+        out.budget = Some(budget.describe());
         say(&format!(
             "  {}",
             out.line(p.region.ranges.first().map_or(0, |r| r.0))
@@ -258,16 +302,34 @@ pub fn repair_group(
         // Undone by its trial: nothing of it is left in the process. The other repair that
         // keeps TSO trivially, one CPU for the threads, gets its own trial.
         if let (Some(t), Some(out)) = (settings.trial, &trial) {
-            if out.verdict == Verdict::Undone && online_cpus() >= 2 {
+            let afford = budget.affords(1, 1, MIN_LOSS);
+            if out.verdict == Verdict::Undone && online_cpus() >= 2 && !afford {
+                say(&format!(
+                    "  placement trial not tried: its holds (~{:.0} ms) and a losing window do \
+                     not fit what is left of the budget ({:.1} ms)",
+                    budget.estimate(1, 1, Duration::ZERO).as_secs_f64() * 1e3,
+                    budget.left().as_secs_f64() * 1e3
+                ));
+            }
+            if out.verdict == Verdict::Undone && online_cpus() >= 2 && afford {
                 let counting = PlanOptions {
                     count_only: true,
                     ..opts
                 };
                 let (a, _, _) = put.apply(counting, say)?;
                 trial_caches.push(a.cache.map_base..a.cache.map_base + a.cache.map_len);
-                let (pout, pin) =
-                    placement::trial_rounds(pid, &mem, a.cache.data_base, &opts.runtime, &t);
-                kill_and_undo(&mem, &a, "the placement trial's count-only plan")?;
+                budget.charge_pause(a.pause.paused, true);
+                let (mut pout, pin) = placement::trial_rounds(
+                    pid,
+                    &mem,
+                    a.cache.data_base,
+                    &opts.runtime,
+                    &t,
+                    budget,
+                );
+                let u = kill_and_undo(&mem, &a, "the placement trial's count-only plan")?;
+                budget.charge_pause(u, false);
+                pout.budget = Some(budget.describe());
                 let region = p.region.ranges.first().map_or(0, |r| r.0);
                 say(&format!("  placement {}", pout.line(region)));
                 if let Some(pin) = pin {
@@ -343,6 +405,25 @@ pub fn repair_group(
     }))
 }
 
+/// Why a trial does not start: its first round's holds do not fit the budget (`budget.rs`).
+fn budget_refusal(b: &Budget) -> String {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    format!(
+        "the trial's first round and the placement trial after it (6 holds of the target, ~{:.0} \
+         ms with a losing window each) would cost more than its budget ({:.1} ms left{}); --trial-budget 0 lifts the limit",
+        ms(b.first_round_need()),
+        ms(b.left()),
+        match b.first_round_age() {
+            Some(age) => format!(
+                "; the process has run {:.2} s, the trial fits from {:.2} s",
+                b.age.as_secs_f64(),
+                age.as_secs_f64()
+            ),
+            None => String::new(),
+        },
+    )
+}
+
 /// CPUs online (the placement repair needs a second one to take a thread from).
 fn online_cpus() -> usize {
     // SAFETY: sysconf takes an integer.
@@ -375,6 +456,16 @@ fn request<'a>(
 }
 
 impl Put<'_> {
+    /// Where `tracee::apply` will most likely map the cache: the first hole it tries, from
+    /// the maps as they are now.
+    fn likely_cache(&self) -> Option<CacheAddrs> {
+        let text = std::fs::read_to_string(format!("/proc/{}/maps", self.pid)).ok()?;
+        let regions = tmaps::parse_maps(&text).ok()?;
+        let len = CacheAddrs::layout(&self.sizes, 0).map_len;
+        let base = *tmaps::hole_candidates(&regions, &self.span, len).first()?;
+        Some(CacheAddrs::layout(&self.sizes, base))
+    }
+
     /// Applies the plan with `options`, re-planned inside the pause at the real cache
     /// address; retries while a thread sits where it cannot be moved. Returns the repair,
     /// the attempts and the in-pause re-plan time.
@@ -385,12 +476,9 @@ impl Put<'_> {
     ) -> Result<(tracee::AppliedRepair, usize, Duration), Outcome> {
         let pid = self.pid;
         let replan = std::cell::Cell::new(Duration::ZERO);
-        let build = |c: &CacheAddrs| -> Result<PatchSet, String> {
-            let t = Instant::now();
+        let plan_at = |c: &CacheAddrs| -> Result<PatchSet, String> {
             let q = plan::plan(&request(self.src, self.g, c.data_base, options))
-                .map_err(|r| r.to_string());
-            replan.set(t.elapsed());
-            let q = q?;
+                .map_err(|r| r.to_string())?;
             if q.cache.code_addr != c.code_base || q.cache.data_len > c.data_len as u64 {
                 return Err(format!(
                     "plan puts code at {:#x} after {} data bytes; the cache has code at {:#x} after {}",
@@ -398,6 +486,21 @@ impl Put<'_> {
                 ));
             }
             Ok(patch_set(&q))
+        };
+        // Planned before the hold at the address the hold will most likely map (the first
+        // hole the tracee tries): the hold then only compares addresses (a plan of the
+        // -O0 linear_regression loop took 2.9 ms of an 11 ms hold).
+        let ahead = self
+            .likely_cache()
+            .and_then(|c| Some((c.data_base, plan_at(&c).ok()?)));
+        let build = |c: &CacheAddrs| -> Result<PatchSet, String> {
+            let t = Instant::now();
+            let q = match &ahead {
+                Some((base, set)) if *base == c.data_base => Ok(set.clone()),
+                _ => plan_at(c),
+            };
+            replan.set(t.elapsed());
+            q
         };
         let source = FnSource {
             span: self.span.clone(),
@@ -547,6 +650,10 @@ fn kill_and_undo(
     what: &str,
 ) -> Result<Duration, Outcome> {
     trial::kill(mem, applied.cache.data_base).map_err(|e| Outcome::Failed(e.into()))?;
+    // Threads reach the native copy within one flush period (256 back-edges, microseconds);
+    // holding at once found some still in the repaired copy, and every retry is another
+    // hold (an undo took 2 holds and 5–54 ms here).
+    std::thread::sleep(Duration::from_millis(1));
     let u = applied
         .undo(&UndoOptions::default())
         .map_err(|e| Outcome::Failed(anyhow::Error::new(e).context(format!("undoing {what}"))))?;

@@ -24,6 +24,7 @@ use std::time::Duration;
 use laser_detect::{Analysis, Kind, Report};
 use laser_repair::plan::SsbMode;
 
+use super::budget::Budget;
 use super::{repair_report, Settings, Summary};
 
 /// What the mid-run repair did.
@@ -37,6 +38,42 @@ pub enum Online {
     Ran { at: Duration, summary: Summary },
     /// laser failed while repairing (the tracee restored the function it was working on).
     Failed { at: Duration, error: String },
+    /// False sharing crossed the threshold at `at`, but the trial's holds did not fit its
+    /// budget before the program exited (`budget.rs`; it would have fit from `until`).
+    Deferred {
+        at: Duration,
+        until: Option<Duration>,
+        exited: Duration,
+    },
+}
+
+/// Whether a trial (`trial` args) of process `pid` may start now: its first round's holds
+/// and a losing window fit its budget (`budget.rs`). Without a trial, or without a limit, it
+/// may.
+pub fn trial_fits(pid: i32, trial: &crate::cli::TrialArgs) -> bool {
+    let Some(t) = trial.settings() else {
+        return true;
+    };
+    Budget::for_pid(pid, t.budget).affords_first_round()
+}
+
+/// The process age from which [`trial_fits`] holds, by the budget's prior estimates.
+pub fn trial_fits_from(pid: i32, trial: &crate::cli::TrialArgs) -> Option<Duration> {
+    let t = trial.settings()?;
+    Budget::for_pid(pid, t.budget).first_round_age()
+}
+
+/// What `run --repair` says when it first defers a repair.
+pub fn deferral_line(at: Duration, until: Option<Duration>) -> String {
+    format!(
+        "laser: after {:.2} s: false sharing at or above the threshold; the repair waits{} \
+         (the trial's holds must stay under its budget, --trial-budget)",
+        at.as_secs_f64(),
+        until.map_or(String::new(), |u| format!(
+            " until the process has run {:.2} s",
+            u.as_secs_f64()
+        ))
+    )
 }
 
 /// Whether the report built from `analysis` would hold a false-sharing finding at or above
@@ -112,6 +149,7 @@ impl Online {
                 "repaired: nothing (the repair at {:.2} s failed: {error})\n",
                 secs(at)
             )),
+            Online::Deferred { .. } => out.push_str(&format!("repaired: nothing ({})\n", self.why_deferred())),
             Online::Ran { at, summary } if summary.functions == 0 => out.push_str(&format!(
                 "repaired: nothing (false sharing crossed the threshold at {:.2} s, but none of \
                  its sources is in code the process maps)\n",
@@ -163,6 +201,24 @@ impl Online {
         out
     }
 
+    /// `false sharing crossed the threshold at 0.80 s; the trial's holds fit its budget
+    /// from 3.47 s and the program exited at 3.10 s`.
+    fn why_deferred(&self) -> String {
+        let Online::Deferred { at, until, exited } = self else {
+            return String::new();
+        };
+        format!(
+            "false sharing crossed the threshold at {:.2} s; the trial's holds fit its budget{} \
+             and the program exited at {:.2} s",
+            at.as_secs_f64(),
+            until.map_or(String::new(), |u| format!(
+                " from a process age of {:.2} s",
+                u.as_secs_f64()
+            )),
+            exited.as_secs_f64()
+        )
+    }
+
     /// One line for the report's notes (text and JSON).
     pub fn note(&self) -> String {
         match self {
@@ -178,6 +234,7 @@ impl Online {
                 "run --repair: the repair at {:.2} s failed ({error}); counts are of unrepaired code",
                 at.as_secs_f64()
             ),
+            Online::Deferred { .. } => format!("run --repair: {}", self.why_deferred()),
             Online::Ran { at, summary } => format!(
                 "run --repair: {} function(s) repaired, {} undone by their trial, {} refused at \
                  {:.2} s; counts before then are of the original code, after it of the code left \

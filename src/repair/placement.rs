@@ -19,6 +19,7 @@ use std::time::Instant;
 use laser_repair::plan::ssb_layout::RuntimeConfig;
 use laser_repair::tracee::ProcMem;
 
+use super::budget::{Budget, MIN_LOSS};
 use super::trial::{self, Round, TrialOutcome, TrialSettings, Verdict};
 
 /// The threads of `pid` (its /proc task list).
@@ -162,6 +163,7 @@ pub fn trial_rounds(
     data_base: u64,
     cfg: &RuntimeConfig,
     t: &TrialSettings,
+    budget: &mut Budget,
 ) -> (TrialOutcome, Option<Pinning>) {
     let start = Instant::now();
     let cpu = threads(pid)
@@ -170,12 +172,37 @@ pub fn trial_rounds(
         .unwrap_or(0);
     let mut rounds = Vec::new();
     let mut keep = None;
-    for r in 0..t.rounds.max(1) {
+    let mut stopped = None;
+    let wanted = t.rounds.max(1);
+    for r in 0..wanted {
+        // Each round may lose a pinned window; the count-only plan's undo comes after.
+        if r > 0 && !budget.affords(0, 1, MIN_LOSS) {
+            stopped = Some(format!(
+                "ended before round {}: what is left of the budget ({:.1} ms) does not cover \
+                 another pinned window",
+                r + 1,
+                budget.left().as_secs_f64() * 1e3
+            ));
+            break;
+        }
         let n_at = start.elapsed();
         let native = trial::measure(mem, data_base, cfg, t.window, |_| false);
         let pin = Pinning::pin(pid, cpu);
         let p_at = start.elapsed();
-        let pinned = trial::measure(mem, data_base, cfg, t.window, |_| false);
+        // One CPU for every thread: a pinned window that loses may run at half the rate
+        // (the parallelism given up); it ends as soon as its loss would overrun the budget.
+        let pinned = trial::measure(mem, data_base, cfg, t.window, |w| {
+            (w.elapsed >= t.window / 5 && trial::clearly_losing(&native, w))
+                || budget.must_stop(&native, w, 1)
+        });
+        if pinned.elapsed < t.window && budget.must_stop(&native, &pinned, 1) {
+            stopped = Some(format!(
+                "round {}'s pinned window ended after {:.0} ms: its loss would overrun the budget",
+                r + 1,
+                pinned.elapsed.as_secs_f64() * 1e3
+            ));
+        }
+        budget.charge_loss(&native, &pinned);
         rounds.push(Round {
             native,
             repaired: pinned,
@@ -188,11 +215,12 @@ pub fn trial_rounds(
             break;
         }
         pin.undo();
-        if !won {
+        if !won || stopped.is_some() {
             break;
         }
     }
-    let out = TrialOutcome::from_rounds(rounds, t.margin, Vec::new(), start.elapsed());
+    let mut out = TrialOutcome::from_rounds(rounds, wanted, t.margin, Vec::new(), start.elapsed());
+    out.stop(stopped);
     (out, keep)
 }
 

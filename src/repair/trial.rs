@@ -38,6 +38,8 @@ pub struct TrialSettings {
     pub margin: f64,
     /// Rounds of (native window, repaired window); the repair must win every one.
     pub rounds: u32,
+    /// Share of the process's age the trial may cost it (`budget.rs`); `None`: no limit.
+    pub budget: Option<f64>,
 }
 
 impl Default for TrialSettings {
@@ -46,6 +48,7 @@ impl Default for TrialSettings {
             window: Duration::from_millis(DEFAULT_TRIAL_MS),
             margin: 0.05,
             rounds: DEFAULT_TRIAL_ROUNDS,
+            budget: Some(super::budget::DEFAULT_BUDGET_PERCENT / 100.0),
         }
     }
 }
@@ -92,6 +95,8 @@ pub enum Verdict {
     Undone,
     /// The loop did not iterate in one of the windows: nothing to compare, taken out.
     Idle,
+    /// The budget (`budget.rs`) ran out before every round ran, none lost: taken out.
+    OutOfBudget,
 }
 
 /// What a trial measured and decided.
@@ -107,6 +112,10 @@ pub struct TrialOutcome {
     pub extra_pauses: Vec<Duration>,
     /// Wall time the trial added to the repair (windows, pauses, planning).
     pub cost: Duration,
+    /// Why it ended before its last round, if it did (the budget ran out).
+    pub stopped: Option<String>,
+    /// What it cost the target against its budget (`Budget::describe`).
+    pub budget: Option<String>,
 }
 
 /// Keep, undo, or "not measured".
@@ -122,10 +131,12 @@ pub fn decide(native: &Window, repaired: &Window, margin: f64) -> Verdict {
 }
 
 impl TrialOutcome {
-    /// The verdict over `rounds`: kept only if every round kept it (none may be missing:
-    /// the caller stops at the first loss), idle if a window saw no iteration.
+    /// The verdict over `rounds`: kept only if all `wanted` rounds ran and kept it (the
+    /// caller stops at the first loss, or when the budget runs out: out of budget when no
+    /// round lost), idle if a window saw no iteration.
     pub fn from_rounds(
         rounds: Vec<Round>,
+        wanted: u32,
         margin: f64,
         extra_pauses: Vec<Duration>,
         cost: Duration,
@@ -141,7 +152,12 @@ impl TrialOutcome {
         let verdict = if verdicts.is_empty() || verdicts.contains(&Verdict::Idle) {
             Verdict::Idle
         } else if verdicts.iter().all(|v| *v == Verdict::Kept) {
-            Verdict::Kept
+            // Fewer rounds than wanted and none lost: the budget ended the trial.
+            if verdicts.len() as u32 >= wanted {
+                Verdict::Kept
+            } else {
+                Verdict::OutOfBudget
+            }
         } else {
             Verdict::Undone
         };
@@ -152,7 +168,18 @@ impl TrialOutcome {
             rounds,
             extra_pauses,
             cost,
+            stopped: None,
+            budget: None,
         }
+    }
+
+    /// The trial ended early for `why` (its budget); with no round run at all that is the
+    /// verdict ([`Verdict::OutOfBudget`], not "did not iterate").
+    pub fn stop(&mut self, why: Option<String>) {
+        if why.is_some() && self.rounds.is_empty() {
+            self.verdict = Verdict::OutOfBudget;
+        }
+        self.stopped = why;
     }
 
     /// Repaired rate over native rate.
@@ -182,6 +209,10 @@ impl TrialOutcome {
             Verdict::Idle => "undone: the loop did not iterate in a window (not measured, so \
                  not kept)"
                 .to_string(),
+            Verdict::OutOfBudget => {
+                "undone: its budget ran out before it could decide (not measured, so not kept)"
+                    .to_string()
+            }
         };
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let rounds: Vec<String> = self
@@ -203,9 +234,15 @@ impl TrialOutcome {
                 )
             })
             .collect();
+        let tail: String = self
+            .stopped
+            .iter()
+            .chain(&self.budget)
+            .map(|s| format!("; {s}"))
+            .collect();
         format!(
             "{what} (repaired {:.2e} it/s over {:.0} ms, native {:.2e} it/s over {:.0} ms; {}; \
-             trial cost {:.0} ms, extra pause {:.2} ms: {})",
+             trial cost {:.0} ms, extra pause {:.2} ms: {}{tail})",
             self.repaired.rate(),
             self.repaired.elapsed.as_secs_f64() * 1e3,
             self.native.rate(),
@@ -239,8 +276,9 @@ pub fn read_iterations(mem: &ProcMem, data_base: u64, cfg: &RuntimeConfig) -> u6
         .sum()
 }
 
-/// Counts iterations for `window` from now, or less: every fifth of it, `enough` sees the
-/// count so far and may end the window early.
+/// Counts iterations for `window` from now, or less: every 25th of it (at least 1 ms),
+/// `enough` sees the count so far and may end the window early (a window that loses is
+/// charged to the trial's budget by the millisecond).
 pub fn measure(
     mem: &ProcMem,
     data_base: u64,
@@ -250,7 +288,7 @@ pub fn measure(
 ) -> Window {
     let c0 = read_iterations(mem, data_base, cfg);
     let t0 = Instant::now();
-    let step = (window / 5).max(Duration::from_millis(1));
+    let step = (window / 25).max(Duration::from_millis(1));
     loop {
         let left = window.saturating_sub(t0.elapsed());
         std::thread::sleep(step.min(left));
@@ -265,7 +303,7 @@ pub fn measure(
 }
 
 /// Ends the repaired window early once the repair is clearly losing: at under half the
-/// native rate over 2/5 of the window (the caller's bound), noise would not change the
+/// native rate over a fifth of the window (the caller's bound), noise would not change the
 /// verdict, and every further millisecond runs the target at that speed.
 pub fn clearly_losing(native: &Window, so_far: &Window) -> bool {
     native.iterations > 0 && so_far.rate() < 0.5 * native.rate()
@@ -312,6 +350,7 @@ mod tests {
     fn every_round_must_keep_the_repair() {
         let kept = TrialOutcome::from_rounds(
             vec![round(1000, 1600), round(900, 1500)],
+            2,
             0.05,
             Vec::new(),
             Duration::ZERO,
@@ -323,6 +362,7 @@ mod tests {
         // unlucky): one loss undoes it, whatever the pooled rates say.
         let lost = TrialOutcome::from_rounds(
             vec![round(1000, 3000), round(1000, 1000)],
+            2,
             0.05,
             Vec::new(),
             Duration::ZERO,
@@ -334,10 +374,32 @@ mod tests {
             l.contains("round 2: native 2.00e4 it/s at +10..60 ms, repaired 2.00e4 it/s at +70..120 ms (1.00x)"),
             "{l}"
         );
-        let idle = TrialOutcome::from_rounds(vec![round(0, 10)], 0.05, Vec::new(), Duration::ZERO);
+        // The budget ended the trial after a won first round: one round does not keep it.
+        let short =
+            TrialOutcome::from_rounds(vec![round(1000, 3000)], 2, 0.05, Vec::new(), Duration::ZERO);
+        assert_eq!(short.verdict, Verdict::OutOfBudget);
+        assert!(!short.kept());
+        let idle =
+            TrialOutcome::from_rounds(vec![round(0, 10)], 2, 0.05, Vec::new(), Duration::ZERO);
         assert_eq!(idle.verdict, Verdict::Idle);
-        let none = TrialOutcome::from_rounds(Vec::new(), 0.05, Vec::new(), Duration::ZERO);
+        let none = TrialOutcome::from_rounds(Vec::new(), 2, 0.05, Vec::new(), Duration::ZERO);
         assert_eq!(none.verdict, Verdict::Idle);
+        // Stopped by the budget: out of budget unless a round lost.
+        let mut s = short.clone();
+        s.stop(Some("ended before round 2".into()));
+        assert_eq!(s.verdict, Verdict::OutOfBudget);
+        assert!(s.line(1).contains("budget ran out"), "{}", s.line(1));
+        assert!(
+            s.line(1).contains("; ended before round 2"),
+            "{}",
+            s.line(1)
+        );
+        let mut n = none.clone();
+        n.stop(Some("ended before round 1's repaired window".into()));
+        assert_eq!(n.verdict, Verdict::OutOfBudget);
+        let mut l = lost.clone();
+        l.stop(Some("round 2's repaired window ended".into()));
+        assert_eq!(l.verdict, Verdict::Undone, "a round lost: that decides");
     }
 
     #[test]
@@ -359,6 +421,8 @@ mod tests {
             verdict: Verdict::Kept,
             extra_pauses: vec![Duration::from_millis(4), Duration::from_millis(6)],
             cost: Duration::from_millis(130),
+            stopped: None,
+            budget: Some("cost to the target 12.0 ms".into()),
         };
         let l = o.line(0x401130);
         assert!(
@@ -369,7 +433,10 @@ mod tests {
             l.contains("repaired 1.20e7 it/s over 50 ms, native 7.40e6 it/s over 50 ms"),
             "{l}"
         );
-        assert!(l.contains("extra pause 10.00 ms: 4.00 + 6.00"), "{l}");
+        assert!(
+            l.contains("extra pause 10.00 ms: 4.00 + 6.00; cost to the target 12.0 ms)"),
+            "{l}"
+        );
         let u = TrialOutcome {
             verdict: Verdict::Undone,
             repaired: w(59_200, 50),

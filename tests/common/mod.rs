@@ -307,14 +307,23 @@ pub fn laser(args: &[String]) -> Output {
 /// `laser repair -p PID --no-trial EXTRA…`: the tests that check the repaired code itself
 /// keep it whatever its speed (on this VM fs.c's repair measures slower than native).
 pub fn repair_args(t: &Target, extra: &[&str]) -> Vec<String> {
-    let mut v = repair_args_trial(t, extra);
-    v.insert(3, "--no-trial".into());
+    let mut v = vec!["repair".into(), "-p".into(), t.pid.to_string()];
+    v.push("--no-trial".into());
+    v.extend(extra.iter().map(|s| s.to_string()));
     v
 }
 
-/// `laser repair -p PID EXTRA…` with the default trial.
+/// `laser repair -p PID EXTRA…` with the trial (without its budget).
 pub fn repair_args_trial(t: &Target, extra: &[&str]) -> Vec<String> {
-    let mut v = vec!["repair".into(), "-p".into(), t.pid.to_string()];
+    // No budget: a test target is under a second old, and the default budget (1.5% of the
+    // process's age) would refuse every trial; these tests are about the trial's verdicts.
+    let mut v = vec![
+        "repair".into(),
+        "-p".into(),
+        t.pid.to_string(),
+        "--trial-budget".into(),
+        "0".into(),
+    ];
     v.extend(extra.iter().map(|s| s.to_string()));
     v
 }
