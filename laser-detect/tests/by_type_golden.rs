@@ -148,6 +148,7 @@ fn report(b: &Built) -> Report {
         modules: vec![],
         notes: vec![],
         survey: None,
+        concurrency: None,
     };
     let opts = ReportOptions {
         threshold: 100.0,
