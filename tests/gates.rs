@@ -405,3 +405,42 @@ fn a_saved_report_keeps_its_threshold_unless_one_is_given() {
     assert_eq!(code, 3, "{text}");
     assert!(text.contains("findings = 1"), "{text}");
 }
+
+#[test]
+fn a_pass_on_a_run_whose_threads_barely_overlapped_says_it_could_not_observe() {
+    // fs.report.json's run (threads together 18% of the time) with its finding taken out.
+    let report = fixture("gates/blind.report.json");
+    let report = report.to_str().unwrap();
+    let mut all = String::new();
+    // (gates, exit, flagged COULD NOT OBSERVE)
+    let cases: &[(&[&str], i32, bool)] = &[
+        (&["findings > 0"], 0, true),
+        (
+            &["false_sharing_rate > 1000", "--format", "github"],
+            0,
+            true,
+        ),
+        // A CI job can also fail such runs outright.
+        (&["findings > 0 || overlap < 0.5"], 3, false),
+    ];
+    for &(args, code, flagged) in cases {
+        let mut a = vec!["report", "-q", report, "--fail-on"];
+        a.extend(args);
+        let (got, text) = run(&a);
+        assert_eq!(got, code, "{text}");
+        assert_eq!(text.contains("COULD NOT OBSERVE"), flagged, "{text}");
+        all.push_str(&scrub(&text));
+        all.push('\n');
+    }
+    // The two-finding report (no concurrency recorded) passes plainly.
+    let two = fixture("gates/two.report.json");
+    let (_, text) = run(&[
+        "report",
+        "-q",
+        two.to_str().unwrap(),
+        "--fail-on",
+        "findings > 5",
+    ]);
+    assert!(!text.contains("COULD NOT OBSERVE"), "{text}");
+    golden("blind.txt", &all);
+}

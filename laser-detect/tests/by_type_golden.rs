@@ -149,6 +149,7 @@ fn report(b: &Built) -> Report {
         modules: vec![],
         notes: vec![],
         survey: None,
+        concurrency: None,
     };
     let opts = ReportOptions {
         threshold: 100.0,

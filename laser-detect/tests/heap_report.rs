@@ -50,6 +50,7 @@ fn analysis(t1: std::ops::Range<u32>, t2: std::ops::Range<u32>) -> Analysis {
         modules: vec![],
         notes: vec![],
         survey: None,
+        concurrency: None,
     }
 }
 

@@ -244,6 +244,7 @@ fn report_of(b: &Built, kind: Kind, data: u64, sources: Vec<SourceAccess>) -> Re
         modules: vec![],
         notes: vec![],
         survey: None,
+        concurrency: None,
     };
     build_report(&analysis, &mut b.symbolizer(), &ReportOptions::default())
 }

@@ -445,6 +445,7 @@ fn analysis(b: &Built) -> (Analysis, Addrs) {
         }],
         notes: vec!["contention estimated from soft (cpu-clock) samples".into()],
         survey: None,
+        concurrency: None,
     };
     (analysis, a)
 }

@@ -173,6 +173,13 @@ impl Subject for Diff<'_> {
         let e = &self.entries[i];
         format!("{} {}", e.status.as_str(), describe(self.finding(e)))
     }
+
+    /// A new run that could not observe contention may hide new findings.
+    fn blind(&self) -> Option<String> {
+        crate::gate::report::ReportSubject(self.new)
+            .blind()
+            .map(|why| format!("in the new run, {why}"))
+    }
 }
 
 fn read(path: &Path) -> Result<Report> {

@@ -32,6 +32,11 @@ pub trait Subject {
     fn item(&self, i: usize, m: Metric) -> Val;
     /// A short description of finding `i` for the verdict line.
     fn describe(&self, i: usize) -> String;
+    /// Why this run could not have shown the contention a gate looks for, when it could not
+    /// (the program's threads barely ran at the same time): a pass on it proves little.
+    fn blind(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The result of one evaluation.

@@ -88,6 +88,8 @@ impl Gate {
             gate: self.text.clone(),
             tripped: truth.point,
             unstable: truth.sure.is_none(),
+            // Only a pass can be wrong for want of contention to see.
+            blind: if truth.point { None } else { s.blind() },
             details: details.join(", "),
             unsure: if truth.sure.is_none() {
                 unsure
@@ -106,6 +108,9 @@ pub struct Verdict {
     pub tripped: bool,
     /// A value inside the metrics' 95% intervals would decide the other way.
     pub unstable: bool,
+    /// The gate passed on a run that could not have shown contention: why (the program's
+    /// threads barely ran at the same time). The exit status is still that of a pass.
+    pub blind: Option<String>,
     /// The values the decision was made on (and the first finding that tripped it).
     pub details: String,
     /// Why it is unstable: each comparison whose interval straddles its threshold.
@@ -134,7 +139,19 @@ impl Verdict {
                 if self.tripped { "pass" } else { "trip" }
             ));
         }
+        if let Some(why) = &self.blind {
+            s.push_str(&format!(
+                "; COULD NOT OBSERVE: {why}; this pass is no evidence that there is none, a \
+                 rerun may trip (exit status as passed)"
+            ));
+        }
         s
+    }
+
+    /// The verdict is one a rerun could reverse: its interval straddles the threshold, or it
+    /// passed on a run that could not observe contention.
+    pub fn doubtful(&self) -> bool {
+        self.unstable || self.blind.is_some()
     }
 }
 
@@ -151,5 +168,69 @@ pub fn exit_code(status: i32, tripped: bool) -> i32 {
         crate::exit::GATE
     } else {
         status
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interval::Estimate;
+    use metric::Metric;
+
+    /// A report with no findings, `findings` = 0, and the given blindness.
+    struct Empty(Option<&'static str>);
+
+    impl Subject for Empty {
+        fn total(&self, m: Metric) -> eval::Val {
+            eval::Val::Num(Estimate::exact(if m == Metric::Overlap {
+                0.09
+            } else {
+                0.0
+            }))
+        }
+        fn items(&self) -> usize {
+            0
+        }
+        fn item(&self, _: usize, _: Metric) -> eval::Val {
+            unreachable!("no findings")
+        }
+        fn describe(&self, _: usize) -> String {
+            unreachable!("no findings")
+        }
+        fn blind(&self) -> Option<String> {
+            self.0.map(String::from)
+        }
+    }
+
+    fn gate(text: &str) -> Gate {
+        Gate::parse(text, Context::Report).unwrap()
+    }
+
+    #[test]
+    fn a_pass_on_a_run_that_could_not_observe_says_so_and_stays_a_pass() {
+        let v = gate("findings > 0").check(&Empty(Some("threads took turns")));
+        assert!(!v.tripped && !v.unstable && v.doubtful());
+        assert_eq!(
+            v.line(),
+            "gate passed: findings > 0 (findings = 0); COULD NOT OBSERVE: threads took turns; \
+             this pass is no evidence that there is none, a rerun may trip (exit status as \
+             passed)"
+        );
+        assert_eq!(exit_code(crate::exit::OK, v.tripped), crate::exit::OK);
+    }
+
+    #[test]
+    fn a_run_that_could_observe_passes_plainly() {
+        let v = gate("findings > 0").check(&Empty(None));
+        assert!(!v.doubtful());
+        assert_eq!(v.line(), "gate passed: findings > 0 (findings = 0)");
+    }
+
+    #[test]
+    fn a_tripped_gate_is_not_doubted_for_low_overlap() {
+        // Contention seen despite little overlap is still contention.
+        let v = gate("overlap < 0.5").check(&Empty(Some("threads took turns")));
+        assert!(v.tripped && v.blind.is_none());
+        assert_eq!(v.line(), "gate tripped: overlap < 0.5 (overlap = 0.09)");
     }
 }

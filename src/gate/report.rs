@@ -85,10 +85,35 @@ pub fn total_value(r: &Report, m: Metric) -> Val {
         Metric::FalseSharingRate => sum(Some(Kind::FalseSharing)),
         Metric::TrueSharingRate => sum(Some(Kind::TrueSharing)),
         Metric::ContentionRate => sum(None),
-        Metric::Findings => Val::Num(Estimate::exact(r.findings.len() as f64)),
+        Metric::Findings => Val::Num(findings(r)),
         Metric::Lost => Val::Num(Estimate::exact(r.lost as f64)),
         Metric::Samples => Val::Num(Estimate::exact(r.samples as f64)),
+        // A run with no overlap to measure (one thread, or no timer samples) hid nothing.
+        Metric::Overlap => Val::Num(Estimate::exact(
+            r.concurrency
+                .as_ref()
+                .and_then(|c| c.overlap)
+                .unwrap_or(1.0),
+        )),
         _ => Val::Num(Estimate::exact(0.0)),
+    }
+}
+
+/// The number of findings, with the interval their rates allow: a finding whose rate's 95%
+/// interval reaches below the report's threshold might not be listed in a rerun, so the low
+/// end counts only the findings whose whole interval is at or above it. Lines below the
+/// threshold are not listed one by one (only counted), so the high end is the listed count.
+fn findings(r: &Report) -> Estimate {
+    let n = r.findings.len() as f64;
+    let sure = r
+        .findings
+        .iter()
+        .filter(|f| rate(f).lo >= r.threshold)
+        .count() as f64;
+    Estimate {
+        value: n,
+        lo: sure,
+        hi: n,
     }
 }
 
@@ -110,5 +135,10 @@ impl Subject for ReportSubject<'_> {
 
     fn describe(&self, i: usize) -> String {
         format!("#{} {}", i + 1, describe(&self.0.findings[i]))
+    }
+
+    fn blind(&self) -> Option<String> {
+        let c = self.0.concurrency.as_ref().filter(|c| c.low())?;
+        Some(c.describe())
     }
 }

@@ -109,11 +109,12 @@ pub fn annotations(report: &Report, gated: &[usize]) -> String {
     out
 }
 
-/// One `::error` per tripped gate, `::notice` for a passed gate whose verdict is unstable.
+/// One `::error` per tripped gate, `::notice` for a passed gate whose verdict is unstable or
+/// that could not observe.
 pub fn verdicts(verdicts: &[Verdict]) -> String {
     verdicts
         .iter()
-        .filter(|v| v.tripped || v.unstable)
+        .filter(|v| v.tripped || v.doubtful())
         .map(|v| {
             let level = if v.tripped { "error" } else { "notice" };
             command(level, &[("title", "laser gate".into())], &v.line())

@@ -33,6 +33,7 @@ use crate::decode::code::{CodeSource, FileMapping};
 use crate::decode::maps::{self, AddressSpace, Class, KERNEL_START};
 use crate::decode::pccache::{PcCache, Where};
 use crate::model::armed_cost::{ArmedCost, ArmedCostSummary};
+use crate::model::concurrency::ConcurrencyTracker;
 use crate::model::estimate::{Estimator, LineEstimate, DEFAULT_TRAP_COST_NS};
 use crate::model::findings::{
     Analysis, CallSite, LineFinding, Location, ModuleInfo, SourceAccess, SurveySummary,
@@ -141,6 +142,8 @@ pub struct Detector<C: CodeSource> {
     surveyed: HashMap<u64, (u128, u64)>,
     /// Timer samples on fast-string instructions, armed and not: what watching costs.
     armed_cost: ArmedCost,
+    /// Which threads ran at the same time, from timer samples.
+    concurrency: ConcurrencyTracker,
 }
 
 const STACK_SLOTS: usize = 64;
@@ -220,6 +223,7 @@ impl<C: CodeSource> Detector<C> {
             globals: HashMap::new(),
             surveyed: HashMap::new(),
             armed_cost: ArmedCost::default(),
+            concurrency: ConcurrencyTracker::default(),
         }
     }
 
@@ -429,6 +433,11 @@ impl<C: CodeSource> Detector<C> {
         self.backends[backend_index(s.backend)] += 1;
         self.first_time = self.first_time.min(s.time);
         self.last_time = self.last_time.max(s.time);
+        // Every timer sample says its thread was running (kernel PCs too); a soft sample's
+        // weight is its period in ns.
+        if s.backend == BackendKind::Soft {
+            self.concurrency.sample(s.tid, s.cpu, s.time, s.weight);
+        }
         if s.ip >= KERNEL_START {
             self.filter.kernel_pc += 1;
             return;
@@ -708,6 +717,14 @@ impl<C: CodeSource> Detector<C> {
         if let Some(n) = armed_cost_note(&self.armed_cost.summary()) {
             notes.push(n);
         }
+        let concurrency = self.concurrency.summary();
+        if let Some(c) = concurrency.as_ref().filter(|c| c.low()) {
+            notes.push(format!(
+                "concurrency: {}; the report may show less contention than there is (a rerun \
+                 on a less busy machine may show more)",
+                c.describe()
+            ));
+        }
         Analysis {
             backend,
             duration_s: duration,
@@ -719,6 +736,7 @@ impl<C: CodeSource> Detector<C> {
             modules: self.modules(),
             notes,
             survey,
+            concurrency,
             findings,
         }
     }

@@ -157,6 +157,9 @@ pub struct Analysis {
     /// What watch windows surveyed beyond the lines samples showed contended (see
     /// [`crate::model::survey`]); `None` when no window did.
     pub survey: Option<SurveySummary>,
+    /// How much the program's threads ran at the same time (from timer samples; see
+    /// [`crate::model::concurrency`]); `None` without timer samples.
+    pub concurrency: Option<crate::model::concurrency::Concurrency>,
 }
 
 /// Lines watched in windows that opened while no sample had shown contention there.

@@ -3,6 +3,7 @@
 
 pub mod armed_cost;
 pub mod candidates;
+pub mod concurrency;
 pub mod detector;
 pub mod estimate;
 pub mod findings;

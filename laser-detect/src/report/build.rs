@@ -161,6 +161,7 @@ pub fn build_report(
             windows: s.windows,
             found: s.found.len() as u64,
         }),
+        concurrency: analysis.concurrency.clone(),
         types: by_type::profile(&findings, &layouts, line_size),
         coverage: by_type::coverage(&findings),
         findings,

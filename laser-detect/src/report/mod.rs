@@ -62,6 +62,12 @@ pub struct Report {
     /// (absent when none ran).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub survey: Option<Survey>,
+    /// How much of the run two or more of the program's threads ran at the same time, from
+    /// timer samples (absent without them). A low `overlap` means contention had little time
+    /// to happen: a run without findings is then no evidence of none. Added within
+    /// `laser-report/1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<crate::model::concurrency::Concurrency>,
     /// Ranked: highest rate first.
     pub findings: Vec<Finding>,
     /// DProf's data profile: the data types of the contended accesses, most events first,
@@ -629,6 +635,7 @@ mod tests {
             },
             notes: vec!["estimated".into()],
             survey: None,
+            concurrency: None,
             findings: vec![Finding {
                 kind: Kind::FalseSharing,
                 line_addr: 0x5555_5555_8080,

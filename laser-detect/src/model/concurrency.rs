@@ -1,0 +1,290 @@
+//! How much of the run the target's threads actually ran at the same time, from the timer
+//! samples the run already has: contention needs two threads running at once on different
+//! CPUs, so a run in which they mostly took turns (a busy 2-vCPU runner, a host that
+//! serializes the vCPUs) shows little or none of the contention that is there, and a report
+//! with no finding is then no evidence that there is none.
+//!
+//! A `cpu-clock` timer sample of thread T on CPU c says T was running there during the
+//! sampling period before it. Time is cut into slots one period wide; a slot is *concurrent*
+//! when it holds samples of two or more threads on two or more CPUs. A thread is *alive* from
+//! its first sample to its last. The overlap is the share of the slots in which two or more
+//! threads were alive that were concurrent:
+//!
+//! ```text
+//!   slots (2 ms)   |  0  |  1  |  2  |  3  |  4  |  5  |  6  |
+//!   T1 on cpu 0    |  x  |  x  |  x  |     |     |  x  |  x  |
+//!   T2 on cpu 1    |     |  x  |     |  x  |  x  |  x  |     |
+//!   two alive            ├──────────────────────────┤          slots 1..=5: 5
+//!   concurrent           ✓                       ✓            2 → overlap 2/5 = 40%
+//! ```
+//!
+//! Two threads running side by side give about one sample each per slot, so an overlap near
+//! 1 (0.7–0.95 measured here: sample phases jitter); threads that take turns give 0 whatever
+//! CPUs they run on. A sleeping thread gives no samples, so it is alive only between its
+//! first and last sample; threads that never were alive together (or a single thread) give
+//! no overlap at all: there was nothing to contend with.
+
+use hashbrown::HashMap;
+use serde::{Deserialize, Serialize};
+
+/// Below this overlap a run with no finding says it could not observe (see the module doc):
+/// the threads ran together less than half the time they could have.
+pub const LOW_OVERLAP: f64 = 0.5;
+
+/// Fewer slots with two threads alive than this and the program counts as single-threaded
+/// for the overlap (it had no time to contend in).
+const MIN_MULTI_SLOTS: u64 = 10;
+
+/// Slots this far behind the newest sample are settled (samples from the per-CPU rings
+/// arrive out of order by at most a read interval).
+const SETTLE_SLOTS: u64 = 1024;
+
+/// What the report says about concurrency (JSON `concurrency`, laser-detect/REPORT.md).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Concurrency {
+    /// Threads that had timer samples.
+    pub threads: u32,
+    /// Slot width: the timer's sampling period.
+    pub slot_ms: f64,
+    /// Time in which two or more threads were alive (slots × width).
+    pub alive_s: f64,
+    /// Of it, time in which two or more ran at once on different CPUs.
+    pub concurrent_s: f64,
+    /// `concurrent_s / alive_s`; `None` when fewer than 10 slots had two threads alive (a
+    /// single-threaded run: no overlap to speak of).
+    pub overlap: Option<f64>,
+}
+
+impl Concurrency {
+    /// The overlap was too low for a run without findings to mean there is no contention.
+    pub fn low(&self) -> bool {
+        self.overlap.is_some_and(|o| o < LOW_OVERLAP)
+    }
+
+    /// One sentence for the report and the gate's verdict line.
+    pub fn describe(&self) -> String {
+        format!(
+            "the program's threads ran at the same time on different CPUs in {:.0}% of the \
+             {:.2} s in which two or more of its {} threads were alive ({:.0}% or more when \
+             they run side by side), so contention between them had little time to happen",
+            100.0 * self.overlap.unwrap_or(1.0),
+            self.alive_s,
+            self.threads,
+            100.0 * LOW_OVERLAP
+        )
+    }
+}
+
+/// The slot's first sample and whether another thread on another CPU joined it.
+#[derive(Clone, Copy)]
+struct Slot {
+    tid: u32,
+    cpu: u32,
+    concurrent: bool,
+}
+
+/// Accumulates timer samples into the overlap (memory: per thread 16 bytes, plus the slots of
+/// the last ~2 s at the default rate).
+#[derive(Default)]
+pub struct ConcurrencyTracker {
+    period_ns: u64,
+    open: HashMap<u64, Slot>,
+    newest: u64,
+    settled_concurrent: u64,
+    /// Per thread, its first and last sample time.
+    spans: HashMap<u32, (u64, u64)>,
+}
+
+impl ConcurrencyTracker {
+    /// One timer sample: thread `tid` was running on `cpu` for the `period_ns` before `time`.
+    pub fn sample(&mut self, tid: u32, cpu: u32, time: u64, period_ns: u64) {
+        if self.period_ns == 0 {
+            // The first sample's period fixes the slot width (a 10 µs floor guards against
+            // a weight that is not a period).
+            self.period_ns = period_ns.max(10_000);
+        }
+        let span = self.spans.entry(tid).or_insert((time, time));
+        span.0 = span.0.min(time);
+        span.1 = span.1.max(time);
+        let k = time / self.period_ns;
+        if k + SETTLE_SLOTS < self.newest {
+            return; // far too late to place; rare, and only ever undercounts overlap
+        }
+        let slot = self.open.entry(k).or_insert(Slot {
+            tid,
+            cpu,
+            concurrent: false,
+        });
+        if slot.tid != tid && slot.cpu != cpu {
+            slot.concurrent = true;
+        }
+        if k > self.newest {
+            self.newest = k;
+            if self.open.len() as u64 > 2 * SETTLE_SLOTS {
+                self.settle(k.saturating_sub(SETTLE_SLOTS));
+            }
+        }
+    }
+
+    fn settle(&mut self, before: u64) {
+        let mut n = 0;
+        self.open.retain(|&k, s| {
+            let keep = k >= before;
+            if !keep && s.concurrent {
+                n += 1;
+            }
+            keep
+        });
+        self.settled_concurrent += n;
+    }
+
+    /// The overlap so far; `None` when no timer sample came.
+    pub fn summary(&self) -> Option<Concurrency> {
+        if self.period_ns == 0 {
+            return None;
+        }
+        let concurrent =
+            self.settled_concurrent + self.open.values().filter(|s| s.concurrent).count() as u64;
+        let multi = self.multi_slots();
+        let slot_s = self.period_ns as f64 * 1e-9;
+        Some(Concurrency {
+            threads: self.spans.len() as u32,
+            slot_ms: slot_s * 1e3,
+            alive_s: multi as f64 * slot_s,
+            concurrent_s: concurrent as f64 * slot_s,
+            overlap: (multi >= MIN_MULTI_SLOTS)
+                .then(|| (concurrent as f64 / multi as f64).min(1.0)),
+        })
+    }
+
+    /// Slots in which two or more threads' spans overlap (a sweep over span ends).
+    fn multi_slots(&self) -> u64 {
+        let p = self.period_ns;
+        let mut edges: Vec<(u64, i32)> = Vec::with_capacity(2 * self.spans.len());
+        for &(a, b) in self.spans.values() {
+            edges.push((a / p, 1));
+            edges.push((b / p + 1, -1));
+        }
+        // Ends are exclusive (the slot after the last sample): a thread that starts in the
+        // slot after another's last sample was never alive with it.
+        edges.sort_unstable_by_key(|&(k, d)| (k, -d));
+        let (mut alive, mut since, mut total) = (0i32, 0u64, 0u64);
+        for (k, d) in edges {
+            if alive >= 2 {
+                total += k - since;
+            }
+            alive += d;
+            since = k;
+        }
+        total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u64 = 2_000_000; // 2 ms, the default 500 Hz
+
+    /// Samples of `tid` on `cpu` every period from slot `from` to `to` (exclusive), at a
+    /// phase `phase` ns into each slot.
+    fn run(t: &mut ConcurrencyTracker, tid: u32, cpu: u32, from: u64, to: u64, phase: u64) {
+        for k in from..to {
+            t.sample(tid, cpu, k * P + phase, P);
+        }
+    }
+
+    #[test]
+    fn two_threads_side_by_side_overlap_fully() {
+        // T1 ████████  cpu 0
+        // T2 ████████  cpu 1
+        let mut t = ConcurrencyTracker::default();
+        run(&mut t, 1, 0, 0, 500, 100_000);
+        run(&mut t, 2, 1, 0, 500, 1_300_000);
+        let c = t.summary().unwrap();
+        assert_eq!(c.threads, 2);
+        assert_eq!(c.overlap, Some(1.0));
+        assert!((c.alive_s - 1.0).abs() < 1e-9, "{c:?}");
+        assert!(!c.low());
+    }
+
+    #[test]
+    fn threads_taking_turns_do_not_overlap_whatever_cpu() {
+        // T1 ██  ██  ██   (cpu 0)
+        // T2   ██  ██  ██ (cpu 1): alive together throughout, never running together
+        let mut t = ConcurrencyTracker::default();
+        for turn in 0..50 {
+            let (tid, cpu) = if turn % 2 == 0 { (1, 0) } else { (2, 1) };
+            run(&mut t, tid, cpu, turn * 5, turn * 5 + 5, 500_000);
+        }
+        let c = t.summary().unwrap();
+        assert_eq!(c.overlap, Some(0.0));
+        assert!(c.low());
+        assert!(c.describe().contains("in 0% of the"), "{}", c.describe());
+    }
+
+    #[test]
+    fn two_threads_on_one_cpu_are_not_concurrent() {
+        let mut t = ConcurrencyTracker::default();
+        run(&mut t, 1, 0, 0, 100, 100_000);
+        run(&mut t, 2, 0, 0, 100, 1_100_000);
+        assert_eq!(t.summary().unwrap().overlap, Some(0.0));
+    }
+
+    #[test]
+    fn serial_phases_do_not_count_against_the_overlap() {
+        // main ████                    ██   alone: not in the denominator
+        // T1       ████████████████         cpu 0
+        // T2       ████████████████         cpu 1
+        // main sleeps in join (no samples) between: its span covers everything, so the
+        // workers' slots have 2+ alive and both run: overlap 1.
+        let mut t = ConcurrencyTracker::default();
+        run(&mut t, 10, 0, 0, 200, 0);
+        run(&mut t, 1, 0, 200, 700, 100_000);
+        run(&mut t, 2, 1, 200, 700, 900_000);
+        run(&mut t, 10, 1, 700, 750, 0);
+        let c = t.summary().unwrap();
+        assert_eq!(c.overlap, Some(1.0), "{c:?}");
+        assert!((c.alive_s - 1.0).abs() < 0.01, "{c:?}");
+    }
+
+    #[test]
+    fn half_the_time_together_is_half() {
+        let mut t = ConcurrencyTracker::default();
+        run(&mut t, 1, 0, 0, 400, 100_000);
+        // T2 alive over the same span, running together for the first half only.
+        run(&mut t, 2, 1, 0, 200, 700_000);
+        t.sample(2, 1, 399 * P + 700_000, P);
+        let o = t.summary().unwrap().overlap.unwrap();
+        assert!((o - 0.5).abs() < 0.01, "{o}");
+    }
+
+    #[test]
+    fn one_thread_or_threads_never_alive_together_give_no_overlap() {
+        let mut t = ConcurrencyTracker::default();
+        run(&mut t, 1, 0, 0, 300, 0);
+        assert_eq!(t.summary().unwrap().overlap, None);
+        run(&mut t, 2, 1, 300, 600, 0); // starts after T1's last sample
+        let c = t.summary().unwrap();
+        assert_eq!(c.threads, 2);
+        assert_eq!(c.overlap, None, "{c:?}");
+        assert!(!c.low());
+        assert!(ConcurrencyTracker::default().summary().is_none());
+    }
+
+    #[test]
+    fn long_runs_settle_old_slots_without_losing_them() {
+        // 20 s side by side at 500 Hz: far more slots than are kept open.
+        let mut t = ConcurrencyTracker::default();
+        for k in 0..10_000u64 {
+            // The two CPUs' rings are read in turns: T2's samples arrive a little late.
+            t.sample(1, 0, k * P + 10, P);
+            if k >= 5 {
+                t.sample(2, 1, (k - 5) * P + 1_000_000, P);
+            }
+        }
+        run(&mut t, 2, 1, 9_995, 10_000, 1_000_000);
+        assert!(t.open.len() as u64 <= 2 * SETTLE_SLOTS + 1);
+        assert_eq!(t.summary().unwrap().overlap, Some(1.0));
+    }
+}
