@@ -190,8 +190,6 @@ pub struct Watcher {
     /// Online CPUs: how many rings share the hits (launch) and how fast the target can
     /// burn through a cooldown.
     cpus: u32,
-    /// Hits after which a ring wakes the reader (`wakeup_events` of every event).
-    wake: u32,
     /// Launch: each CPU and (a duplicate of) its leader, which that CPU's events write into.
     leaders: Vec<(i32, OwnedFd)>,
     /// Launch: ids of events opened since the session last asked (for its decoder)…
@@ -213,7 +211,6 @@ impl Watcher {
             markers: Vec::new(),
             last_marked_empty: true,
             cpus: crate::sys::online_cpus().map_or(1, |c| c.len().max(1) as u32),
-            wake: 1,
             leaders: Vec::new(),
             opened_ids: Vec::new(),
             closed_ids: Vec::new(),
@@ -266,41 +263,19 @@ impl Watcher {
         key: i64,
         leader: &OwnedFd,
     ) -> Result<Vec<(u64, u8)>, DriverError> {
-        if self.duty.calibrate && !self.calibrated {
-            // Before opening events, so their wake-up threshold matches the real cap. This
-            // runs while a launched target waits for its exec: every trap here delays the
-            // program's start, so it is short (CALIBRATION_TRAPS: ≈ 1–1.5 ms).
-            let measured = measure_hit_cost(CALIBRATION_TRAPS)?;
-            if measured > self.duty.hit_cost {
-                self.duty = self.duty.with_hit_cost(measured);
-            }
-            self.calibrated = true;
-            // The estimator corrects armed time with the cost actually paid per hit (25–35 µs
-            // here, not the floor); recorded so a replay corrects the same way.
-            let hit_ns = u64::try_from(self.duty.hit_cost.as_nanos()).unwrap_or(u64::MAX);
-            self.markers.push(Event::WatchCost {
-                time: now_ns(),
-                hit_ns,
-            });
-        }
-        // Each ring wakes the reader once its share of a window's cap has been written: the
-        // window's hits are spread over `cpus` rings, so the first wake-up comes at about the
-        // cap, when the window must end anyway. Earlier wake-ups (a quarter of the cap, as
-        // before) cost the target a preemption each and decide nothing.
-        let wake = self
-            .duty
-            .max_hits_per_window
-            .div_ceil(self.cpus as u64)
-            .clamp(1, u32::MAX as u64) as u32;
-        self.wake = wake;
         if self.binding == Binding::Launch {
-            // Events are opened per window (`open_window`), on this CPU into this ring.
+            // Events are opened per window (`open_window`), on this CPU into this ring. The
+            // hit cost is measured at the first arm, while the program runs: here its exec
+            // waits (the 40 traps took ≈ 1.5 ms of every `laser run`'s start).
             let dup = leader
                 .try_clone()
                 .map_err(|e| DriverError::io("duplicating a leader descriptor", e))?;
             self.leaders.push((cpu, dup));
             return Ok(Vec::new());
         }
+        // Before opening events, so their wake-up threshold matches the real cap.
+        self.calibrate_once()?;
+        let wake = self.wake_events();
         let mut ids = Vec::new();
         let first_new = self.events.len();
         for slot in 0..MAX_WATCHES as u8 {
@@ -327,6 +302,39 @@ impl Watcher {
         Ok(ids)
     }
 
+    /// Measures the hit cost once (`DutyCycle::calibrate`) and adopts it when above the floor.
+    fn calibrate_once(&mut self) -> Result<(), DriverError> {
+        if !self.duty.calibrate || self.calibrated {
+            return Ok(());
+        }
+        // Short (CALIBRATION_TRAPS: ≈ 1–1.5 ms): an attached target runs meanwhile, and on
+        // laser's first arm so does a launched one, but both share the CPUs with it.
+        let measured = measure_hit_cost(CALIBRATION_TRAPS)?;
+        if measured > self.duty.hit_cost {
+            self.duty = self.duty.with_hit_cost(measured);
+        }
+        self.calibrated = true;
+        // The estimator corrects armed time with the cost actually paid per hit (25–35 µs
+        // here, not the floor); recorded so a replay corrects the same way.
+        let hit_ns = u64::try_from(self.duty.hit_cost.as_nanos()).unwrap_or(u64::MAX);
+        self.markers.push(Event::WatchCost {
+            time: now_ns(),
+            hit_ns,
+        });
+        Ok(())
+    }
+
+    /// Each ring wakes the reader once its share of a window's cap has been written: the
+    /// window's hits are spread over `cpus` rings, so the first wake-up comes at about the
+    /// cap, when the window must end anyway. Earlier wake-ups (a quarter of the cap, as
+    /// before) cost the target a preemption each and decide nothing.
+    fn wake_events(&self) -> u32 {
+        self.duty
+            .max_hits_per_window
+            .div_ceil(self.cpus as u64)
+            .clamp(1, u32::MAX as u64) as u32
+    }
+
     /// Closes the events of a thread that exited (attach).
     pub(crate) fn remove(&mut self, key: i64) {
         self.events.retain(|e| e.key != key);
@@ -344,6 +352,9 @@ impl Watcher {
     pub fn arm(&mut self, specs: &[WatchSpec]) -> Result<(), DriverError> {
         if specs.len() <= MAX_WATCHES && specs == self.specs.as_slice() && !self.state.is_idle() {
             return Ok(());
+        }
+        if self.binding == Binding::Launch && !specs.is_empty() {
+            self.calibrate_once()?;
         }
         // A window opens when the first event is enabled, so its time is taken before any is:
         // an announced window may start a little early, never after a hit it contains.
@@ -455,7 +466,7 @@ impl Watcher {
 
     fn open_slot(&self, tid: i32, leader: usize, slot: usize) -> Result<WatchEvent, DriverError> {
         let (cpu, out) = &self.leaders[leader];
-        let base = attr::watch(Binding::Launch, self.wake);
+        let base = attr::watch(Binding::Launch, self.wake_events());
         let s = self.specs[slot];
         let a = attr::repoint(&base, s.addr, s.len, s.kind, false);
         let what = format!("watchpoint slot {slot} (thread {tid}, cpu {cpu})");
