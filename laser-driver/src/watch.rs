@@ -196,6 +196,8 @@ pub struct Watcher {
     opened_ids: Vec<(u64, u8)>,
     /// …and of events closed since: forgotten once the records written before are read.
     closed_ids: Vec<u64>,
+    /// Launch: the descriptor limit was raised for window events.
+    nofile_raised: bool,
 }
 
 impl Watcher {
@@ -214,6 +216,7 @@ impl Watcher {
             leaders: Vec::new(),
             opened_ids: Vec::new(),
             closed_ids: Vec::new(),
+            nofile_raised: false,
         };
         if let Some(pid) = target {
             w.add_process(pid);
@@ -419,6 +422,12 @@ impl Watcher {
     /// Launch: opens the armed set on every thread of every process of the target, until a
     /// listing of their threads finds none without events (see the module doc).
     fn open_window(&mut self) -> Result<(), DriverError> {
+        if !self.nofile_raised {
+            // A window holds armed slots × CPUs descriptors per thread: 8 per thread here,
+            // so a program of a few hundred threads passes a 1,024-descriptor soft limit.
+            raise_nofile_limit();
+            self.nofile_raised = true;
+        }
         let mut seen = std::collections::BTreeSet::new();
         for round in 0..64 {
             let tids: Vec<i32> = self
@@ -442,9 +451,15 @@ impl Watcher {
                 };
                 match r {
                     Ok(()) => {}
-                    // Exited since it was listed: nothing to watch.
+                    // ESRCH: exited since it was listed, nothing to watch. ENOSPC: its debug
+                    // registers are taken (a debugger's breakpoints). EMFILE/ENFILE: out of
+                    // descriptors. This thread goes unwatched this window; the window and
+                    // the program go on.
                     Err(DriverError::Open { source, .. })
-                        if source.raw_os_error() == Some(libc::ESRCH) => {}
+                        if matches!(
+                            source.raw_os_error(),
+                            Some(libc::ESRCH | libc::ENOSPC | libc::EMFILE | libc::ENFILE)
+                        ) => {}
                     Err(e) => return Err(e),
                 }
             }
@@ -660,6 +675,22 @@ impl Watcher {
 /// The sample clock (`Event::time`: CLOCK_MONOTONIC, see `attr::base`) now.
 fn now_ns() -> u64 {
     crate::session::clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// Raises laser's soft limit on open descriptors to the hard limit (what `perf` does too).
+/// Only laser's own: the program was started before and keeps its limits.
+fn raise_nofile_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write one rlimit struct, a live local.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
 }
 
 fn is_enospc(e: &DriverError) -> bool {
