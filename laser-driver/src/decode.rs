@@ -57,6 +57,11 @@ impl Decoder {
         self.sources.insert(id, source);
     }
 
+    /// Forgets a closed event's id (its records have all been decoded).
+    pub fn remove_source(&mut self, id: u64) {
+        self.sources.remove(&id);
+    }
+
     /// A precise memory event's id, with the `sample_type` its samples are written with.
     pub fn add_precise(&mut self, id: u64, backend: BackendKind, sample_type: u64) {
         self.sources.insert(id, Source::Precise(backend));

@@ -510,6 +510,16 @@ impl Session {
     }
 
     fn drain_all(&mut self, sink: &mut dyn FnMut(Event)) -> Result<(), DriverError> {
+        // Launch: watch events come and go with windows. Ids of events opened since the last
+        // drain are known before their records are read; those of events closed since are
+        // forgotten after this drain, which reads everything written before the close.
+        let mut closed = Vec::new();
+        if let Some(w) = &mut self.watcher {
+            for (id, slot) in w.take_opened_ids() {
+                self.decoder.add_source(id, Source::Watch(slot));
+            }
+            closed = w.take_closed_ids();
+        }
         let Session {
             leaders,
             decoder,
@@ -526,6 +536,7 @@ impl Session {
                 *ring_errors += 1;
             }
         }
+        closed.iter().for_each(|&id| decoder.remove_source(id));
         // Watch markers queued since the last drain (arm/disarm between polls, duty-cycle
         // transitions at the last tick) are later than everything drained before and are
         // sorted in with the records that arrived since.

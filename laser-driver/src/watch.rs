@@ -1,15 +1,37 @@
 //! Hardware data watchpoints on chosen addresses in every thread of the target.
 //!
-//! x86 has 4 debug registers per thread, so laser opens [`MAX_WATCHES`] breakpoint events per
-//! CPU (launch: `inherit`, so every thread the program creates gets child events) or per
-//! thread (attach), all parked at an unmapped address and disabled. [`Watcher::arm`]
-//! re-points them with `PERF_EVENT_IOC_MODIFY_ATTRIBUTES` — the kernel applies it to every
-//! inherited child too (`perf_event_modify_attr` walks `child_list`). The integration tests
-//! check it both ways: armed before the threads exist (`watchpoints_hit_in_both_threads_…`)
-//! and re-pointed after (`watchpoints_rearm_and_disarm_while_running`); each asserts hits
-//! from both worker threads, which only inherited child events can produce.
+//! x86 has 4 debug registers per thread, so a window points up to [`MAX_WATCHES`] breakpoint
+//! events at the chosen words. Hits are rate-limited by the duty cycle in [`crate::duty`].
 //!
-//! Hits are rate-limited by the duty cycle in [`crate::duty`].
+//! **Attach** (per thread, no `inherit`): every thread gets its events when it is found, all
+//! parked at an unmapped address and disabled; [`Watcher::arm`] re-points them with
+//! `PERF_EVENT_IOC_MODIFY_ATTRIBUTES`.
+//!
+//! **Launch** (per CPU, `inherit`): events exist only while a window counts. An inherited
+//! event is copied into every thread the program creates while it is open, and each copy of a
+//! breakpoint costs the clone and the exit ≈ 20 µs here (a loop creating 4,000 threads ran
+//! +30% with 4 parked breakpoints per CPU open all run long, as it does under `perf stat` with
+//! 4 inherited breakpoints). So a window opens, for every thread of the target then alive,
+//! `inherit` events on each CPU (writing into that CPU's leader ring), and closes them when it
+//! ends: a thread created while the window counts inherits its creator's events, one created
+//! between windows costs nothing, and the next window opens events on it.
+//!
+//! ```text
+//!  window     ├──── counting ────┤   cooling / idle   ├── counting ──┤
+//!  thread A   ████ own events ████                    ███ own ███████
+//!  thread B        (created) ████ inherited from A ███ ███ own ███████
+//!  thread C                            (created: nothing to copy)  ███ own
+//! ```
+//!
+//! Opening races with thread creation: a thread created after the listing of
+//! `/proc/PID/task` by a thread whose events were not open yet has none. The list is read
+//! again until it has nothing new; a thread found that way may instead have been created by a
+//! thread whose events were already open and so carry inherited ones. The kernel gives a
+//! thread at most 4 breakpoints per CPU, so laser opens its own plus parked fillers up to 4:
+//! `ENOSPC` says the thread already has events, and only laser's extra ones are closed
+//! ([`probe_uncovered`]). The integration tests check both shapes: armed before the threads
+//! exist (`watchpoints_hit_in_both_threads_…`, inherited) and re-pointed after
+//! (`watchpoints_rearm_and_disarm_while_running`).
 
 use std::cell::Cell;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -139,10 +161,13 @@ impl TargetProcess {
 }
 
 struct WatchEvent {
+    /// Attach: the thread's leader key; launch: the thread the event was opened on.
     key: i64,
     slot: u8,
     fd: OwnedFd,
+    /// As opened: `MODIFY_ATTRIBUTES` wants every other field unchanged ([`attr::repoint`]).
     attr: perf_event_attr,
+    id: u64,
 }
 
 /// The watchpoints of one session. Obtained from `Session::watch_mut`.
@@ -167,6 +192,14 @@ pub struct Watcher {
     /// Online CPUs: how many rings share the hits (launch) and how fast the target can
     /// burn through a cooldown.
     cpus: u32,
+    /// Launch: each CPU and (a duplicate of) its leader, which that CPU's events write into.
+    leaders: Vec<(i32, OwnedFd)>,
+    /// Launch: ids of events opened since the session last asked (for its decoder)…
+    opened_ids: Vec<(u64, u8)>,
+    /// …and of events closed since: forgotten once the records written before are read.
+    closed_ids: Vec<u64>,
+    /// Launch: the descriptor limit was raised for window events.
+    nofile_raised: bool,
 }
 
 impl Watcher {
@@ -183,6 +216,10 @@ impl Watcher {
             last_marked_empty: true,
             front: false,
             cpus: crate::sys::online_cpus().map_or(1, |c| c.len().max(1) as u32),
+            leaders: Vec::new(),
+            opened_ids: Vec::new(),
+            closed_ids: Vec::new(),
+            nofile_raised: false,
         };
         if let Some(pid) = target {
             w.add_process(pid);
@@ -232,32 +269,19 @@ impl Watcher {
         key: i64,
         leader: &OwnedFd,
     ) -> Result<Vec<(u64, u8)>, DriverError> {
-        if self.duty.calibrate && !self.calibrated {
-            // Before opening events, so their wake-up threshold matches the real cap. This
-            // runs while a launched target waits for its exec: every trap here delays the
-            // program's start, so it is short (CALIBRATION_TRAPS: ≈ 1–1.5 ms).
-            let measured = measure_hit_cost(CALIBRATION_TRAPS)?;
-            if measured > self.duty.hit_cost {
-                self.duty = self.duty.with_hit_cost(measured);
-            }
-            self.calibrated = true;
-            // The estimator corrects armed time with the cost actually paid per hit (25–35 µs
-            // here, not the floor); recorded so a replay corrects the same way.
-            let hit_ns = u64::try_from(self.duty.hit_cost.as_nanos()).unwrap_or(u64::MAX);
-            self.markers.push(Event::WatchCost {
-                time: now_ns(),
-                hit_ns,
-            });
+        if self.binding == Binding::Launch {
+            // Events are opened per window (`open_window`), on this CPU into this ring. The
+            // hit cost is measured at the first arm, while the program runs: here its exec
+            // waits (the 40 traps took ≈ 1.5 ms of every `laser run`'s start).
+            let dup = leader
+                .try_clone()
+                .map_err(|e| DriverError::io("duplicating a leader descriptor", e))?;
+            self.leaders.push((cpu, dup));
+            return Ok(Vec::new());
         }
-        // Each ring wakes the reader once its share of a window's cap has been written: the
-        // window's hits are spread over `cpus` rings, so the first wake-up comes at about the
-        // cap, when the window must end anyway. Earlier wake-ups (a quarter of the cap, as
-        // before) cost the target a preemption each and decide nothing.
-        let wake = self
-            .duty
-            .max_hits_per_window
-            .div_ceil(self.cpus as u64)
-            .clamp(1, u32::MAX as u64) as u32;
+        // Before opening events, so their wake-up threshold matches the real cap.
+        self.calibrate_once()?;
+        let wake = self.wake_events();
         let mut ids = Vec::new();
         let first_new = self.events.len();
         for slot in 0..MAX_WATCHES as u8 {
@@ -265,12 +289,14 @@ impl Watcher {
             let what = format!("watchpoint slot {slot} (pid {pid}, cpu {cpu})");
             let fd = sys::open(&a, pid, cpu, &what)?;
             sys::set_output(&fd, leader.as_raw_fd())?;
-            ids.push((sys::event_id(&fd)?, slot));
+            let id = sys::event_id(&fd)?;
+            ids.push((id, slot));
             self.events.push(WatchEvent {
                 key,
                 slot,
                 fd,
                 attr: a,
+                id,
             });
         }
         let enabled = self.state.is_armed();
@@ -280,6 +306,39 @@ impl Watcher {
             }
         }
         Ok(ids)
+    }
+
+    /// Measures the hit cost once (`DutyCycle::calibrate`) and adopts it when above the floor.
+    fn calibrate_once(&mut self) -> Result<(), DriverError> {
+        if !self.duty.calibrate || self.calibrated {
+            return Ok(());
+        }
+        // Short (CALIBRATION_TRAPS: ≈ 1–1.5 ms): an attached target runs meanwhile, and on
+        // laser's first arm so does a launched one, but both share the CPUs with it.
+        let measured = measure_hit_cost(CALIBRATION_TRAPS)?;
+        if measured > self.duty.hit_cost {
+            self.duty = self.duty.with_hit_cost(measured);
+        }
+        self.calibrated = true;
+        // The estimator corrects armed time with the cost actually paid per hit (25–35 µs
+        // here, not the floor); recorded so a replay corrects the same way.
+        let hit_ns = u64::try_from(self.duty.hit_cost.as_nanos()).unwrap_or(u64::MAX);
+        self.markers.push(Event::WatchCost {
+            time: now_ns(),
+            hit_ns,
+        });
+        Ok(())
+    }
+
+    /// Each ring wakes the reader once its share of a window's cap has been written: the
+    /// window's hits are spread over `cpus` rings, so the first wake-up comes at about the
+    /// cap, when the window must end anyway. Earlier wake-ups (a quarter of the cap, as
+    /// before) cost the target a preemption each and decide nothing.
+    fn wake_events(&self) -> u32 {
+        self.duty
+            .max_hits_per_window
+            .div_ceil(self.cpus as u64)
+            .clamp(1, u32::MAX as u64) as u32
     }
 
     /// Closes the events of a thread that exited (attach).
@@ -316,6 +375,9 @@ impl Watcher {
             return Ok(());
         }
         self.front = front;
+        if self.binding == Binding::Launch && !specs.is_empty() {
+            self.calibrate_once()?;
+        }
         // A window opens when the first event is enabled, so its time is taken before any is:
         // an announced window may start a little early, never after a hit it contains.
         let t = now_ns();
@@ -341,6 +403,9 @@ impl Watcher {
         } else if self.state.is_idle() {
             self.state.start(now, cpu);
         }
+        if self.binding == Binding::Launch {
+            return self.sync_window();
+        }
         let counting = self.state.is_armed();
         for ev in &self.events {
             apply_one(ev, &self.specs, counting)?;
@@ -348,12 +413,158 @@ impl Watcher {
         Ok(())
     }
 
+    /// Launch: events on every thread, pointed at the armed set, while a window counts; none
+    /// otherwise. A re-arm of the same number of slots re-points the open events (the kernel
+    /// applies it to their inherited copies too).
+    fn sync_window(&mut self) -> Result<(), DriverError> {
+        if !self.state.is_armed() || self.specs.is_empty() {
+            self.close_window();
+            return Ok(());
+        }
+        let open_slots = self.events.iter().map(|e| e.slot as usize + 1).max();
+        if open_slots == Some(self.specs.len()) {
+            return self
+                .events
+                .iter()
+                .try_for_each(|ev| apply_one(ev, &self.specs, true));
+        }
+        self.close_window();
+        self.open_window()
+    }
+
+    /// Launch: closes every event of the window (and with them their inherited copies).
+    fn close_window(&mut self) {
+        self.closed_ids.extend(self.events.iter().map(|e| e.id));
+        self.events.clear();
+    }
+
+    /// Launch: opens the armed set on every thread of every process of the target, until a
+    /// listing of their threads finds none without events (see the module doc).
+    fn open_window(&mut self) -> Result<(), DriverError> {
+        if !self.nofile_raised {
+            // A window holds armed slots × CPUs descriptors per thread: 8 per thread here,
+            // so a program of a few hundred threads passes a 1,024-descriptor soft limit.
+            raise_nofile_limit();
+            self.nofile_raised = true;
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for round in 0..64 {
+            let tids: Vec<i32> = self
+                .procs
+                .iter()
+                .filter(|p| p.live)
+                .filter_map(|p| crate::threads::list_tids(p.pid).ok())
+                .flatten()
+                .filter(|t| !seen.contains(t))
+                .collect();
+            if tids.is_empty() {
+                break;
+            }
+            for tid in tids {
+                seen.insert(tid);
+                // Listed before this window had any event: it cannot have inherited one.
+                let r = if round == 0 {
+                    self.open_thread(tid, 0)
+                } else {
+                    self.open_unless_inherited(tid)
+                };
+                match r {
+                    Ok(()) => {}
+                    // ESRCH: exited since it was listed, nothing to watch. ENOSPC: its debug
+                    // registers are taken (a debugger's breakpoints). EMFILE/ENFILE: out of
+                    // descriptors. This thread goes unwatched this window; the window and
+                    // the program go on.
+                    Err(DriverError::Open { source, .. })
+                        if matches!(
+                            source.raw_os_error(),
+                            Some(libc::ESRCH | libc::ENOSPC | libc::EMFILE | libc::ENFILE)
+                        ) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens the armed set on thread `tid` for the leaders from index `from` on.
+    fn open_thread(&mut self, tid: i32, from: usize) -> Result<(), DriverError> {
+        for i in from..self.leaders.len() {
+            for slot in 0..self.specs.len() {
+                let ev = self.open_slot(tid, i, slot)?;
+                self.opened_ids.push((ev.id, ev.slot));
+                self.events.push(ev);
+            }
+        }
+        Ok(())
+    }
+
+    fn open_slot(&self, tid: i32, leader: usize, slot: usize) -> Result<WatchEvent, DriverError> {
+        let (cpu, out) = &self.leaders[leader];
+        let base = attr::watch(Binding::Launch, self.wake_events());
+        let s = self.specs[slot];
+        let a = attr::repoint(&base, s.addr, s.len, s.kind, false);
+        let what = format!("watchpoint slot {slot} (thread {tid}, cpu {cpu})");
+        let fd = sys::open(&a, tid, *cpu, &what)?;
+        sys::set_output(&fd, out.as_raw_fd())?;
+        Ok(WatchEvent {
+            key: tid as i64,
+            slot: slot as u8,
+            id: sys::event_id(&fd)?,
+            fd,
+            attr: base,
+        })
+    }
+
+    /// Opens the armed set on a thread found after the window's first listing, unless it
+    /// inherited its creator's events: laser's on the first CPU plus parked fillers up to the
+    /// 4 breakpoints the kernel allows a thread per CPU fit only if it has none.
+    fn open_unless_inherited(&mut self, tid: i32) -> Result<(), DriverError> {
+        if self.leaders.is_empty() {
+            return Ok(());
+        }
+        let mut mine = Vec::new();
+        for slot in 0..self.specs.len() {
+            match self.open_slot(tid, 0, slot) {
+                Ok(ev) => mine.push(ev),
+                Err(e) if is_enospc(&e) => return Ok(()), // inherited; `mine` closes
+                Err(e) => return Err(e),
+            }
+        }
+        let cpu = self.leaders[0].0;
+        match probe_uncovered(tid, cpu, MAX_WATCHES - mine.len()) {
+            Ok(true) => {}
+            Ok(false) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        for ev in mine {
+            self.opened_ids.push((ev.id, ev.slot));
+            self.events.push(ev);
+        }
+        self.open_thread(tid, 1)
+    }
+
+    /// Launch: (id, slot) of the events opened since the last call, for the decoder.
+    pub(crate) fn take_opened_ids(&mut self) -> Vec<(u64, u8)> {
+        std::mem::take(&mut self.opened_ids)
+    }
+
+    /// Launch: ids of the events closed since the last call. Their records are all in the
+    /// rings already: forget them after the next drain.
+    pub(crate) fn take_closed_ids(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.closed_ids)
+    }
+
     /// Disables every watchpoint and forgets the armed set.
     pub fn disarm(&mut self) -> Result<(), DriverError> {
         self.state.stop(Instant::now(), self.target_cpu());
         self.specs.clear();
         self.front = false;
-        let r = self.events.iter().try_for_each(|ev| sys::disable(&ev.fd));
+        let r = if self.binding == Binding::Launch {
+            self.close_window();
+            Ok(())
+        } else {
+            self.events.iter().try_for_each(|ev| sys::disable(&ev.fd))
+        };
         // Closing times are taken after the last event is disabled, for the same reason.
         self.mark(false, now_ns());
         r
@@ -420,6 +631,9 @@ impl Watcher {
     /// The target exited: close the books on the current window or cooldown.
     pub(crate) fn finish(&mut self, now: Instant) {
         self.state.stop(now, self.target_cpu());
+        if self.binding == Binding::Launch {
+            self.close_window();
+        }
         self.mark(false, now_ns());
     }
 
@@ -444,17 +658,25 @@ impl Watcher {
             Action::Nothing => Ok(()),
             Action::Enable => {
                 let t = now_ns();
-                let r = self.enable_all();
+                let r = if self.binding == Binding::Launch {
+                    self.sync_window()
+                } else {
+                    self.enable_all()
+                };
                 self.mark(true, t);
                 r
             }
             Action::Disable => {
                 // Unused slots were disabled when the set was armed (`apply_one`).
-                let r = self
-                    .events
-                    .iter()
-                    .filter(|e| (e.slot as usize) < self.specs.len())
-                    .try_for_each(|ev| sys::disable(&ev.fd));
+                let r = if self.binding == Binding::Launch {
+                    self.close_window();
+                    Ok(())
+                } else {
+                    self.events
+                        .iter()
+                        .filter(|e| (e.slot as usize) < self.specs.len())
+                        .try_for_each(|ev| sys::disable(&ev.fd))
+                };
                 self.mark(false, now_ns());
                 r
             }
@@ -476,6 +698,45 @@ impl Watcher {
 /// The sample clock (`Event::time`: CLOCK_MONOTONIC, see `attr::base`) now.
 fn now_ns() -> u64 {
     crate::session::clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// Raises laser's soft limit on open descriptors to the hard limit (what `perf` does too).
+/// Only laser's own: the program was started before and keeps its limits.
+fn raise_nofile_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write one rlimit struct, a live local.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+fn is_enospc(e: &DriverError) -> bool {
+    matches!(e, DriverError::Open { source, .. } if source.raw_os_error() == Some(libc::ENOSPC))
+}
+
+/// Whether thread `tid` can take `n` more breakpoints on `cpu`: parked, disabled fillers
+/// (never inherited) are opened and closed again. The kernel reserves a debug register for
+/// every breakpoint event of a thread, enabled or not, and refuses the fifth per CPU with
+/// `ENOSPC`; so after laser's own `MAX_WATCHES - n`, `false` means the thread carries
+/// breakpoints already (inherited from a thread whose window events were open when it was
+/// created, or a debugger's).
+fn probe_uncovered(tid: i32, cpu: i32, n: usize) -> Result<bool, DriverError> {
+    let filler = attr::watch(Binding::Attach, 1);
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        match sys::open(&filler, tid, cpu, "watchpoint slot probe") {
+            Ok(fd) => held.push(fd),
+            Err(e) if is_enospc(&e) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
 }
 
 /// Re-points one event at its slot's spec (enabled or not), or disables an unused slot.
@@ -580,6 +841,39 @@ mod tests {
         );
         w.retire_process(pid);
         assert!(w.target_cpu() >= seen);
+    }
+
+    /// The race check of a launch window: a thread created after a breakpoint was opened
+    /// with `inherit` on its creator carries a copy (fewer slots fit), one created before
+    /// does not — whether the breakpoint is enabled or not.
+    #[test]
+    fn probe_tells_inherited_breakpoints_from_none() {
+        use std::sync::mpsc;
+        let spawn = || {
+            let (tid_tx, tid_rx) = mpsc::channel();
+            let (go_tx, go_rx) = mpsc::channel::<()>();
+            let h = std::thread::spawn(move || {
+                // SAFETY: gettid has no preconditions.
+                tid_tx.send(unsafe { libc::gettid() }).unwrap();
+                let _ = go_rx.recv();
+            });
+            (tid_rx.recv().unwrap(), go_tx, h)
+        };
+        let cpu = sys::online_cpus().unwrap()[0] as i32;
+        let (before, go1, h1) = spawn();
+        // SAFETY: gettid has no preconditions.
+        let me = unsafe { libc::gettid() };
+        let parked = attr::watch(Binding::Launch, 1);
+        let fd = sys::open(&parked, me, cpu, "inherited breakpoint").unwrap();
+        let (after, go2, h2) = spawn();
+        assert!(probe_uncovered(before, cpu, MAX_WATCHES).unwrap());
+        assert!(!probe_uncovered(after, cpu, MAX_WATCHES).unwrap());
+        assert!(probe_uncovered(after, cpu, MAX_WATCHES - 1).unwrap());
+        drop(fd);
+        for (go, h) in [(go1, h1), (go2, h2)] {
+            drop(go);
+            h.join().unwrap();
+        }
     }
 
     fn spec(addr: u64) -> WatchSpec {
