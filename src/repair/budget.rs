@@ -212,13 +212,7 @@ pub fn age_from(stat: &str, uptime: &str, hz: u64) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn w(iterations: u64, ms: u64) -> Window {
-        Window {
-            iterations,
-            elapsed: Duration::from_millis(ms),
-        }
-    }
+    use crate::repair::trial::test_window as w;
 
     #[test]
     fn age_reads_starttime_after_the_command() {

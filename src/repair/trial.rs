@@ -314,16 +314,20 @@ pub fn kill(mem: &ProcMem, data_base: u64) -> Result<(), TraceeError> {
     mem.write_verified(data_base + KILL_OFF, &1u64.to_le_bytes())
 }
 
+/// A window of `iterations` in `ms` milliseconds (the tests of the trial and its budget).
+#[cfg(test)]
+pub(crate) fn test_window(iterations: u64, ms: u64) -> Window {
+    Window {
+        iterations,
+        elapsed: Duration::from_millis(ms),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn w(iterations: u64, ms: u64) -> Window {
-        Window {
-            iterations,
-            elapsed: Duration::from_millis(ms),
-        }
-    }
+    use super::test_window as w;
 
     #[test]
     fn decide_keeps_only_a_repair_faster_by_the_margin() {
