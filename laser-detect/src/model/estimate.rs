@@ -387,18 +387,13 @@ impl Estimator {
         let mut cands: Vec<(u32, u64, bool)> = l.code_words.clone();
         cands.sort_by_key(|w| (!w.2, w.1));
         let mut tids: Vec<u32> = cands.iter().map(|w| w.0).collect();
-        tids.dedup();
         tids.sort_unstable();
         tids.dedup();
         let mut words: Vec<u64> = Vec::new();
         let mut round = 0;
         while words.len() < FRONT_WORDS && round < FRONT_WORDS {
             for &t in &tids {
-                if let Some(w) = cands
-                    .iter()
-                    .filter(|w| w.0 == t && !words.contains(&w.1))
-                    .nth(0)
-                {
+                if let Some(w) = cands.iter().find(|w| w.0 == t && !words.contains(&w.1)) {
                     if words.len() < FRONT_WORDS {
                         words.push(w.1);
                     }
