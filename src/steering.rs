@@ -215,9 +215,7 @@ impl Steering {
             watcher
                 .arm_front(&specs)
                 .with_context(|| format!("arming a front window on line {:#x}", front.line_addr))?;
-            self.turn = Some((Turn::Front, now));
-            self.counted = Duration::ZERO;
-            self.hits_at_start = hits;
+            self.begin_turn(Turn::Front, now, hits);
             return Ok(());
         }
         let over = match self.turn {
@@ -326,10 +324,15 @@ impl Steering {
         watcher
             .arm(&specs)
             .with_context(|| format!("arming watchpoints on line {:#x}", c.line_addr))?;
+        self.begin_turn(turn, now, hits);
+        Ok(())
+    }
+
+    /// `turn` holds the watchpoints from `now`; its time and hits count from here.
+    fn begin_turn(&mut self, turn: Turn, now: Instant, hits: u64) {
         self.turn = Some((turn, now));
         self.counted = Duration::ZERO;
         self.hits_at_start = hits;
-        Ok(())
     }
 
     /// A code turn: instruction breakpoints on `pcs`.
@@ -353,9 +356,7 @@ impl Steering {
             .with_context(|| format!("arming code watchpoints on {pcs:#x?}"))?;
         self.counting = watcher.is_counting();
         self.idle = false;
-        self.turn = Some((Turn::Code, now));
-        self.counted = Duration::ZERO;
-        self.hits_at_start = hits;
+        self.begin_turn(Turn::Code, now, hits);
         Ok(())
     }
 

@@ -65,18 +65,13 @@ pub fn migratory(findings: &[LineFinding], threshold: f64) -> Vec<(LineFinding, 
     let mut out: Vec<(LineFinding, Extent)> = groups_by_shared_pcs(&eligible)
         .into_iter()
         .map(|mut g| {
-            let rest = |g: &[&LineFinding]| {
-                g.iter()
-                    .filter(|f| !f.front)
-                    .map(|f| f.rate_per_s)
-                    .sum::<f64>()
-            };
             let top = g
                 .iter()
                 .filter(|f| !f.front)
                 .map(|f| f.rate_per_s)
                 .fold(0.0, f64::max);
-            if top >= threshold && top > DOMINANT * rest(&g) && !g.iter().any(|f| f.front) {
+            if top >= threshold && top > DOMINANT * non_front_sum(&g) && !g.iter().any(|f| f.front)
+            {
                 g.retain(|f| f.rate_per_s < threshold);
             }
             g
@@ -123,10 +118,15 @@ fn groups_by_shared_pcs<'a>(lines: &[&'a LineFinding]) -> Vec<Vec<&'a LineFindin
     v.into_iter().map(|g| g.1).collect()
 }
 
+/// The rates of a group's lines that are not fronts, summed.
+fn non_front_sum(g: &[&LineFinding]) -> f64 {
+    g.iter().filter(|f| !f.front).map(|f| f.rate_per_s).sum()
+}
+
 /// A group's rate (see [`migratory`]): the larger of its non-front lines' sum and its front
 /// lines' mean.
 fn group_rate(g: &[&LineFinding]) -> f64 {
-    let sum: f64 = g.iter().filter(|f| !f.front).map(|f| f.rate_per_s).sum();
+    let sum = non_front_sum(g);
     let fronts: Vec<f64> = g.iter().filter(|f| f.front).map(|f| f.rate_per_s).collect();
     let mean = if fronts.is_empty() {
         0.0
