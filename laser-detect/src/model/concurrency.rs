@@ -78,21 +78,51 @@ impl Concurrency {
 /// The slot's first sample and whether another thread on another CPU joined it.
 #[derive(Clone, Copy)]
 struct Slot {
+    /// Slot number (time / period); `u64::MAX`: empty.
+    k: u64,
     tid: u32,
     cpu: u32,
     concurrent: bool,
 }
 
+const EMPTY: Slot = Slot {
+    k: u64::MAX,
+    tid: 0,
+    cpu: 0,
+    concurrent: false,
+};
+
+/// Open slots: a direct-mapped ring twice the settle distance, so a slot is only ever
+/// replaced by one at least [`RING`] newer, which is settled by then (this runs on every timer
+/// sample; two hash-map operations per sample were a sixth of the detector's replay time).
+const RING: usize = 2 * SETTLE_SLOTS as usize;
+
 /// Accumulates timer samples into the overlap (memory: per thread 16 bytes, plus the slots of
-/// the last ~2 s at the default rate).
-#[derive(Default)]
+/// the last ~4 s at the default rate).
 pub struct ConcurrencyTracker {
     period_ns: u64,
-    open: HashMap<u64, Slot>,
+    ring: Vec<Slot>,
     newest: u64,
     settled_concurrent: u64,
-    /// Per thread, its first and last sample time.
-    spans: HashMap<u32, (u64, u64)>,
+    /// Per thread, its first and last sample time; `span_of` indexes it.
+    spans: Vec<(u32, u64, u64)>,
+    span_of: HashMap<u32, usize>,
+    /// The index in `spans` of the last sample's thread (samples come in runs per thread).
+    last: usize,
+}
+
+impl Default for ConcurrencyTracker {
+    fn default() -> Self {
+        ConcurrencyTracker {
+            period_ns: 0,
+            ring: vec![EMPTY; RING],
+            newest: 0,
+            settled_concurrent: 0,
+            spans: Vec::new(),
+            span_of: HashMap::new(),
+            last: 0,
+        }
+    }
 }
 
 impl ConcurrencyTracker {
@@ -103,39 +133,51 @@ impl ConcurrencyTracker {
             // a weight that is not a period).
             self.period_ns = period_ns.max(10_000);
         }
-        let span = self.spans.entry(tid).or_insert((time, time));
-        span.0 = span.0.min(time);
-        span.1 = span.1.max(time);
+        self.note_span(tid, time);
         let k = time / self.period_ns;
         if k + SETTLE_SLOTS < self.newest {
             return; // far too late to place; rare, and only ever undercounts overlap
         }
-        let slot = self.open.entry(k).or_insert(Slot {
-            tid,
-            cpu,
-            concurrent: false,
-        });
-        if slot.tid != tid && slot.cpu != cpu {
-            slot.concurrent = true;
-        }
-        if k > self.newest {
-            self.newest = k;
-            if self.open.len() as u64 > 2 * SETTLE_SLOTS {
-                self.settle(k.saturating_sub(SETTLE_SLOTS));
+        self.newest = self.newest.max(k);
+        let slot = &mut self.ring[(k % RING as u64) as usize];
+        if slot.k != k {
+            // Only an older slot can sit here (a newer one would be at least RING ahead of
+            // `k`, which was refused above): it is settled.
+            if slot.k != u64::MAX && slot.concurrent {
+                self.settled_concurrent += 1;
             }
+            *slot = Slot {
+                k,
+                tid,
+                cpu,
+                concurrent: false,
+            };
+        } else if slot.tid != tid && slot.cpu != cpu {
+            slot.concurrent = true;
         }
     }
 
-    fn settle(&mut self, before: u64) {
-        let mut n = 0;
-        self.open.retain(|&k, s| {
-            let keep = k >= before;
-            if !keep && s.concurrent {
-                n += 1;
+    fn note_span(&mut self, tid: u32, time: u64) {
+        let i = match self.spans.get(self.last) {
+            Some(s) if s.0 == tid => self.last,
+            // Most programs have a few threads: a short scan is cheaper than hashing.
+            _ if let Some(i) = self.spans.iter().take(8).position(|s| s.0 == tid) => {
+                self.last = i;
+                i
             }
-            keep
-        });
-        self.settled_concurrent += n;
+            _ => {
+                let n = self.spans.len();
+                let i = *self.span_of.entry(tid).or_insert(n);
+                if i == n {
+                    self.spans.push((tid, time, time));
+                }
+                self.last = i;
+                i
+            }
+        };
+        let s = &mut self.spans[i];
+        s.1 = s.1.min(time);
+        s.2 = s.2.max(time);
     }
 
     /// The overlap so far; `None` when no timer sample came.
@@ -143,8 +185,8 @@ impl ConcurrencyTracker {
         if self.period_ns == 0 {
             return None;
         }
-        let concurrent =
-            self.settled_concurrent + self.open.values().filter(|s| s.concurrent).count() as u64;
+        let open = self.ring.iter().filter(|s| s.k != u64::MAX && s.concurrent);
+        let concurrent = self.settled_concurrent + open.count() as u64;
         let multi = self.multi_slots();
         let slot_s = self.period_ns as f64 * 1e-9;
         Some(Concurrency {
@@ -161,7 +203,7 @@ impl ConcurrencyTracker {
     fn multi_slots(&self) -> u64 {
         let p = self.period_ns;
         let mut edges: Vec<(u64, i32)> = Vec::with_capacity(2 * self.spans.len());
-        for &(a, b) in self.spans.values() {
+        for &(_, a, b) in &self.spans {
             edges.push((a / p, 1));
             edges.push((b / p + 1, -1));
         }
@@ -284,7 +326,7 @@ mod tests {
             }
         }
         run(&mut t, 2, 1, 9_995, 10_000, 1_000_000);
-        assert!(t.open.len() as u64 <= 2 * SETTLE_SLOTS + 1);
+        assert_eq!(t.ring.len(), RING);
         assert_eq!(t.summary().unwrap().overlap, Some(1.0));
     }
 }
