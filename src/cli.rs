@@ -74,7 +74,8 @@ EXPR compares metrics with > >= < <= == != and joins them with && || ! ( ): e.g.
 expression with finding.* trips when any finding satisfies it. Text compares as a glob (a \
 pattern without / matches file names alone). Each gate prints one verdict line on stderr; \
 one whose rate's 95% interval straddles its threshold says UNSTABLE, and one that passed on \
-a run whose threads barely ran at the same time (overlap < 0.5) says COULD NOT OBSERVE (and \
+a run whose threads barely ran at the same time (overlap < 0.5, or under 0.2 s in all) says \
+COULD NOT OBSERVE (and \
 still exits 0). A malformed EXPR is a \
 usage error (exit 2) naming the column. The program's own non-zero status wins over 3.";
 

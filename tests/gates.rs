@@ -444,3 +444,20 @@ fn a_pass_on_a_run_whose_threads_barely_overlapped_says_it_could_not_observe() {
     assert!(!text.contains("COULD NOT OBSERVE"), "{text}");
     golden("blind.txt", &all);
 }
+
+#[test]
+fn a_pass_on_a_run_too_short_to_look_says_it_could_not_observe() {
+    // Threads side by side (overlap 0.9) but for 0.06 s only: no line could be looked at.
+    let report = fixture("gates/short.report.json");
+    let (code, text) = run(&[
+        "report",
+        "-q",
+        report.to_str().unwrap(),
+        "--fail-on",
+        "findings > 0",
+    ]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("COULD NOT OBSERVE"), "{text}");
+    assert!(text.contains("for only 0.06 s"), "{text}");
+    assert!(text.contains("less than the 0.2 s"), "{text}");
+}

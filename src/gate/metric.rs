@@ -43,7 +43,7 @@ metrics! {
     Lost = "lost", MetricType::Number, false, false, "samples the kernel dropped";
     Samples = "samples", MetricType::Number, false, false, "samples received";
     Overlap = "overlap", MetricType::Number, false, false,
-        "share (0..1) of the time two or more of the program's threads were alive in which two ran at once on different CPUs (1 with one thread); below 0.5 a passed gate says COULD NOT OBSERVE";
+        "share (0..1) of the time two or more of the program's threads were alive in which two ran at once on different CPUs (1 with one thread); below 0.5 (or under 0.2 s of threads running at once) a passed gate says COULD NOT OBSERVE";
     FindingKind = "finding.kind", MetricType::Text(KINDS), true, false,
         "false_sharing, true_sharing or mixed";
     FindingRate = "finding.rate", MetricType::Number, true, false, "the finding's events/s";

@@ -31,6 +31,14 @@ use serde::{Deserialize, Serialize};
 /// the threads ran together less than half the time they could have.
 pub const LOW_OVERLAP: f64 = 0.5;
 
+/// Less time than this with two threads running at once and a run with no finding says it
+/// could not observe, whatever the overlap: laser's first look at a line takes that long (a
+/// line must be sampled by its threads before a watch window can open on it). Measured
+/// (benchmarks/RESULTS.md, "Runs too short to observe"): kmeans_flag's shared flag was found in
+/// 0 of 8 runs with 0.02–0.03 s of concurrent time and 8 of 8 with 0.09 s or more; the "less
+/// sharing" twins of spinlock_tas and ticket_counter (0.03–0.09 s runs) flipped between runs.
+pub const MIN_CONCURRENT_S: f64 = 0.2;
+
 /// Fewer slots with two threads alive than this and the program counts as single-threaded
 /// for the overlap (it had no time to contend in).
 const MIN_MULTI_SLOTS: u64 = 10;
@@ -56,13 +64,31 @@ pub struct Concurrency {
 }
 
 impl Concurrency {
-    /// The overlap was too low for a run without findings to mean there is no contention.
+    /// The overlap was too low, or the threads ran together too briefly, for a run without
+    /// findings to mean there is no contention.
     pub fn low(&self) -> bool {
-        self.overlap.is_some_and(|o| o < LOW_OVERLAP)
+        self.overlap.is_some_and(|o| o < LOW_OVERLAP) || self.short()
+    }
+
+    /// Two threads were alive together, but ran at once for less than [`MIN_CONCURRENT_S`].
+    pub fn short(&self) -> bool {
+        self.overlap.is_some() && self.concurrent_s < MIN_CONCURRENT_S
     }
 
     /// One sentence for the report and the gate's verdict line.
     pub fn describe(&self) -> String {
+        if self.overlap.is_some_and(|o| o >= LOW_OVERLAP) {
+            return format!(
+                "the program's threads ran at the same time on different CPUs for only {:.2} s \
+                 ({:.0}% of the {:.2} s in which two or more of its {} threads were alive), \
+                 less than the {:.1} s laser needs to look at a contended line",
+                self.concurrent_s,
+                100.0 * self.overlap.unwrap_or(1.0),
+                self.alive_s,
+                self.threads,
+                MIN_CONCURRENT_S
+            );
+        }
         format!(
             "the program's threads ran at the same time on different CPUs in {:.0}% of the \
              {:.2} s in which two or more of its {} threads were alive ({:.0}% or more when \
@@ -299,6 +325,23 @@ mod tests {
         t.sample(2, 1, 399 * P + 700_000, P);
         let o = t.summary().unwrap().overlap.unwrap();
         assert!((o - 0.5).abs() < 0.01, "{o}");
+    }
+
+    #[test]
+    fn threads_side_by_side_too_briefly_are_flagged_short() {
+        // 50 slots of 2 ms together: 0.1 s, overlap 1, under MIN_CONCURRENT_S.
+        let mut t = ConcurrencyTracker::default();
+        run(&mut t, 1, 0, 0, 50, 100_000);
+        run(&mut t, 2, 1, 0, 50, 1_300_000);
+        let c = t.summary().unwrap();
+        assert_eq!(c.overlap, Some(1.0));
+        assert!(c.short() && c.low(), "{c:?}");
+        assert!(c.describe().contains("for only 0.10 s"), "{}", c.describe());
+        // 0.2 s and more is long enough.
+        run(&mut t, 1, 0, 50, 100, 100_000);
+        run(&mut t, 2, 1, 50, 100, 1_300_000);
+        let c = t.summary().unwrap();
+        assert!(!c.short() && !c.low(), "{c:?}");
     }
 
     #[test]
