@@ -8,3 +8,4 @@ pub mod effaddr;
 pub mod maps;
 pub mod pccache;
 pub mod skid;
+pub mod store_pair;

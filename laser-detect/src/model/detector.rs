@@ -32,6 +32,7 @@ use crate::decode::access::{resolve, Accesses, DropReason};
 use crate::decode::code::{CodeSource, FileMapping};
 use crate::decode::maps::{self, AddressSpace, Class, KERNEL_START};
 use crate::decode::pccache::{PcCache, Where};
+use crate::decode::store_pair::store_after_load;
 use crate::model::armed_cost::{ArmedCost, ArmedCostSummary};
 use crate::model::concurrency::ConcurrencyTracker;
 use crate::model::estimate::{Estimator, LineEstimate, DEFAULT_TRAP_COST_NS};
@@ -1053,6 +1054,16 @@ impl<C: CodeSource> Detector<C> {
                 break;
             }
         }
-        chosen.into_iter().map(|c| c.0).collect()
+        // A load whose samples showed the contention stands for the loop's store to the same
+        // address, when there is one: a front window follows lines two threads store to,
+        // which a window on the load never sees (see `decode::store_pair`).
+        let mut out: Vec<u64> = Vec::with_capacity(chosen.len());
+        for (pc, _) in chosen {
+            let pc = store_after_load(&self.code, pc).unwrap_or(pc);
+            if !out.contains(&pc) {
+                out.push(pc);
+            }
+        }
+        out
     }
 }
