@@ -28,6 +28,8 @@
 
 use std::time::Duration;
 
+use laser_repair::tracee::PauseStats;
+
 use super::trial::Window;
 
 /// `--trial-budget` default, percent of the process's age when the trial starts. Under the
@@ -55,6 +57,8 @@ pub struct Budget {
     pub losses: Duration,
     apply_est: Duration,
     undo_est: Duration,
+    /// Every hold charged, by phase.
+    pub holds: PauseStats,
 }
 
 impl Budget {
@@ -68,6 +72,7 @@ impl Budget {
             losses: Duration::ZERO,
             apply_est: PRIOR_APPLY,
             undo_est: PRIOR_UNDO,
+            holds: PauseStats::default(),
         }
     }
 
@@ -124,6 +129,13 @@ impl Budget {
         self.estimate(3, 3, 2 * MIN_LOSS)
     }
 
+    /// A hold (or an undo's holds) happened: charge it, keep its phases for the summary,
+    /// and let it inform the next estimates.
+    pub fn charge_hold(&mut self, p: &PauseStats, apply: bool) {
+        self.holds.merge(p);
+        self.charge_pause(p.paused, apply);
+    }
+
     /// A hold happened: charge it and let it inform the next estimates.
     pub fn charge_pause(&mut self, d: Duration, apply: bool) {
         self.spent += d;
@@ -165,8 +177,19 @@ impl Budget {
             ),
             _ => "(no budget: --trial-budget 0)".to_string(),
         };
+        let phases = if self.holds.holds == 0 {
+            String::new()
+        } else {
+            format!(
+                "; {} holds: {}, longest {:.2} ms, longest seize {:.2} ms",
+                self.holds.holds,
+                self.holds.phases_line(),
+                ms(self.holds.longest),
+                ms(self.holds.longest_seize)
+            )
+        };
         format!(
-            "cost to the target {:.1} ms (holds {:.1}, losing windows {:.1}) {allowed}",
+            "cost to the target {:.1} ms (holds {:.1}, losing windows {:.1}) {allowed}{phases}",
             ms(self.spent),
             ms(self.pauses),
             ms(self.losses)

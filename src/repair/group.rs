@@ -206,12 +206,14 @@ pub fn repair_group(
                 let (a, _, _) = put.apply(counting, say)?;
                 trial_caches.push(a.cache.map_base..a.cache.map_base + a.cache.map_len);
                 extra_pauses.push(a.pause.paused);
-                budget.charge_pause(a.pause.paused, true);
+                budget.charge_hold(&a.pause, true);
+                trace_hold(say, "count-only apply", &a.pause);
                 let at = trial_start.elapsed();
                 let w = trial::measure(&mem, a.cache.data_base, &opts.runtime, t.window, |_| false);
                 let u = kill_and_undo(&mem, &a, "the trial's count-only plan")?;
-                extra_pauses.push(u);
-                budget.charge_pause(u, false);
+                extra_pauses.push(u.paused);
+                budget.charge_hold(&u, false);
+                trace_hold(say, "count-only undo", &u);
                 Some((at, w))
             }
             None => None,
@@ -236,7 +238,8 @@ pub fn repair_group(
             kept = Some((applied, tries, replan));
             break;
         };
-        budget.charge_pause(applied.pause.paused, true);
+        budget.charge_hold(&applied.pause, true);
+        trace_hold(say, "repair apply", &applied.pause);
         let r_at = trial_start.elapsed();
         let repaired = trial::measure(
             &mem,
@@ -275,8 +278,9 @@ pub fn repair_group(
                 "a repair that lost its trial"
             };
             let u = kill_and_undo(&mem, &applied, what)?;
-            extra_pauses.push(u);
-            budget.charge_pause(u, false);
+            extra_pauses.push(u.paused);
+            budget.charge_hold(&u, false);
+            trace_hold(say, "repair undo", &u);
         }
         if !won || stopped.is_some() {
             break;
@@ -318,7 +322,8 @@ pub fn repair_group(
                 };
                 let (a, _, _) = put.apply(counting, say)?;
                 trial_caches.push(a.cache.map_base..a.cache.map_base + a.cache.map_len);
-                budget.charge_pause(a.pause.paused, true);
+                budget.charge_hold(&a.pause, true);
+                trace_hold(say, "placement count-only apply", &a.pause);
                 let (mut pout, pin) = placement::trial_rounds(
                     pid,
                     &mem,
@@ -328,7 +333,8 @@ pub fn repair_group(
                     budget,
                 );
                 let u = kill_and_undo(&mem, &a, "the placement trial's count-only plan")?;
-                budget.charge_pause(u, false);
+                budget.charge_hold(&u, false);
+                trace_hold(say, "placement count-only undo", &u);
                 pout.budget = Some(budget.describe());
                 let region = p.region.ranges.first().map_or(0, |r| r.0);
                 say(&format!("  placement {}", pout.line(region)));
@@ -648,7 +654,7 @@ fn kill_and_undo(
     mem: &tracee::ProcMem,
     applied: &tracee::AppliedRepair,
     what: &str,
-) -> Result<Duration, Outcome> {
+) -> Result<tracee::PauseStats, Outcome> {
     trial::kill(mem, applied.cache.data_base).map_err(|e| Outcome::Failed(e.into()))?;
     // Threads reach the native copy within one flush period (256 back-edges, microseconds);
     // holding at once found some still in the repaired copy, and every retry is another
@@ -657,7 +663,21 @@ fn kill_and_undo(
     let u = applied
         .undo(&UndoOptions::default())
         .map_err(|e| Outcome::Failed(anyhow::Error::new(e).context(format!("undoing {what}"))))?;
-    Ok(u.pause.paused)
+    Ok(u.pause)
+}
+
+/// With `LASER_TRACE_HOLDS` set: one line per hold of the trial, by phase (what issue 15
+/// measured the holds with).
+fn trace_hold(say: &mut Say<'_>, what: &str, p: &tracee::PauseStats) {
+    if std::env::var_os("LASER_TRACE_HOLDS").is_some() {
+        say(&format!(
+            "  hold: {what} {:.2} ms in {} hold(s), {} thread(s): {}",
+            p.paused.as_secs_f64() * 1e3,
+            p.holds,
+            p.threads,
+            p.phases_line()
+        ));
+    }
 }
 
 #[cfg(test)]
