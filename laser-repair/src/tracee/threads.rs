@@ -517,7 +517,7 @@ impl Drop for ThreadLock {
 /// real-time tracer preempts them at once. It only ever runs short ptrace and /proc calls
 /// and sleeps while it waits, so it cannot starve the threads it waits for, and the kernel's
 /// real-time throttling bounds it anyway. Without the privilege (not root, no
-/// CAP_SYS_NICE) the hold runs as before.
+/// CAP_SYS_NICE), or with `LASER_HOLDS_NO_RT` set, the hold runs as before.
 #[derive(Debug)]
 struct RtHold {
     policy: libc::c_int,
@@ -529,6 +529,10 @@ impl RtHold {
     const PRIORITY: libc::c_int = 1;
 
     fn raise() -> Option<RtHold> {
+        // For measuring what the policy changes (scripts/hold-cost's A/B).
+        if std::env::var_os("LASER_HOLDS_NO_RT").is_some() {
+            return None;
+        }
         // SAFETY: sched_getscheduler/sched_getparam/sched_setscheduler on the calling thread
         // (tid 0) with a sched_param we own; no memory is shared with the kernel afterwards.
         unsafe {
@@ -563,6 +567,13 @@ impl Drop for RtHold {
             );
         }
     }
+}
+
+/// Whether holds made by this thread run its tracer at `SCHED_FIFO` (root or CAP_SYS_NICE):
+/// they are then several times shorter on a loaded machine, which a budget for holds may
+/// count on before it has measured one.
+pub fn realtime_holds() -> bool {
+    RtHold::raise().is_some()
 }
 
 /// Thread ids in `/proc/PID/task`.
