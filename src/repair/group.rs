@@ -241,6 +241,13 @@ pub fn repair_group(
         budget.charge_hold(&applied.pause, true);
         trace_hold(say, "repair apply", &applied.pause);
         let r_at = trial_start.elapsed();
+        // Whatever it shows, its loss must leave room for the undo and, on a machine where
+        // placement can follow a losing store buffer, for the placement trial's holds and a
+        // losing pinned window (what the gate reserved for it).
+        let mut reserve = budget.estimate(0, 1, Duration::ZERO);
+        if online_cpus() >= 2 {
+            reserve += budget.estimate(1, 1, MIN_LOSS);
+        }
         let repaired = trial::measure(
             &mem,
             applied.cache.data_base,
@@ -249,11 +256,10 @@ pub fn repair_group(
             |w| {
                 // Not before a fifth of the window (10 ms: a few scheduler ticks).
                 (w.elapsed >= t.window / 5 && trial::clearly_losing(&native, w))
-                    // Whatever it shows: its loss must leave room for the undo.
-                    || budget.must_stop(&native, w, 1)
+                    || budget.must_stop(&native, w, reserve)
             },
         );
-        if repaired.elapsed < t.window && budget.must_stop(&native, &repaired, 1) {
+        if repaired.elapsed < t.window && budget.must_stop(&native, &repaired, reserve) {
             stopped = Some(format!(
                 "round {}'s repaired window ended after {:.0} ms: its loss would overrun the \
                  budget",
