@@ -265,11 +265,12 @@ fn policy() -> i32 {
 #[test]
 fn the_tracer_is_real_time_only_while_it_holds_the_target() {
     let _g = serial();
-    let mut t = Target::spawn(2, false);
+    let t = Target::spawn(2, false);
     let before = policy();
     assert_eq!(before, libc::SCHED_OTHER);
     let lock = ThreadLock::seize_all(t.pid).unwrap();
     // As root (or with CAP_SYS_NICE) the hold runs at SCHED_FIFO; otherwise as before.
+    // SAFETY: geteuid takes nothing and cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
     assert_eq!(
         policy(),
