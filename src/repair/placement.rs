@@ -225,10 +225,10 @@ pub fn trial_rounds(
     (out, keep)
 }
 
-/// Which CPU the threads of a kept placement run on, for the report.
-pub fn describe(p: &Pinning, t: &TrialOutcome) -> String {
+/// Which CPU the threads of a kept placement run on and `why`, for the report.
+pub fn describe(p: &Pinning, t: &TrialOutcome, why: &str) -> String {
     format!(
-        "placement: {} thread(s) pinned to CPU {} ({} the store buffer lost its trial)",
+        "placement: {} thread(s) pinned to CPU {} ({} {why})",
         p.threads(),
         p.cpu,
         match t.verdict {
