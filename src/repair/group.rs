@@ -403,6 +403,8 @@ pub fn repair_group(
                 Some(pin) if pout.speedup() > out.speedup() => Some(pin),
                 Some(pin) => {
                     pin.undo();
+                    // Said as what happened to it: taken out again.
+                    pout.verdict = Verdict::Undone;
                     None
                 }
                 None => None,
