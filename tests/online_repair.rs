@@ -163,7 +163,8 @@ fn run_repair_on_a_program_without_false_sharing_repairs_nothing() {
 
 /// With its budget (default 1.5% of the process's age), a trial waits until the process is
 /// old enough for its holds: a program that ends before then is left as it was, and the
-/// section says when the trial would have fit.
+/// section says when the trial would have fit (from 1.03 s with real-time holds, 2.93 s
+/// without: the program ends at 0.8 s).
 #[test]
 fn run_repair_defers_a_trial_its_budget_does_not_cover() {
     let _g = serial();
@@ -172,7 +173,7 @@ fn run_repair_defers_a_trial_its_budget_does_not_cover() {
         &["--repair", "--threshold", "100", "--repair-after", "200ms"],
         b,
         "0",
-        Stop::After(Duration::from_millis(1500)),
+        Stop::After(Duration::from_millis(800)),
     );
     assert_eq!(r.code, Some(0), "{}", r.stderr);
     assert!(program_line(&r.stdout).ends_with("ok 1"), "{}", r.stdout);

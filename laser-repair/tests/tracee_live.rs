@@ -201,6 +201,14 @@ fn a_failure_at_any_step_leaves_the_process_as_it_was() {
             };
             let e = apply(t.pid, &LoopRepair::new(&t, 77), &opts).unwrap_err();
             assert!(matches!(e, TraceeError::Injected(p) if p == at), "{e}");
+            // SAFETY: a plain syscall on the calling thread. The hold's real-time policy
+            // is gone with the hold.
+            let policy = unsafe { libc::sched_getscheduler(0) };
+            assert_eq!(
+                policy,
+                libc::SCHED_OTHER,
+                "tracer policy after failing at {at:?}"
+            );
             assert_eq!(
                 site_bytes(t.pid, t.site),
                 ORIGINAL,

@@ -256,6 +256,39 @@ fn a_syscall_instruction_written_over_rip_is_restored() {
     assert_eq!((code, fin.eintr), (0, 0));
 }
 
+/// The calling thread's scheduling policy (without the reset-on-fork bit).
+fn policy() -> i32 {
+    // SAFETY: a plain syscall on the calling thread.
+    unsafe { libc::sched_getscheduler(0) & !libc::SCHED_RESET_ON_FORK }
+}
+
+#[test]
+fn the_tracer_is_real_time_only_while_it_holds_the_target() {
+    let _g = serial();
+    let t = Target::spawn(2, false);
+    let before = policy();
+    assert_eq!(before, libc::SCHED_OTHER);
+    let lock = ThreadLock::seize_all(t.pid).unwrap();
+    // As root (or with CAP_SYS_NICE) the hold runs at SCHED_FIFO; otherwise as before.
+    // SAFETY: geteuid takes nothing and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    assert_eq!(
+        policy(),
+        if root { libc::SCHED_FIFO } else { before },
+        "during the hold"
+    );
+    let stats = lock.release();
+    assert_eq!(policy(), before, "after release");
+    assert!(stats.phases.seize <= stats.paused, "{stats:?}");
+    // Dropped instead of released, and a failed seize: restored as well.
+    drop(ThreadLock::seize_all(t.pid).unwrap());
+    assert_eq!(policy(), before, "after drop");
+    assert!(ThreadLock::seize_all(i32::MAX).is_err());
+    assert_eq!(policy(), before, "after a failed seize");
+    let (fin, code) = t.quit();
+    assert_eq!((code, fin.eintr), (0, 0));
+}
+
 #[test]
 fn a_missing_process_is_a_typed_error() {
     // PIDs above pid_max never exist.

@@ -1,7 +1,8 @@
 //! What a trial may cost the program it measures.
 //!
 //! A trial is not free: every plan it puts in or takes out holds the whole process (seize,
-//! inject an mmap, write the cache, move threads: 1–11 ms each here), and a repaired or
+//! inject an mmap, write the cache, move threads: 5–17 ms each here with an ordinary
+//! tracer, 0.5–2 ms with a real-time one, see `tracee::threads`), and a repaired or
 //! pinned window that loses runs the loop slower while it lasts. On Phoenix
 //! linear_regression -O0 (1.3 s) a `run --repair` that ended by repairing nothing ran 16%
 //! longer than native: the store buffer's two rounds and the placement trial's rounds
@@ -19,7 +20,8 @@
 //! ```
 //!
 //! A trial starts only when the budget covers its first round's holds and the placement
-//! trial's (estimated from the holds measured so far, a prior before the first) plus a
+//! trial's (estimated from the mean of the holds measured so far, never below a prior
+//! that depends on whether the tracer can run real-time for its holds) plus a
 //! little loss for each; a second round, and the placement trial, run only when what is
 //! left then covers theirs; each window that loses ends as
 //! soon as its loss would leave no room for the undo. A trial the budget ended before its
@@ -28,6 +30,8 @@
 
 use std::time::Duration;
 
+use laser_repair::tracee::{threads::realtime_holds, PauseStats};
+
 use super::trial::Window;
 
 /// `--trial-budget` default, percent of the process's age when the trial starts. Under the
@@ -35,10 +39,29 @@ use super::trial::Window;
 /// CPUs, the count-only copy's own cost over the untouched loop).
 pub const DEFAULT_BUDGET_PERCENT: f64 = 1.5;
 
-/// Holds before any was measured in this pass: an apply (seize, mmap, write ~30 KB, move)
-/// took 6.8–11 ms on the 2-vCPU VM, an undo after the kill switch 0.7–5.5 ms.
-const PRIOR_APPLY: Duration = Duration::from_millis(8);
-const PRIOR_UNDO: Duration = Duration::from_millis(4);
+/// What a hold is expected to cost before one was measured in this pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HoldPriors {
+    pub apply: Duration,
+    pub undo: Duration,
+}
+
+/// A tracer that competes with the workers as an ordinary task: an apply (seize, mmap,
+/// write ~30 KB, move) took 6.8–11 ms on the 2-vCPU VM, up to 17 ms, an undo after the kill
+/// switch 0.7–5.5 ms, up to 11 ms in two holds (most of it waiting to be scheduled).
+pub const ORDINARY_HOLDS: HoldPriors = HoldPriors {
+    apply: Duration::from_millis(8),
+    undo: Duration::from_millis(4),
+};
+
+/// A tracer at SCHED_FIFO for the hold (`tracee::threads::realtime_holds`): on lreg -O0 and
+/// linear_regression (2 vCPUs, load 2-3) applies took 0.6–1.9 ms (median 0.7–0.9, one of
+/// 52 took 56 ms: a worker runnable on the other, busy CPU), undos 0.5–0.9 ms (median
+/// 0.6–0.7), all but one undo in one hold (benchmarks/RESULTS.md, "Cheaper holds").
+pub const REALTIME_HOLDS: HoldPriors = HoldPriors {
+    apply: Duration::from_micros(1500),
+    undo: Duration::from_millis(1),
+};
 
 /// Loss a trial must be able to afford besides its holds: two polls of a losing window.
 pub const MIN_LOSS: Duration = Duration::from_millis(4);
@@ -53,27 +76,47 @@ pub struct Budget {
     /// Of `spent`: holds, and windows' losses.
     pub pauses: Duration,
     pub losses: Duration,
-    apply_est: Duration,
-    undo_est: Duration,
+    priors: HoldPriors,
+    /// Holds measured so far that put a plan in, and that took one out: (count, total).
+    applies: (u32, Duration),
+    undos: (u32, Duration),
+    /// Every hold charged, by phase.
+    pub holds: PauseStats,
 }
 
 impl Budget {
-    /// `fraction` (0.015) of `age`; `None` for no limit.
+    /// `fraction` (0.015) of `age`; `None` for no limit; holds estimated at
+    /// [`ORDINARY_HOLDS`] until measured (the tests' budget).
+    #[cfg(test)]
     pub fn new(age: Duration, fraction: Option<f64>) -> Budget {
+        Budget::with_priors(age, fraction, ORDINARY_HOLDS)
+    }
+
+    /// [`Budget::new`] with holds estimated at `priors` until measured.
+    pub fn with_priors(age: Duration, fraction: Option<f64>, priors: HoldPriors) -> Budget {
         Budget {
             fraction,
             age,
             spent: Duration::ZERO,
             pauses: Duration::ZERO,
             losses: Duration::ZERO,
-            apply_est: PRIOR_APPLY,
-            undo_est: PRIOR_UNDO,
+            priors,
+            applies: (0, Duration::ZERO),
+            undos: (0, Duration::ZERO),
+            holds: PauseStats::default(),
         }
     }
 
-    /// For process `pid` now (its age from /proc; 0 if unreadable: nothing allowed).
+    /// For process `pid` now (its age from /proc; 0 if unreadable: nothing allowed), with
+    /// the priors of the holds this thread can make.
     pub fn for_pid(pid: i32, fraction: Option<f64>) -> Budget {
-        Budget::new(process_age(pid).unwrap_or_default(), fraction)
+        static RT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let priors = if *RT.get_or_init(realtime_holds) {
+            REALTIME_HOLDS
+        } else {
+            ORDINARY_HOLDS
+        };
+        Budget::with_priors(process_age(pid).unwrap_or_default(), fraction, priors)
     }
 
     pub fn allowed(&self) -> Option<Duration> {
@@ -89,7 +132,16 @@ impl Budget {
     /// Estimated cost of `applies` holds that put a plan in and `undos` that take one out,
     /// plus `extra`.
     pub fn estimate(&self, applies: u32, undos: u32, extra: Duration) -> Duration {
-        self.apply_est * applies + self.undo_est * undos + extra
+        let est = |(n, total): (u32, Duration), prior: Duration| {
+            if n == 0 {
+                prior
+            } else {
+                prior.max(total / n)
+            }
+        };
+        est(self.applies, self.priors.apply) * applies
+            + est(self.undos, self.priors.undo) * undos
+            + extra
     }
 
     /// Whether what is left covers that estimate.
@@ -124,16 +176,26 @@ impl Budget {
         self.estimate(3, 3, 2 * MIN_LOSS)
     }
 
-    /// A hold happened: charge it and let it inform the next estimates.
+    /// A hold (or an undo's holds) happened: charge it, keep its phases for the summary,
+    /// and let it inform the next estimates.
+    pub fn charge_hold(&mut self, p: &PauseStats, apply: bool) {
+        self.holds.merge(p);
+        self.charge_pause(p.paused, apply);
+    }
+
+    /// A hold happened: charge it and let it inform the next estimates (the mean of the
+    /// holds of its kind, never below the prior). Was the largest hold measured: one 25 ms
+    /// seize among 1 ms holds then refused every later round.
     pub fn charge_pause(&mut self, d: Duration, apply: bool) {
         self.spent += d;
         self.pauses += d;
-        let est = if apply {
-            &mut self.apply_est
+        let kind = if apply {
+            &mut self.applies
         } else {
-            &mut self.undo_est
+            &mut self.undos
         };
-        *est = (*est).max(d);
+        kind.0 += 1;
+        kind.1 += d;
     }
 
     /// A window ran at `w`'s rate where the loop ran at `native`'s: charge what it lost.
@@ -144,12 +206,11 @@ impl Budget {
     }
 
     /// Whether a window losing `so_far` against `native` must end now to leave room for
-    /// `undos` more holds that take a plan out (or a pinning off: `undos` 0).
-    pub fn must_stop(&self, native: &Window, so_far: &Window, undos: u32) -> bool {
-        let room = self
-            .left()
-            .saturating_sub(self.estimate(0, undos, Duration::ZERO));
-        loss(native, so_far) >= room
+    /// `reserve`: the holds that take the plan out, and whatever must still run after it
+    /// (the placement trial after a store buffer that loses: with 1 ms holds, a losing
+    /// repaired window was what used up the budget before the placement trial could run).
+    pub fn must_stop(&self, native: &Window, so_far: &Window, reserve: Duration) -> bool {
+        loss(native, so_far) >= self.left().saturating_sub(reserve)
     }
 
     /// `cost to the target 23.4 ms (holds 21.0, losing windows 2.4) of 45.0 ms allowed
@@ -165,8 +226,19 @@ impl Budget {
             ),
             _ => "(no budget: --trial-budget 0)".to_string(),
         };
+        let phases = if self.holds.holds == 0 {
+            String::new()
+        } else {
+            format!(
+                "; {} holds: {}, longest {:.2} ms, longest seize {:.2} ms",
+                self.holds.holds,
+                self.holds.phases_line(),
+                ms(self.holds.longest),
+                ms(self.holds.longest_seize)
+            )
+        };
         format!(
-            "cost to the target {:.1} ms (holds {:.1}, losing windows {:.1}) {allowed}",
+            "cost to the target {:.1} ms (holds {:.1}, losing windows {:.1}) {allowed}{phases}",
             ms(self.spent),
             ms(self.pauses),
             ms(self.losses)
@@ -248,21 +320,37 @@ mod tests {
         let mut b = Budget::new(Duration::from_secs(10), Some(0.015));
         assert_eq!(b.allowed(), Some(Duration::from_millis(150)));
         assert!(b.affords(4, 4, MIN_LOSS));
-        // A slow hold raises the estimate for the next ones.
+        // A slow hold raises the estimate for the next ones: the mean, at least the prior.
         b.charge_pause(Duration::from_millis(30), true);
         assert_eq!(b.estimate(1, 0, Duration::ZERO), Duration::from_millis(30));
+        let mut m = b.clone();
+        m.charge_pause(Duration::from_millis(2), true);
+        assert_eq!(m.estimate(1, 0, Duration::ZERO), Duration::from_millis(16));
+        m.charge_pause(Duration::from_millis(1), false);
+        assert_eq!(m.estimate(0, 1, Duration::ZERO), ORDINARY_HOLDS.undo);
         assert_eq!(b.left(), Duration::from_millis(120));
         // Room for a loss: 120 ms left less one undo (4 ms) = 116 ms. A window at half the
         // native rate 40 ms in has lost 20 ms: go on; one at a tenth 130 ms in has lost
         // 117 ms: stop.
-        assert!(!b.must_stop(&w(1000, 50), &w(400, 40), 1));
-        assert!(b.must_stop(&w(1000, 50), &w(260, 130), 1));
+        let undo = b.estimate(0, 1, Duration::ZERO);
+        assert!(!b.must_stop(&w(1000, 50), &w(400, 40), undo));
+        assert!(b.must_stop(&w(1000, 50), &w(260, 130), undo));
+        // Reserving the placement trial too (an apply at the 30 ms measured, an undo, a
+        // losing window: 38 ms): a window that lost 90 ms of the 120 left ends now, where
+        // reserving the undo alone let it run on.
+        let more = undo + b.estimate(1, 1, MIN_LOSS);
+        assert!(!b.must_stop(&w(1000, 50), &w(400, 40), more));
+        assert!(!b.must_stop(&w(1000, 50), &w(200, 100), undo));
+        assert!(b.must_stop(&w(1000, 50), &w(200, 100), more));
         b.charge_loss(&w(1000, 50), &w(250, 50));
         assert_eq!(b.losses, Duration::from_micros(37_500));
         assert!(b.describe().starts_with(
             "cost to the target 67.5 ms (holds 30.0, losing windows 37.5) of 150.0 ms allowed \
              (1.5% of the process's 10.00 s)"
         ));
+        // Real-time holds: the trial fits a 1.3 s process (lreg -O0 runs 1.3-3 s).
+        let rt = Budget::with_priors(Duration::from_millis(1300), Some(0.015), REALTIME_HOLDS);
+        assert!(rt.affords_first_round(), "{:?}", rt.first_round_need());
         let none = Budget::new(Duration::ZERO, None);
         assert!(none.affords(100, 100, Duration::from_secs(10)));
         assert_eq!(none.needed_age(1, 1, MIN_LOSS), None);

@@ -14,7 +14,7 @@
 //! undo (threads created meanwhile get the mask the process's main thread had); `laser
 //! repair -p PID --undo` gives every thread all online CPUs.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use laser_repair::plan::ssb_layout::RuntimeConfig;
 use laser_repair::tracee::ProcMem;
@@ -191,11 +191,12 @@ pub fn trial_rounds(
         let p_at = start.elapsed();
         // One CPU for every thread: a pinned window that loses may run at half the rate
         // (the parallelism given up); it ends as soon as its loss would overrun the budget.
+        let reserve = budget.estimate(0, 1, Duration::ZERO);
         let pinned = trial::measure(mem, data_base, cfg, t.window, |w| {
             (w.elapsed >= t.window / 5 && trial::clearly_losing(&native, w))
-                || budget.must_stop(&native, w, 1)
+                || budget.must_stop(&native, w, reserve)
         });
-        if pinned.elapsed < t.window && budget.must_stop(&native, &pinned, 1) {
+        if pinned.elapsed < t.window && budget.must_stop(&native, &pinned, reserve) {
             stopped = Some(format!(
                 "round {}'s pinned window ended after {:.0} ms: its loss would overrun the budget",
                 r + 1,
@@ -224,10 +225,10 @@ pub fn trial_rounds(
     (out, keep)
 }
 
-/// Which CPU the threads of a kept placement run on, for the report.
-pub fn describe(p: &Pinning, t: &TrialOutcome) -> String {
+/// Which CPU the threads of a kept placement run on and `why`, for the report.
+pub fn describe(p: &Pinning, t: &TrialOutcome, why: &str) -> String {
     format!(
-        "placement: {} thread(s) pinned to CPU {} ({} the store buffer lost its trial)",
+        "placement: {} thread(s) pinned to CPU {} ({} {why})",
         p.threads(),
         p.cpu,
         match t.verdict {

@@ -288,7 +288,7 @@ pub fn measure(
 ) -> Window {
     let c0 = read_iterations(mem, data_base, cfg);
     let t0 = Instant::now();
-    let step = (window / 25).max(Duration::from_millis(1));
+    let step = poll_step(window);
     loop {
         let left = window.saturating_sub(t0.elapsed());
         std::thread::sleep(step.min(left));
@@ -300,6 +300,12 @@ pub fn measure(
             return w;
         }
     }
+}
+
+/// How often [`measure`] looks at the count: a window that loses may lose this long more
+/// than `enough` saw.
+pub fn poll_step(window: Duration) -> Duration {
+    (window / 25).max(Duration::from_millis(1))
 }
 
 /// Ends the repaired window early once the repair is clearly losing: at under half the

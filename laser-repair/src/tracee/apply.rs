@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::error::{Result, TraceeError};
 use super::patch::{self, CacheAddrs, CacheSizes, Move, PatchSet};
 use super::record::{RecordState, RepairRecord};
-use super::threads::LockStats;
+use super::threads::{HoldPhases, LockStats};
 use super::txn::Txn;
 
 /// Where a repair comes from: the `plan` half, or a test.
@@ -104,6 +104,10 @@ pub struct PauseStats {
     pub threads: usize,
     pub signals_passed: usize,
     pub clone_events: usize,
+    /// Where the time went, summed over holds.
+    pub phases: HoldPhases,
+    /// The longest single hold's wait for every thread to stop.
+    pub longest_seize: Duration,
 }
 
 impl PauseStats {
@@ -114,6 +118,33 @@ impl PauseStats {
         self.threads = self.threads.max(s.threads);
         self.signals_passed += s.signals_passed;
         self.clone_events += s.clone_events;
+        self.phases.add(&s.phases);
+        self.longest_seize = self.longest_seize.max(s.phases.seize);
+    }
+
+    /// Adds another repair's or undo's holds to these.
+    pub fn merge(&mut self, o: &PauseStats) {
+        self.paused += o.paused;
+        self.longest = self.longest.max(o.longest);
+        self.holds += o.holds;
+        self.threads = self.threads.max(o.threads);
+        self.signals_passed += o.signals_passed;
+        self.clone_events += o.clone_events;
+        self.phases.add(&o.phases);
+        self.longest_seize = self.longest_seize.max(o.longest_seize);
+    }
+
+    /// `seize 0.41, syscalls 0.90, writes 0.12, detach 0.30 ms` (summed over holds).
+    pub fn phases_line(&self) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let p = &self.phases;
+        format!(
+            "seize {:.2}, syscalls {:.2}, writes {:.2}, detach {:.2} ms",
+            ms(p.seize),
+            ms(p.syscalls),
+            ms(p.writes),
+            ms(p.detach)
+        )
     }
 }
 

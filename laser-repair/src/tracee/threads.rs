@@ -90,6 +90,31 @@ pub struct LockStats {
     pub signals_passed: usize,
     /// Threads created while laser was seizing (auto-attached through `PTRACE_EVENT_CLONE`).
     pub clone_events: usize,
+    /// Where the hold's time went (see [`HoldPhases`]).
+    pub phases: HoldPhases,
+}
+
+/// One hold's time by phase. `seize` and `detach` are the lock's; `syscalls` (injected mmap,
+/// mprotect, munmap) and `writes` (cache fill, patches, read back) are filled in by the
+/// transaction that used the lock; the rest of `paused` is reading registers, maps and
+/// records, planning and moving threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HoldPhases {
+    /// First `PTRACE_INTERRUPT` → every thread in a ptrace-stop.
+    pub seize: Duration,
+    pub syscalls: Duration,
+    pub writes: Duration,
+    /// Start of the release (registers restored, signals re-sent) → last `PTRACE_DETACH`.
+    pub detach: Duration,
+}
+
+impl HoldPhases {
+    pub fn add(&mut self, o: &HoldPhases) {
+        self.seize += o.seize;
+        self.syscalls += o.syscalls;
+        self.writes += o.writes;
+        self.detach += o.detach;
+    }
 }
 
 /// Every thread of one process, held in ptrace-stops until dropped or released.
@@ -99,8 +124,14 @@ pub struct ThreadLock {
     threads: BTreeMap<i32, Thread>,
     gone: BTreeSet<i32>,
     started: Option<Instant>,
+    /// How long `seize_all` took from the first interrupt.
+    seize_time: Duration,
+    /// Filled in by the transaction using the lock (reported in `LockStats::phases`).
+    pub(crate) phases: HoldPhases,
     clone_events: usize,
     released: bool,
+    /// The tracer thread's scheduling, raised for the hold (see [`RtHold`]).
+    rt: Option<RtHold>,
     /// ptrace binds a tracee to the tracer *thread*: the lock must stay on the thread that made
     /// it (ptrace calls from another thread fail with ESRCH).
     _not_send: std::marker::PhantomData<*const ()>,
@@ -126,8 +157,11 @@ impl ThreadLock {
             threads: BTreeMap::new(),
             gone: BTreeSet::new(),
             started: None,
+            seize_time: Duration::ZERO,
+            phases: HoldPhases::default(),
             clone_events: 0,
             released: false,
+            rt: RtHold::raise(),
             _not_send: std::marker::PhantomData,
         };
         let mut quiet = 0;
@@ -146,6 +180,7 @@ impl ThreadLock {
         if lock.threads.is_empty() {
             return Err(TraceeError::NoSuchProcess { pid });
         }
+        lock.seize_time = lock.paused_so_far();
         Ok(lock)
     }
 
@@ -407,6 +442,7 @@ impl ThreadLock {
             return LockStats::default();
         }
         self.released = true;
+        let release_start = Instant::now();
         self.restore_regs();
         let mut stats = LockStats {
             clone_events: self.clone_events,
@@ -454,6 +490,14 @@ impl ThreadLock {
             }
         }
         stats.paused = self.paused_so_far();
+        stats.phases = HoldPhases {
+            seize: self.seize_time,
+            detach: release_start.elapsed(),
+            ..self.phases
+        };
+        // Only after the last detach: a detached worker must not take the CPU between two.
+        // (Dropping it lets the workers preempt the tracer at once: not part of the hold.)
+        drop(self.rt.take());
         stats
     }
 }
@@ -462,6 +506,74 @@ impl Drop for ThreadLock {
     fn drop(&mut self) {
         let _ = self.release_inner();
     }
+}
+
+/// The tracer thread at `SCHED_FIFO` for one hold, its own policy put back when dropped.
+///
+/// A hold waits for the tracer more than for the target: between two ptrace requests, and
+/// after each sleep while it polls for stops, the tracer is an ordinary task competing with
+/// the workers it has not stopped yet (or has just released), and on 2 busy vCPUs with a
+/// 4 ms tick that cost 0.1–25.8 ms to seize and 1.5–5 ms to detach per hold (issue 15). A
+/// real-time tracer preempts them at once. It only ever runs short ptrace and /proc calls
+/// and sleeps while it waits, so it cannot starve the threads it waits for, and the kernel's
+/// real-time throttling bounds it anyway. Without the privilege (not root, no
+/// CAP_SYS_NICE), or with `LASER_HOLDS_NO_RT` set, the hold runs as before.
+#[derive(Debug)]
+struct RtHold {
+    policy: libc::c_int,
+    param: libc::sched_param,
+}
+
+impl RtHold {
+    /// Priority 1: above every ordinary task, below the kernel's own real-time threads.
+    const PRIORITY: libc::c_int = 1;
+
+    fn raise() -> Option<RtHold> {
+        // For measuring what the policy changes (scripts/hold-cost's A/B).
+        if std::env::var_os("LASER_HOLDS_NO_RT").is_some() {
+            return None;
+        }
+        // SAFETY: sched_getscheduler/sched_getparam/sched_setscheduler on the calling thread
+        // (tid 0) with a sched_param we own; no memory is shared with the kernel afterwards.
+        unsafe {
+            let policy = libc::sched_getscheduler(0);
+            let mut param: libc::sched_param = std::mem::zeroed();
+            if policy < 0 || libc::sched_getparam(0, &mut param) != 0 {
+                return None;
+            }
+            // Already real-time (a caller's choice): leave it.
+            if policy & !libc::SCHED_RESET_ON_FORK != libc::SCHED_OTHER
+                && policy & !libc::SCHED_RESET_ON_FORK != libc::SCHED_BATCH
+            {
+                return None;
+            }
+            let rt = libc::sched_param {
+                sched_priority: Self::PRIORITY,
+            };
+            // RESET_ON_FORK: a thread or process started meanwhile does not inherit it.
+            (libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &rt) == 0)
+                .then_some(RtHold { policy, param })
+        }
+    }
+}
+
+impl Drop for RtHold {
+    fn drop(&mut self) {
+        // SAFETY: as in `raise`; the saved policy keeps its own RESET_ON_FORK bit.
+        if unsafe { libc::sched_setscheduler(0, self.policy, &self.param) } != 0 {
+            log::warn!(
+                "laser: restoring the tracer's scheduling policy: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// Whether holds made by this thread run its tracer at `SCHED_FIFO` (root or CAP_SYS_NICE):
+/// they are then several times shorter on a loaded machine, which a budget for holds may
+/// count on before it has measured one.
+pub fn realtime_holds() -> bool {
+    RtHold::raise().is_some()
 }
 
 /// Thread ids in `/proc/PID/task`.

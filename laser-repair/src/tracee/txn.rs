@@ -5,6 +5,7 @@
 //! same held thread for its injected `munmap`.
 
 use std::ops::Range;
+use std::time::Instant;
 
 use super::error::{Result, TraceeError};
 use super::maps::{self, MapRegion};
@@ -65,6 +66,13 @@ impl Txn {
 
     /// Runs one syscall in the target (choosing the thread and instruction on first use).
     pub fn syscall(&mut self, nr: u64, args: [u64; 6]) -> Result<i64> {
+        let t = Instant::now();
+        let r = self.syscall_inner(nr, args);
+        self.lock().phases.syscalls += t.elapsed();
+        r
+    }
+
+    fn syscall_inner(&mut self, nr: u64, args: [u64; 6]) -> Result<i64> {
         if self.site.is_none() {
             let regions = self.maps()?;
             let lock = self.lock.as_ref().expect("lock present until commit");
@@ -145,7 +153,10 @@ impl Txn {
 
     /// Writes bytes into a fresh mapping (its unmap already undoes them).
     pub fn fill(&mut self, addr: u64, bytes: &[u8]) -> Result<()> {
-        self.mem.write_verified(addr, bytes)
+        let t = Instant::now();
+        let r = self.mem.write_verified(addr, bytes);
+        self.lock().phases.writes += t.elapsed();
+        r
     }
 
     /// Replaces `expected` at `addr` by `new`, refusing if `expected` is not what is there.
@@ -160,7 +171,10 @@ impl Txn {
         }
         // Logged before writing: a failed or partial write is undone too.
         self.log.push(UndoStep::Bytes { addr, bytes: found });
-        self.mem.write_verified(addr, new)
+        let t = Instant::now();
+        let r = self.mem.write_verified(addr, new);
+        self.lock().phases.writes += t.elapsed();
+        r
     }
 
     /// Every held thread's position.
