@@ -104,6 +104,28 @@ pub struct Repaired {
     pub trial_caches: Vec<Range<u64>>,
 }
 
+impl Repaired {
+    /// A function repaired by placement alone: no code cache is left in the target (the
+    /// trials' count-only copies are gone), its threads are pinned as `what` says.
+    pub fn pinned(
+        label: String,
+        trial: TrialOutcome,
+        what: String,
+        trial_caches: Vec<Range<u64>>,
+    ) -> Repaired {
+        Repaired {
+            label,
+            cache: 0..0,
+            pause: Duration::ZERO,
+            threads_held: 0,
+            mode: None,
+            trial: Some(trial),
+            placement: Some(what),
+            trial_caches,
+        }
+    }
+}
+
 /// What a repair pass did.
 #[derive(Clone, Debug, Default)]
 pub struct Summary {

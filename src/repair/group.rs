@@ -349,16 +349,7 @@ pub fn repair_group(
                 if let Some(pin) = pin {
                     let what = placement::describe(&pin, &pout, "the store buffer lost its trial");
                     say(&format!("  {what}"));
-                    return Ok(Some(Repaired {
-                        label,
-                        cache: 0..0,
-                        pause: Duration::ZERO,
-                        threads_held: 0,
-                        mode: None,
-                        trial: Some(pout),
-                        placement: Some(what),
-                        trial_caches,
-                    }));
+                    return Ok(Some(Repaired::pinned(label, pout, what, trial_caches)));
                 }
             }
         }
@@ -432,16 +423,7 @@ pub fn repair_group(
                     &format!("faster than the store buffer's {:.2}x", out.speedup()),
                 );
                 say(&format!("  {what}"));
-                return Ok(Some(Repaired {
-                    label,
-                    cache: 0..0,
-                    pause: Duration::ZERO,
-                    threads_held: 0,
-                    mode: None,
-                    trial: Some(pout),
-                    placement: Some(what),
-                    trial_caches,
-                }));
+                return Ok(Some(Repaired::pinned(label, pout, what, trial_caches)));
             }
             // Placement lost (or won by less): the store buffer goes back in, as measured.
             let (again, _, _) = put.apply(opts, say)?;
