@@ -73,8 +73,7 @@ pub struct Budget {
     /// The process's age when the budget was set.
     pub age: Duration,
     spent: Duration,
-    /// Of `spent`: holds, and windows' losses.
-    pub pauses: Duration,
+    /// Of `spent`: windows' losses (the rest is holds, see [`Budget::pauses`]).
     pub losses: Duration,
     priors: HoldPriors,
     /// Holds measured so far that put a plan in, and that took one out: (count, total).
@@ -98,7 +97,6 @@ impl Budget {
             fraction,
             age,
             spent: Duration::ZERO,
-            pauses: Duration::ZERO,
             losses: Duration::ZERO,
             priors,
             applies: (0, Duration::ZERO),
@@ -142,6 +140,11 @@ impl Budget {
         est(self.applies, self.priors.apply) * applies
             + est(self.undos, self.priors.undo) * undos
             + extra
+    }
+
+    /// Of what was spent, the holds.
+    pub fn pauses(&self) -> Duration {
+        self.applies.1 + self.undos.1
     }
 
     /// Whether what is left covers that estimate.
@@ -188,7 +191,6 @@ impl Budget {
     /// seize among 1 ms holds then refused every later round.
     pub fn charge_pause(&mut self, d: Duration, apply: bool) {
         self.spent += d;
-        self.pauses += d;
         let kind = if apply {
             &mut self.applies
         } else {
@@ -240,7 +242,7 @@ impl Budget {
         format!(
             "cost to the target {:.1} ms (holds {:.1}, losing windows {:.1}) {allowed}{phases}",
             ms(self.spent),
-            ms(self.pauses),
+            ms(self.pauses()),
             ms(self.losses)
         )
     }

@@ -324,26 +324,8 @@ pub fn repair_group(
                 ));
             }
             if out.verdict == Verdict::Undone && online_cpus() >= 2 && afford {
-                let counting = PlanOptions {
-                    count_only: true,
-                    ..opts
-                };
-                let (a, _, _) = put.apply(counting, say)?;
-                trial_caches.push(a.cache.map_base..a.cache.map_base + a.cache.map_len);
-                budget.charge_hold(&a.pause, true);
-                trace_hold(say, "placement count-only apply", &a.pause);
-                let (mut pout, pin) = placement::trial_rounds(
-                    pid,
-                    &mem,
-                    a.cache.data_base,
-                    &opts.runtime,
-                    &t,
-                    budget,
-                );
-                let u = kill_and_undo(&mem, &a, "the placement trial's count-only plan")?;
-                budget.charge_hold(&u, false);
-                trace_hold(say, "placement count-only undo", &u);
-                pout.budget = Some(budget.describe());
+                let (pout, pin) =
+                    put.placement_trial(opts, &mem, &t, budget, say, &mut trial_caches)?;
                 let region = p.region.ranges.first().map_or(0, |r| r.0);
                 say(&format!("  placement {}", pout.line(region)));
                 if let Some(pin) = pin {
@@ -378,17 +360,8 @@ pub fn repair_group(
             let u = kill_and_undo(&mem, &applied, "the store buffer for the placement trial")?;
             budget.charge_hold(&u, false);
             trace_hold(say, "repair undo (placement next)", &u);
-            let counting = PlanOptions {
-                count_only: true,
-                ..opts
-            };
-            let (a, _, _) = put.apply(counting, say)?;
-            trial_caches.push(a.cache.map_base..a.cache.map_base + a.cache.map_len);
-            budget.charge_hold(&a.pause, true);
-            trace_hold(say, "placement count-only apply", &a.pause);
             let (mut pout, pin) =
-                placement::trial_rounds(pid, &mem, a.cache.data_base, &opts.runtime, &t, budget);
-            let undone = kill_and_undo(&mem, &a, "the placement trial's count-only plan");
+                put.placement_trial(opts, &mem, &t, budget, say, &mut trial_caches)?;
             // Kept by its trial but slower than the store buffer: unpinned now.
             let better = match pin {
                 Some(pin) if pout.speedup() > out.speedup() => Some(pin),
@@ -400,18 +373,6 @@ pub fn repair_group(
                 }
                 None => None,
             };
-            let u = match undone {
-                Ok(u) => u,
-                Err(e) => {
-                    if let Some(pin) = &better {
-                        pin.undo();
-                    }
-                    return Err(e);
-                }
-            };
-            budget.charge_hold(&u, false);
-            trace_hold(say, "placement count-only undo", &u);
-            pout.budget = Some(budget.describe());
             say(&format!(
                 "  placement (after the kept store buffer) {}",
                 pout.line(region)
@@ -542,6 +503,43 @@ impl Put<'_> {
         let len = CacheAddrs::layout(&self.sizes, 0).map_len;
         let base = *tmaps::hole_candidates(&regions, &self.span, len).first()?;
         Some(CacheAddrs::layout(&self.sizes, base))
+    }
+
+    /// The placement trial (every thread on one CPU, see `placement`), measured over the
+    /// count-only plan put in for it and taken out after; holds charged to `budget`. A pinning
+    /// its rounds kept is undone if the count-only plan cannot be taken out.
+    fn placement_trial(
+        &self,
+        opts: PlanOptions,
+        mem: &tracee::ProcMem,
+        t: &trial::TrialSettings,
+        budget: &mut Budget,
+        say: &mut Say<'_>,
+        trial_caches: &mut Vec<std::ops::Range<u64>>,
+    ) -> Result<(TrialOutcome, Option<placement::Pinning>), Outcome> {
+        let counting = PlanOptions {
+            count_only: true,
+            ..opts
+        };
+        let (a, _, _) = self.apply(counting, say)?;
+        trial_caches.push(a.cache.map_base..a.cache.map_base + a.cache.map_len);
+        budget.charge_hold(&a.pause, true);
+        trace_hold(say, "placement count-only apply", &a.pause);
+        let (mut pout, pin) =
+            placement::trial_rounds(self.pid, mem, a.cache.data_base, &opts.runtime, t, budget);
+        let u = match kill_and_undo(mem, &a, "the placement trial's count-only plan") {
+            Ok(u) => u,
+            Err(e) => {
+                if let Some(pin) = &pin {
+                    pin.undo();
+                }
+                return Err(e);
+            }
+        };
+        budget.charge_hold(&u, false);
+        trace_hold(say, "placement count-only undo", &u);
+        pout.budget = Some(budget.describe());
+        Ok((pout, pin))
     }
 
     /// Applies the plan with `options`, re-planned inside the pause at the real cache
