@@ -12,13 +12,23 @@
 //!                                                    hits·cost·(1+s)/s of CPU since cpu0
 //! ```
 //!
-//! The bound is on the target's *CPU time*, not wall time: on a loaded machine a thread that
-//! gets 20 % of a CPU pays a trap at five times its wall-clock weight, so a wall-time budget
-//! would under-count (measured: 21 % CPU overhead while a wall-time budget claimed 6 %). Per
-//! cycle, traps ≤ s/(1+s) of the target's CPU time, i.e. traps ≤ s × useful work: the target
-//! needs at most `max_slowdown` more CPU than without watchpoints. Every hit counts against
-//! the whole target (conservative with several threads). The last cycle of a run may end
-//! before its cooldown is paid: one window of slack, `max_hits_per_window · hit_cost`.
+//! The bound holds on the target's *CPU time* and on *wall time*, both:
+//!
+//! - CPU time: on a loaded machine a thread that gets 20 % of a CPU pays a trap at five times
+//!   its wall-clock weight, so a wall-time budget alone would under-count (measured: 21 % CPU
+//!   overhead while a wall-time budget claimed 6 %).
+//! - Wall time: a trap stalls the thread that took it, and in a program whose threads wait
+//!   for each other (barriers, locks, a pipeline) the others wait for it too, so a trap costs
+//!   its whole duration in wall time however many threads run. A CPU budget alone lets a
+//!   target busy on N CPUs take N times the traps: measured with `scripts/watch-cost` (two
+//!   threads in barrier rounds), the rounds that overlapped a window took 2.7 % of the run's
+//!   wall time longer, exactly hits × calibrated cost, while the CPU budget counted 1.4 %.
+//!
+//! Per cycle, traps ≤ s/(1+s) of the target's CPU time and of the wall time since the window
+//! began, i.e. traps ≤ s × useful work: the target needs at most `max_slowdown` more CPU, and
+//! at most that much longer, than without watchpoints. Every hit counts against the whole
+//! target. The last cycle of a run may end before its cooldown is paid: one window of slack,
+//! `max_hits_per_window · hit_cost`.
 //!
 //! What the duty cycle costs laser itself matters too: `laser run` shares the machine with
 //! the target, so every wake-up and every enable/disable of an inherited watchpoint (which
@@ -94,7 +104,7 @@ impl DutyCycle {
         }
     }
 
-    /// Target CPU time a cycle with `hits` must span: traps ≤ s/(1+s) of it.
+    /// Target CPU time, and wall time, a cycle with `hits` must span: traps ≤ s/(1+s) of it.
     pub fn cpu_needed(&self, hits: u64) -> Duration {
         let s = self.max_slowdown.max(1e-6);
         Duration::from_secs_f64(self.hit_cost.as_secs_f64() * hits as f64 * (1.0 + s) / s)
@@ -137,6 +147,8 @@ enum Phase {
         cpu0: Duration,
         /// Target CPU at the start of the window being paid for.
         win_cpu0: Duration,
+        /// Wall time at the start of the window being paid for.
+        win_since: Instant,
         /// That window's hits, including stragglers read after it was disabled.
         hits: u64,
     },
@@ -211,8 +223,9 @@ impl DutyState {
     ///   poll comes next rolls it over. A timer at every window end would wake laser 50 times
     ///   a second for nothing, and each wakeup takes a CPU from the target for a moment.
     /// - Cooling: at the earliest moment the target can have used the CPU time the cooldown
-    ///   needs, running on every CPU: (needed − used) / cpus from now (at least
-    ///   [`MIN_RECHECK`]). A target that runs slower than that is re-checked again then.
+    ///   needs, running on every CPU: (needed − used) / cpus from now, and not before the
+    ///   window's wall time is paid too (at least [`MIN_RECHECK`] from now). A target that
+    ///   runs slower than that is re-checked again then.
     pub fn next_deadline(
         &self,
         duty: &DutyCycle,
@@ -222,9 +235,16 @@ impl DutyState {
     ) -> Option<Instant> {
         match self.phase {
             Phase::Idle | Phase::Armed { .. } => None,
-            Phase::Cooling { win_cpu0, hits, .. } => {
-                let remaining = (win_cpu0 + duty.cpu_needed(hits)).saturating_sub(cpu);
-                Some(now + (remaining / cpus.max(1)).max(MIN_RECHECK))
+            Phase::Cooling {
+                win_cpu0,
+                win_since,
+                hits,
+                ..
+            } => {
+                let need = duty.cpu_needed(hits);
+                let cpu_left = (win_cpu0 + need).saturating_sub(cpu) / cpus.max(1);
+                let wall_left = (win_since + need).saturating_duration_since(now);
+                Some(now + cpu_left.max(wall_left).max(MIN_RECHECK))
             }
         }
     }
@@ -249,7 +269,7 @@ impl DutyState {
                 let used = cpu.saturating_sub(cpu0);
                 self.stats.target_cpu += used;
                 let need = duty.cpu_needed(hits);
-                if used >= need {
+                if used >= need && armed >= need {
                     // Cheap window: the next one starts at once, events stay enabled.
                     self.stats.windows += 1;
                     self.phase = Phase::Armed {
@@ -263,6 +283,7 @@ impl DutyState {
                         since: now,
                         cpu0: cpu,
                         win_cpu0: cpu0,
+                        win_since: since,
                         hits,
                     };
                     Action::Disable
@@ -272,16 +293,19 @@ impl DutyState {
                 since,
                 cpu0,
                 win_cpu0,
+                win_since,
                 hits,
             } => {
                 // Hits read now were written before the disable took effect (the reader can
                 // be preempted between draining and disabling): they belong to the window.
                 let hits = hits + new_hits;
-                if cpu < win_cpu0 + duty.cpu_needed(hits) {
+                let need = duty.cpu_needed(hits);
+                if cpu < win_cpu0 + need || now < win_since + need {
                     self.phase = Phase::Cooling {
                         since,
                         cpu0,
                         win_cpu0,
+                        win_since,
                         hits,
                     };
                     return Action::Nothing;
@@ -317,30 +341,61 @@ mod tests {
         assert!(m.calibrate);
     }
 
-    /// The cooldown is re-checked when the target could first have paid for it, running on
-    /// all its CPUs, not on a fixed short timer.
+    /// The cooldown is re-checked when the target could first have paid for it, in CPU time
+    /// running on all its CPUs and in wall time since the window began, not on a fixed short
+    /// timer.
     #[test]
-    fn cooldown_recheck_waits_for_the_cpu_time_still_owed() {
+    fn cooldown_recheck_waits_for_the_cpu_and_wall_time_still_owed() {
         let d = DutyCycle::new(20 * MS, 0.02, Duration::from_micros(10)); // cap 40
         let mut st = DutyState::default();
         let t0 = Instant::now();
         st.start(t0, Duration::ZERO);
         assert_eq!(st.tick(&d, t0 + MS, 40, 2 * MS), Action::Disable);
-        // 40 hits · 10 µs = 0.4 ms of traps → 20.4 ms of target CPU per cycle; 2 ms used.
+        // 40 hits · 10 µs = 0.4 ms of traps → 20.4 ms of target CPU and of wall time per
+        // cycle; 2 ms of CPU and 1 ms of wall time used.
         let need = d.cpu_needed(40);
         assert_eq!(need, Duration::from_micros(20_400));
+        // 18.4 ms of CPU owed on 2 CPUs is 9.2 ms, but 19.4 ms of wall time is owed too.
         let at = st.next_deadline(&d, t0 + MS, 2 * MS, 2).unwrap();
-        // 18.4 ms still owed, 2 CPUs: 9.2 ms at the earliest.
-        assert_eq!(at - (t0 + MS), Duration::from_micros(9_200));
+        assert_eq!(at - (t0 + MS), Duration::from_micros(19_400));
+        // Later, CPU time is what is owed: (20.4 − 4) / 2 = 8.2 ms against 5.4 ms of wall.
+        let cpu_bound = st.next_deadline(&d, t0 + 15 * MS, 4 * MS, 2).unwrap();
+        assert_eq!(cpu_bound - (t0 + 15 * MS), Duration::from_micros(8_200));
         // One CPU: twice as long. Almost paid: the floor, not a busy loop.
-        let one = st.next_deadline(&d, t0 + MS, 2 * MS, 1).unwrap();
-        assert_eq!(one - (t0 + MS), Duration::from_micros(18_400));
-        let late = st.next_deadline(&d, t0 + MS, need, 2).unwrap();
-        assert_eq!(late - (t0 + MS), MIN_RECHECK);
+        let one = st.next_deadline(&d, t0 + 15 * MS, 4 * MS, 1).unwrap();
+        assert_eq!(one - (t0 + 15 * MS), Duration::from_micros(16_400));
+        let late = st.next_deadline(&d, t0 + need, need, 2).unwrap();
+        assert_eq!(late - (t0 + need), MIN_RECHECK);
         // A target slower than that is simply re-checked again.
         assert_eq!(st.tick(&d, at, 0, 12 * MS), Action::Nothing);
         assert!(st.next_deadline(&d, at, 12 * MS, 2).unwrap() > at);
         assert_eq!(st.tick(&d, at + 10 * MS, 0, need), Action::Enable);
+    }
+
+    /// A hot word on a target busy on two CPUs: its CPU time pays the cooldown in half the
+    /// wall time, but a trap costs a program whose threads wait for each other its whole
+    /// duration, so the cooldown lasts until the wall time is paid too.
+    #[test]
+    fn busy_parallel_target_cools_down_on_wall_time_too() {
+        let d = DutyCycle::new(20 * MS, 0.02, Duration::from_micros(10)); // cap 40
+        let mut st = DutyState::default();
+        let t0 = Instant::now();
+        st.start(t0, Duration::ZERO);
+        assert_eq!(st.tick(&d, t0 + MS, 40, 2 * MS), Action::Disable);
+        // 20.4 ms of CPU and of wall time per cycle.
+        let need = d.cpu_needed(40);
+        // CPU paid at 10.2 ms of wall time (2 CPUs busy): not enough.
+        assert_eq!(st.tick(&d, t0 + 11 * MS, 0, need), Action::Nothing);
+        assert_eq!(st.tick(&d, t0 + 20 * MS, 0, 40 * MS), Action::Nothing);
+        assert_eq!(st.tick(&d, t0 + need, 0, 41 * MS), Action::Enable);
+        // A window whose cap is reached only after its wall time is paid rolls over at once.
+        assert_eq!(
+            st.tick(&d, t0 + need + 25 * MS, 40, 100 * MS),
+            Action::Nothing
+        );
+        assert!(st.is_armed());
+        let traps = d.hit_cost * 40;
+        assert!(traps.as_secs_f64() <= 0.02 / 1.02 * need.as_secs_f64() + 1e-12);
     }
 
     #[test]
