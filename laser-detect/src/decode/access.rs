@@ -22,6 +22,7 @@ use laser_driver::{BackendKind, Sample};
 
 use crate::decode::classify::{Insn, MemOperand, RegEffect, Segment};
 use crate::decode::effaddr::{effective_address, NoAddr};
+use crate::decode::frame_slots::FrameSlots;
 use crate::decode::pccache::PcInfo;
 use crate::decode::skid::SkidPaths;
 use crate::model::findings::Op;
@@ -108,17 +109,19 @@ pub fn op_from_data_src(data_src: u64) -> Option<Op> {
 }
 
 /// Resolve a sample into accesses. `info` is the decode of `s.ip`, `skid` the paths into it
-/// ([`crate::decode::pccache::PcCache::skid_paths`]). Returns the reason when
-/// nothing was produced.
+/// ([`crate::decode::pccache::PcCache::skid_paths`]), `slots` what the samples so far have
+/// shown of the stack slots pointers are reloaded from. Returns the reason when nothing was
+/// produced.
 pub fn resolve(
     s: &Sample,
     info: &PcInfo,
     skid: Option<&SkidPaths>,
+    slots: &FrameSlots,
     out: &mut Accesses,
 ) -> Result<(), DropReason> {
     out.clear();
     match s.backend {
-        BackendKind::Soft => soft(s, info, skid, out),
+        BackendKind::Soft => soft(s, info, skid, slots, out),
         BackendKind::Watch if is_code_hit(s) => code_hit(s, info, out),
         BackendKind::Watch => watch(s, info, skid.and_then(|p| p.feeder.as_ref()), out),
         BackendKind::Pebs | BackendKind::Ibs => precise(s, info, out),
@@ -173,7 +176,13 @@ fn push_operand(
     }
 }
 
-fn soft(s: &Sample, info: &PcInfo, skid: Option<&SkidPaths>, out: &mut Accesses) {
+fn soft(
+    s: &Sample,
+    info: &PcInfo,
+    skid: Option<&SkidPaths>,
+    slots: &FrameSlots,
+    out: &mut Accesses,
+) {
     let Some(regs) = s.regs.as_ref() else {
         out.missing += 1;
         return;
@@ -185,12 +194,23 @@ fn soft(s: &Sample, info: &PcInfo, skid: Option<&SkidPaths>, out: &mut Accesses)
     }
     // The access the sample skidded past, when the control flow back from the IP leads to one
     // access under this sample's flags and registers (see `skid`).
-    let Some(hit) = skid.and_then(|p| p.resolve(regs)) else {
+    let Some(paths) = skid else {
         return;
     };
+    let Some(hit) = paths.resolve(regs) else {
+        return;
+    };
+    // Right after the access (it is the instruction before the IP), a pointer it overwrote
+    // may be known from the frame slot its feeder reloaded it from (`frame_slots`).
+    let feeder = paths
+        .feeder
+        .as_ref()
+        .filter(|_| info.prev.is_some_and(|p| p.pc == hit.insn.pc));
     for (i, m) in hit.insn.mem().iter().enumerate() {
         if let Some(addr) = hit.address(i, regs) {
             push_operand(s, hit.insn.pc, m, addr, out);
+        } else if let Some(a) = feeder.and_then(|f| slots.address_via_slot(f, &hit.insn, m, regs)) {
+            push_operand(s, hit.insn.pc, m, Ok(a), out);
         }
     }
 }
@@ -453,7 +473,13 @@ mod tests {
         let mut c = PcCache::new();
         let info = c.get(s.ip, m);
         let mut out = Accesses::default();
-        let r = resolve(s, &info, c.skid_paths(&info), &mut out);
+        let r = resolve(
+            s,
+            &info,
+            c.skid_paths(&info),
+            &FrameSlots::default(),
+            &mut out,
+        );
         (r, out.iter().copied().collect())
     }
 

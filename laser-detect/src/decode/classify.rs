@@ -108,6 +108,9 @@ pub struct Insn {
     /// 64-bit register (see [`RegEffect`]): which register and how. A walk back from a skidded
     /// sample uses it to recover that register's earlier value from the sampled one.
     pub reg_effect: Option<(Reg, RegEffect)>,
+    /// `mov m64,%r64`: the register that now holds the 8 bytes at the memory operand (the
+    /// -O0 reload of a pointer from its stack slot, [`crate::decode::frame_slots`]).
+    pub loads_reg: Option<Reg>,
 }
 
 /// A register write whose old value (or whose new value) is known without running the code.
@@ -272,6 +275,7 @@ impl Classifier {
             branch_cond: None,
             writes_flags: ins.rflags_modified() != 0,
             reg_effect: reg_effect(ins),
+            loads_reg: loads_reg(ins),
         };
         out.rep = out.string && (ins.has_rep_prefix() || ins.has_repne_prefix());
         for r in info.used_registers() {
@@ -343,6 +347,20 @@ impl Classifier {
 
 /// The [`RegEffect`] of `ins`, when it is one of the simple forms (register destination, no
 /// memory, no other register written).
+/// The destination of a plain 64-bit load into a register (`mov m64,%r64`), not through
+/// `%fs`/`%gs` (thread-local data is not the stack).
+fn loads_reg(ins: &Instruction) -> Option<Reg> {
+    if ins.mnemonic() != Mnemonic::Mov
+        || ins.op0_kind() != OpKind::Register
+        || ins.op1_kind() != OpKind::Memory
+        || !ins.op0_register().is_gpr64()
+        || matches!(ins.segment_prefix(), Register::FS | Register::GS)
+    {
+        return None;
+    }
+    perf_reg(ins.op0_register())
+}
+
 fn reg_effect(ins: &Instruction) -> Option<(Reg, RegEffect)> {
     if ins.op0_kind() != OpKind::Register || ins.has_lock_prefix() {
         return None;

@@ -5,6 +5,7 @@ pub mod access;
 pub mod classify;
 pub mod code;
 pub mod effaddr;
+pub mod frame_slots;
 pub mod maps;
 pub mod pccache;
 pub mod skid;

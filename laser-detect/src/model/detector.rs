@@ -30,6 +30,7 @@ use laser_driver::{BackendKind, Event, Mmap, Sample, StreamStats};
 
 use crate::decode::access::{resolve, Accesses, DropReason};
 use crate::decode::code::{CodeSource, FileMapping};
+use crate::decode::frame_slots::FrameSlots;
 use crate::decode::maps::{self, AddressSpace, Class, KERNEL_START};
 use crate::decode::pccache::{PcCache, Where};
 use crate::decode::store_pair::store_after_load;
@@ -143,6 +144,8 @@ pub struct Detector<C: CodeSource> {
     surveyed: HashMap<u64, (u128, u64)>,
     /// Timer samples on fast-string instructions, armed and not: what watching costs.
     armed_cost: ArmedCost,
+    /// What timer samples have shown of the stack slots -O0 code reloads pointers from.
+    frame_slots: FrameSlots,
     /// Which threads ran at the same time, from timer samples.
     concurrency: ConcurrencyTracker,
 }
@@ -224,6 +227,7 @@ impl<C: CodeSource> Detector<C> {
             globals: HashMap::new(),
             surveyed: HashMap::new(),
             armed_cost: ArmedCost::default(),
+            frame_slots: FrameSlots::default(),
             concurrency: ConcurrencyTracker::default(),
         }
     }
@@ -475,7 +479,15 @@ impl<C: CodeSource> Detector<C> {
                 }
             }
         }
-        if let Err(why) = resolve(s, &info, self.pcs.skid_paths(&info), &mut self.out) {
+        // A sample reached only from the instruction before it shows what that instruction
+        // loaded: the value of a frame slot a pointer is reloaded from (`frame_slots`).
+        if s.backend == BackendKind::Soft && !info.join {
+            if let (Some(prev), Some(regs)) = (info.prev.as_ref(), s.regs.as_ref()) {
+                self.frame_slots.learn_after(prev, regs);
+            }
+        }
+        let skid = self.pcs.skid_paths(&info);
+        if let Err(why) = resolve(s, &info, skid, &self.frame_slots, &mut self.out) {
             match why {
                 DropReason::Undecodable => self.filter.undecodable += 1,
                 DropReason::NoMemory => self.filter.no_memory += 1,

@@ -4,6 +4,7 @@
 use super::*;
 use crate::decode::access::{resolve, Access, Accesses};
 use crate::decode::code::MemoryCode;
+use crate::decode::frame_slots::FrameSlots;
 use crate::decode::pccache::PcCache;
 use iced_x86::code_asm::*;
 use laser_driver::{BackendKind, Sample};
@@ -46,7 +47,13 @@ fn accesses(m: &MemoryCode, s: &Sample) -> Vec<(u64, u64, Op)> {
     let mut c = PcCache::new();
     let info = c.get(s.ip, m);
     let mut out = Accesses::default();
-    let _ = resolve(s, &info, c.skid_paths(&info), &mut out);
+    let _ = resolve(
+        s,
+        &info,
+        c.skid_paths(&info),
+        &FrameSlots::default(),
+        &mut out,
+    );
     out.iter().map(|a: &Access| (a.pc, a.addr, a.op)).collect()
 }
 
@@ -290,7 +297,13 @@ fn stack_slots_stay_stack_and_pointers_from_them_do_not() {
     let mut c = PcCache::new();
     let info = c.get(pcs[1], &m);
     let mut out = Accesses::default();
-    let r = resolve(&sample(pcs[1], &regs), &info, c.skid_paths(&info), &mut out);
+    let r = resolve(
+        &sample(pcs[1], &regs),
+        &info,
+        c.skid_paths(&info),
+        &FrameSlots::default(),
+        &mut out,
+    );
     assert_eq!(r, Err(crate::decode::access::DropReason::Stack));
     assert_eq!(
         accesses(&m, &sample(pcs[3], &regs)),
