@@ -345,8 +345,6 @@ impl Classifier {
     }
 }
 
-/// The [`RegEffect`] of `ins`, when it is one of the simple forms (register destination, no
-/// memory, no other register written).
 /// The destination of a plain 64-bit load into a register (`mov m64,%r64`), not through
 /// `%fs`/`%gs` (thread-local data is not the stack).
 fn loads_reg(ins: &Instruction) -> Option<Reg> {
@@ -361,6 +359,8 @@ fn loads_reg(ins: &Instruction) -> Option<Reg> {
     perf_reg(ins.op0_register())
 }
 
+/// The [`RegEffect`] of `ins`, when it is one of the simple forms (register destination, no
+/// memory, no other register written).
 fn reg_effect(ins: &Instruction) -> Option<(Reg, RegEffect)> {
     if ins.op0_kind() != OpKind::Register || ins.has_lock_prefix() {
         return None;
