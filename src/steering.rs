@@ -551,7 +551,7 @@ mod tests {
             shared_windows: 0,
             ..est(0x40, 0, 0.9)
         };
-        let due = s.due(std::slice::from_ref(&surveyed), vec![cand(0x40)], t);
+        let due = s.due(&[surveyed.clone()], vec![cand(0x40)], t);
         assert_eq!(lines(&due), [0x40], "0.9 s of surveys: still due");
         // 0.3 s of read+write windows with no transfer: quiet.
         let watched = LineEstimate {
