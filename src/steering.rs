@@ -28,15 +28,8 @@ use std::collections::HashMap;
 const TURN: Duration = Duration::from_millis(100);
 /// Transfers after which a line's estimate is good enough (±1/√n ≈ ±5%).
 const ENOUGH_TRANSFERS: u64 = 400;
-/// Armed time in read+write windows after which a line with few transfers is known to be
-/// quiet. Store-only (survey) windows do not count: a thread that only loads the line never
-/// traps in them, so a line one thread stores to and another reads looked quiet after 0.3 s
-/// of surveys and got no read+write turn for [`REFRESH`] (Phoenix linear_regression -O0: 4
-/// of 8 runs missed, every window on its line store-only).
+/// Armed time after which a line with few transfers is known to be quiet.
 const ENOUGH_ARMED_S: f64 = 0.3;
-/// Read+write armed time a line whose windows trap on most accesses keeps, until some window
-/// sees two threads on it, before its windows watch stores only: ~10 windows of a hot line.
-const READ_HOT_TRIES_S: f64 = 0.02;
 /// A settled line is watched again after this long (contention can change by phase).
 const REFRESH: Duration = Duration::from_secs(5);
 /// Counting time of one survey turn: a line contended at the default threshold (1,000
@@ -83,7 +76,7 @@ struct Settled {
     line: u64,
     at: Instant,
     transfers: u64,
-    read_write_s: f64,
+    armed_s: f64,
 }
 
 /// What the armed turn is.
@@ -318,17 +311,8 @@ impl Steering {
         // it hot) cannot be measured that way: each such window overshoots its hit cap and
         // its cooldown stops every other turn for a long while. Its stores still can be, and
         // are from then on.
-        // Only once a read+write window has seen two threads on the line (or the windows
-        // have had [`READ_HOT_TRIES_S`] to): store-only windows never see a thread that only
-        // reads it, so a line marked after one window that happened to see the writer alone
-        // could never be rated again (Phoenix linear_regression -O0: the reader loads the
-        // line 8 times per iteration, the writer stores 5 times).
         for e in &estimates {
-            if e.clamped
-                && !e.stores_only
-                && (e.informative() || e.read_write_s >= READ_HOT_TRIES_S)
-                && !self.read_hot.contains(&e.line_addr)
-            {
+            if e.clamped && !e.stores_only && !self.read_hot.contains(&e.line_addr) {
                 self.read_hot.push(e.line_addr);
             }
         }
@@ -431,16 +415,16 @@ impl Steering {
         for e in estimates {
             let prev = self.settled.iter().position(|s| s.line == e.line_addr);
             let (t0, a0) = prev.map_or((0, 0.0), |i| {
-                (self.settled[i].transfers, self.settled[i].read_write_s)
+                (self.settled[i].transfers, self.settled[i].armed_s)
             });
             let good = e.transfers.saturating_sub(t0) >= ENOUGH_TRANSFERS
-                || e.read_write_s - a0 >= ENOUGH_ARMED_S;
+                || e.armed_s - a0 >= ENOUGH_ARMED_S;
             if good {
                 let s = Settled {
                     line: e.line_addr,
                     at: now,
                     transfers: e.transfers,
-                    read_write_s: e.read_write_s,
+                    armed_s: e.armed_s,
                 };
                 match prev {
                     Some(i) => self.settled[i] = s,
@@ -488,7 +472,6 @@ mod tests {
             windows: 1,
             inferred: false,
             armed_s,
-            read_write_s: armed_s,
             effective_s: armed_s,
             clamped: false,
             stores_only: false,
@@ -537,28 +520,5 @@ mod tests {
         // 400 new transfers since the refresh began: settled again.
         let due = s.due(&[est(0x40, 860, 0.2)], vec![cand(0x40)], t2);
         assert!(due.is_empty());
-    }
-
-    /// Surveys watch stores only: a line one thread stores to and another only reads shows no
-    /// transfer in them however long they run, so their time does not settle it as quiet.
-    #[test]
-    fn store_only_windows_do_not_make_a_line_quiet() {
-        let mut s = Steering::default();
-        let t = Instant::now();
-        let surveyed = LineEstimate {
-            read_write_s: 0.0,
-            stores_only: true,
-            shared_windows: 0,
-            ..est(0x40, 0, 0.9)
-        };
-        let due = s.due(&[surveyed.clone()], vec![cand(0x40)], t);
-        assert_eq!(lines(&due), [0x40], "0.9 s of surveys: still due");
-        // 0.3 s of read+write windows with no transfer: quiet.
-        let watched = LineEstimate {
-            read_write_s: 0.31,
-            ..surveyed
-        };
-        let due = s.due(&[watched], vec![cand(0x40)], t);
-        assert!(due.is_empty(), "{:?}", lines(&due));
     }
 }

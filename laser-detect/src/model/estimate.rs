@@ -184,10 +184,6 @@ pub struct LineEstimate {
     /// that long, so the rate is an upper estimate).
     pub inferred: bool,
     pub armed_s: f64,
-    /// Armed time of the read+write data windows alone: the windows that see every access of
-    /// every thread to the watched words. Store-only (survey) windows never see a thread that
-    /// only loads the line, so their time says nothing about whether the line is quiet.
-    pub read_write_s: f64,
     /// Armed time less the most-trapped thread's trap time (the armed time when `clamped`), of
     /// the kind of window the rate is from (`armed_s` sums both kinds).
     pub effective_s: f64,
@@ -564,7 +560,6 @@ impl Estimator {
             },
             inferred: l.implicit.is_some(),
             armed_s: armed_ns.iter().sum::<u64>() as f64 * 1e-9,
-            read_write_s: armed_ns[READ_WRITE] as f64 * 1e-9,
             effective_s: effective,
             clamped,
             stores_only: kind == STORES_ONLY,
