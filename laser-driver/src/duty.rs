@@ -341,16 +341,23 @@ mod tests {
         assert!(m.calibrate);
     }
 
+    /// A 20 ms, 2% policy at 10 µs a hit (cap 40) whose first window reached its cap 1 ms
+    /// after it began, with 2 ms of target CPU used: it is cooling.
+    fn capped_window() -> (DutyCycle, DutyState, Instant) {
+        let d = DutyCycle::new(20 * MS, 0.02, Duration::from_micros(10));
+        let mut st = DutyState::default();
+        let t0 = Instant::now();
+        st.start(t0, Duration::ZERO);
+        assert_eq!(st.tick(&d, t0 + MS, 40, 2 * MS), Action::Disable);
+        (d, st, t0)
+    }
+
     /// The cooldown is re-checked when the target could first have paid for it, in CPU time
     /// running on all its CPUs and in wall time since the window began, not on a fixed short
     /// timer.
     #[test]
     fn cooldown_recheck_waits_for_the_cpu_and_wall_time_still_owed() {
-        let d = DutyCycle::new(20 * MS, 0.02, Duration::from_micros(10)); // cap 40
-        let mut st = DutyState::default();
-        let t0 = Instant::now();
-        st.start(t0, Duration::ZERO);
-        assert_eq!(st.tick(&d, t0 + MS, 40, 2 * MS), Action::Disable);
+        let (d, mut st, t0) = capped_window();
         // 40 hits · 10 µs = 0.4 ms of traps → 20.4 ms of target CPU and of wall time per
         // cycle; 2 ms of CPU and 1 ms of wall time used.
         let need = d.cpu_needed(40);
@@ -377,11 +384,7 @@ mod tests {
     /// duration, so the cooldown lasts until the wall time is paid too.
     #[test]
     fn busy_parallel_target_cools_down_on_wall_time_too() {
-        let d = DutyCycle::new(20 * MS, 0.02, Duration::from_micros(10)); // cap 40
-        let mut st = DutyState::default();
-        let t0 = Instant::now();
-        st.start(t0, Duration::ZERO);
-        assert_eq!(st.tick(&d, t0 + MS, 40, 2 * MS), Action::Disable);
+        let (d, mut st, t0) = capped_window();
         // 20.4 ms of CPU and of wall time per cycle.
         let need = d.cpu_needed(40);
         // CPU paid at 10.2 ms of wall time (2 CPUs busy): not enough.
