@@ -262,13 +262,19 @@ mod tests {
         }
     }
 
+    /// T1 on cpu 0 and T2 on cpu 1, both sampled in each of the first `slots` slots.
+    fn side_by_side(slots: u64) -> ConcurrencyTracker {
+        let mut t = ConcurrencyTracker::default();
+        run(&mut t, 1, 0, 0, slots, 100_000);
+        run(&mut t, 2, 1, 0, slots, 1_300_000);
+        t
+    }
+
     #[test]
     fn two_threads_side_by_side_overlap_fully() {
         // T1 ████████  cpu 0
         // T2 ████████  cpu 1
-        let mut t = ConcurrencyTracker::default();
-        run(&mut t, 1, 0, 0, 500, 100_000);
-        run(&mut t, 2, 1, 0, 500, 1_300_000);
+        let t = side_by_side(500);
         let c = t.summary().unwrap();
         assert_eq!(c.threads, 2);
         assert_eq!(c.overlap, Some(1.0));
@@ -330,9 +336,7 @@ mod tests {
     #[test]
     fn threads_side_by_side_too_briefly_are_flagged_short() {
         // 50 slots of 2 ms together: 0.1 s, overlap 1, under MIN_CONCURRENT_S.
-        let mut t = ConcurrencyTracker::default();
-        run(&mut t, 1, 0, 0, 50, 100_000);
-        run(&mut t, 2, 1, 0, 50, 1_300_000);
+        let mut t = side_by_side(50);
         let c = t.summary().unwrap();
         assert_eq!(c.overlap, Some(1.0));
         assert!(c.short() && c.low(), "{c:?}");
