@@ -102,6 +102,7 @@ pub fn run_loop(
 ) -> Result<Outcome> {
     let start = Instant::now();
     raise_reader_priority();
+    let mut reader = ReaderPolicy::default();
     let mut view = crate::live_view::LiveView::new(session.pid(), opts.live_view);
     let mut record_error: Option<anyhow::Error> = None;
     let mut skipped = 0;
@@ -129,6 +130,7 @@ pub fn run_loop(
             let wait = steering.poll_hint().map_or(Duration::from_millis(50), |h| {
                 h.min(Duration::from_millis(50))
             });
+            reader.set(session.watch_mut().is_ok_and(|w| w.is_counting()));
             match session.poll(wait, &mut sink) {
                 Ok(st) => st,
                 // Our child was reaped by someone else's waitpid: a repair's tracee (laser
@@ -213,6 +215,72 @@ fn raise_reader_priority() {
     }
 }
 
+/// The reader at `SCHED_FIFO` while a watch window counts, an ordinary thread (at
+/// [`READER_NICE`]) otherwise.
+///
+/// A window ends at its hit cap only when the reader drains the hits and disables it. At nice
+/// -10 the reader still woke 4–8 ms late when the CPUs were busy with more than the target
+/// (two CPU hogs beside a two-thread program: 3 of 6 runs had a window of 519–1,122 hits
+/// where the cap was ~155), and one such window's cooldown took its share of the trap budget
+/// for most of a second: a 1.5 s run under test load got 2 windows, both on one thread, and
+/// no estimate (tests/cli.rs, the record → report test, once in CI). A real-time reader
+/// preempts the target at once. It runs only short drains while a window counts and sleeps
+/// in between, so it cannot starve the target, and the kernel's real-time throttling bounds
+/// it anyway; between windows it is an ordinary thread again, so the detector's and
+/// steering's longer work does not preempt anyone. Without the privilege (not root, no
+/// CAP_SYS_NICE) nothing changes; `LASER_READER_NO_RT` turns it off (for A/B measurements).
+#[derive(Default)]
+struct ReaderPolicy {
+    realtime: bool,
+    /// Switching failed once (no privilege) or was turned off: never tried again.
+    off: bool,
+}
+
+impl ReaderPolicy {
+    /// Priority 1: above every ordinary task, below the kernel's own real-time threads.
+    const PRIORITY: libc::c_int = 1;
+
+    fn set(&mut self, realtime: bool) {
+        if self.off || realtime == self.realtime {
+            return;
+        }
+        if realtime && std::env::var_os("LASER_READER_NO_RT").is_some() {
+            self.off = true;
+            return;
+        }
+        let (policy, priority) = if realtime {
+            // RESET_ON_FORK: threads laser starts meanwhile (the DWARF prefetcher) do not
+            // inherit it.
+            (libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, Self::PRIORITY)
+        } else {
+            (libc::SCHED_OTHER, 0)
+        };
+        let param = libc::sched_param {
+            sched_priority: priority,
+        };
+        // SAFETY: sched_setscheduler on the calling thread (pid 0) with a sched_param we own;
+        // the kernel keeps no reference to it. Back to SCHED_OTHER keeps the nice value.
+        if unsafe { libc::sched_setscheduler(0, policy, &param) } == 0 {
+            self.realtime = realtime;
+        } else if realtime {
+            self.off = true;
+        } else {
+            eprintln!(
+                "laser: warning: restoring the reader's scheduling policy: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// Every way out of the loop (an error too) leaves the thread ordinary: the report, the
+/// repair's planning and whatever the caller does next are not real-time work.
+impl Drop for ReaderPolicy {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
+
 /// `waitpid` on the launched child failed with ECHILD: it has been reaped already.
 fn reaped_elsewhere(e: &laser_driver::DriverError) -> bool {
     let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
@@ -223,4 +291,53 @@ fn reaped_elsewhere(e: &laser_driver::DriverError) -> bool {
         src = s.source();
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> libc::c_int {
+        // SAFETY: sched_getscheduler on the calling thread reads no memory of ours.
+        let p = unsafe { libc::sched_getscheduler(0) };
+        p & !libc::SCHED_RESET_ON_FORK
+    }
+
+    fn nice() -> i32 {
+        // SAFETY: gettid and getpriority take plain integers.
+        unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::getpriority(libc::PRIO_PROCESS, tid)
+        }
+    }
+
+    /// Real-time while a window counts, ordinary with its nice value kept after, and ordinary
+    /// again however the loop ends (drop). Without the privilege nothing changes at all.
+    #[test]
+    fn the_reader_is_real_time_only_while_a_window_counts() {
+        // The test harness's thread is ours alone.
+        raise_reader_priority();
+        let nice0 = nice();
+        let mut r = ReaderPolicy::default();
+        r.set(true);
+        if r.off {
+            assert_eq!(policy(), libc::SCHED_OTHER, "no privilege: unchanged");
+            return;
+        }
+        assert_eq!(policy(), libc::SCHED_FIFO);
+        r.set(false);
+        assert_eq!(policy(), libc::SCHED_OTHER);
+        assert_eq!(
+            nice(),
+            nice0,
+            "back to ordinary keeps the reader's nice value"
+        );
+        r.set(true);
+        drop(r);
+        assert_eq!(
+            policy(),
+            libc::SCHED_OTHER,
+            "dropped while counting: ordinary again"
+        );
+    }
 }
