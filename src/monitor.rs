@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use laser_detect::{Detector, WatchCandidate};
 use laser_driver::{Event, ExitStatus, Session, Status};
+use laser_repair::tracee::RealTime;
 
 use crate::live_heap::LiveHeap;
 use crate::recording::Recorder;
@@ -215,69 +216,36 @@ fn raise_reader_priority() {
     }
 }
 
-/// The reader at `SCHED_FIFO` while a watch window counts, an ordinary thread (at
-/// [`READER_NICE`]) otherwise.
+/// The reader at `SCHED_FIFO` while a watch window counts ([`RealTime`]), an ordinary thread
+/// (at [`READER_NICE`]) otherwise.
 ///
 /// A window ends at its hit cap only when the reader drains the hits and disables it. At nice
-/// -10 the reader still woke 4–8 ms late when the CPUs were busy with more than the target
-/// (two CPU hogs beside a two-thread program: 3 of 6 runs had a window of 519–1,122 hits
-/// where the cap was ~155), and one such window's cooldown took its share of the trap budget
-/// for most of a second: a 1.5 s run under test load got 2 windows, both on one thread, and
-/// no estimate (tests/cli.rs, the record → report test, once in CI). A real-time reader
+/// -10 the reader still woke 4–12 ms late when the CPUs were busy with more than the target
+/// (two CPU hogs beside a two-thread program: 8 of 377 windows took 284–1,196 hits where the
+/// cap was ~150), and one such window's cooldown took its share of the trap budget for most
+/// of a second: a 1.5 s run under test load got 2 windows, both on one thread, and no
+/// estimate (tests/cli.rs, the record → report test, once in CI). A real-time reader
 /// preempts the target at once. It runs only short drains while a window counts and sleeps
 /// in between, so it cannot starve the target, and the kernel's real-time throttling bounds
 /// it anyway; between windows it is an ordinary thread again, so the detector's and
-/// steering's longer work does not preempt anyone. Without the privilege (not root, no
-/// CAP_SYS_NICE) nothing changes; `LASER_READER_NO_RT` turns it off (for A/B measurements).
+/// steering's longer work does not preempt anyone. Dropping it (every way out of the loop,
+/// an error too) makes the thread ordinary again. `LASER_READER_NO_RT` turns it off (for
+/// A/B measurements).
 #[derive(Default)]
 struct ReaderPolicy {
-    realtime: bool,
-    /// Switching failed once (no privilege) or was turned off: never tried again.
+    realtime: Option<RealTime>,
+    /// Raising failed once (no privilege, or turned off): never tried again.
     off: bool,
 }
 
 impl ReaderPolicy {
-    /// Priority 1: above every ordinary task, below the kernel's own real-time threads.
-    const PRIORITY: libc::c_int = 1;
-
     fn set(&mut self, realtime: bool) {
-        if self.off || realtime == self.realtime {
-            return;
+        if !realtime {
+            self.realtime = None;
+        } else if self.realtime.is_none() && !self.off {
+            self.realtime = RealTime::raise_unless("LASER_READER_NO_RT");
+            self.off = self.realtime.is_none();
         }
-        if realtime && std::env::var_os("LASER_READER_NO_RT").is_some() {
-            self.off = true;
-            return;
-        }
-        let (policy, priority) = if realtime {
-            // RESET_ON_FORK: threads laser starts meanwhile (the DWARF prefetcher) do not
-            // inherit it.
-            (libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, Self::PRIORITY)
-        } else {
-            (libc::SCHED_OTHER, 0)
-        };
-        let param = libc::sched_param {
-            sched_priority: priority,
-        };
-        // SAFETY: sched_setscheduler on the calling thread (pid 0) with a sched_param we own;
-        // the kernel keeps no reference to it. Back to SCHED_OTHER keeps the nice value.
-        if unsafe { libc::sched_setscheduler(0, policy, &param) } == 0 {
-            self.realtime = realtime;
-        } else if realtime {
-            self.off = true;
-        } else {
-            eprintln!(
-                "laser: warning: restoring the reader's scheduling policy: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-    }
-}
-
-/// Every way out of the loop (an error too) leaves the thread ordinary: the report, the
-/// repair's planning and whatever the caller does next are not real-time work.
-impl Drop for ReaderPolicy {
-    fn drop(&mut self) {
-        self.set(false);
     }
 }
 

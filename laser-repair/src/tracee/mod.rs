@@ -52,5 +52,5 @@ pub use error::TraceeError;
 pub use mem::ProcMem;
 pub use patch::{CacheAddrs, CacheSizes, Move, Patch, PatchSet};
 pub use record::{RecordState, RepairRecord};
-pub use threads::{HoldPhases, LockStats, StopKind, ThreadLock};
+pub use threads::{HoldPhases, LockStats, RealTime, StopKind, ThreadLock};
 pub use undo::{find_repairs, undo, undo_one, UndoOptions, UndoReport};

@@ -130,8 +130,8 @@ pub struct ThreadLock {
     pub(crate) phases: HoldPhases,
     clone_events: usize,
     released: bool,
-    /// The tracer thread's scheduling, raised for the hold (see [`RtHold`]).
-    rt: Option<RtHold>,
+    /// The tracer thread's scheduling, raised for the hold (see [`RealTime`]).
+    rt: Option<RealTime>,
     /// ptrace binds a tracee to the tracer *thread*: the lock must stay on the thread that made
     /// it (ptrace calls from another thread fail with ESRCH).
     _not_send: std::marker::PhantomData<*const ()>,
@@ -161,7 +161,7 @@ impl ThreadLock {
             phases: HoldPhases::default(),
             clone_events: 0,
             released: false,
-            rt: RtHold::raise(),
+            rt: RealTime::for_hold(),
             _not_send: std::marker::PhantomData,
         };
         let mut quiet = 0;
@@ -508,29 +508,32 @@ impl Drop for ThreadLock {
     }
 }
 
-/// The tracer thread at `SCHED_FIFO` for one hold, its own policy put back when dropped.
+/// The calling thread at `SCHED_FIFO` (priority 1, above every ordinary task, below the
+/// kernel's own real-time threads) until dropped, when its own policy is put back.
 ///
-/// A hold waits for the tracer more than for the target: between two ptrace requests, and
-/// after each sleep while it polls for stops, the tracer is an ordinary task competing with
-/// the workers it has not stopped yet (or has just released), and on 2 busy vCPUs with a
-/// 4 ms tick that cost 0.1–25.8 ms to seize and 1.5–5 ms to detach per hold (issue 15). A
-/// real-time tracer preempts them at once. It only ever runs short ptrace and /proc calls
-/// and sleeps while it waits, so it cannot starve the threads it waits for, and the kernel's
-/// real-time throttling bounds it anyway. Without the privilege (not root, no
-/// CAP_SYS_NICE), or with `LASER_HOLDS_NO_RT` set, the hold runs as before.
+/// The tracer runs a hold this way: a hold waits for the tracer more than for the target:
+/// between two ptrace requests, and after each sleep while it polls for stops, the tracer is
+/// an ordinary task competing with the workers it has not stopped yet (or has just released),
+/// and on 2 busy vCPUs with a 4 ms tick that cost 0.1–25.8 ms to seize and 1.5–5 ms to detach
+/// per hold (issue 15). A real-time tracer preempts them at once. It only ever runs short
+/// ptrace and /proc calls and sleeps while it waits, so it cannot starve the threads it waits
+/// for, and the kernel's real-time throttling bounds it anyway. The monitor's ring reader
+/// uses it while a watch window counts (`src/monitor.rs`). Without the privilege (not root,
+/// no CAP_SYS_NICE), or with the caller's opt-out variable set, nothing changes.
 #[derive(Debug)]
-struct RtHold {
+pub struct RealTime {
     policy: libc::c_int,
     param: libc::sched_param,
 }
 
-impl RtHold {
-    /// Priority 1: above every ordinary task, below the kernel's own real-time threads.
+impl RealTime {
     const PRIORITY: libc::c_int = 1;
 
-    fn raise() -> Option<RtHold> {
-        // For measuring what the policy changes (scripts/hold-cost's A/B).
-        if std::env::var_os("LASER_HOLDS_NO_RT").is_some() {
+    /// Raises the calling thread, unless the environment variable `opt_out` is set (for
+    /// measuring what the policy changes) or the thread is real-time already (a caller's
+    /// choice: left as it is). `None`: nothing changed.
+    pub fn raise_unless(opt_out: &str) -> Option<RealTime> {
+        if std::env::var_os(opt_out).is_some() {
             return None;
         }
         // SAFETY: sched_getscheduler/sched_getparam/sched_setscheduler on the calling thread
@@ -541,7 +544,6 @@ impl RtHold {
             if policy < 0 || libc::sched_getparam(0, &mut param) != 0 {
                 return None;
             }
-            // Already real-time (a caller's choice): leave it.
             if policy & !libc::SCHED_RESET_ON_FORK != libc::SCHED_OTHER
                 && policy & !libc::SCHED_RESET_ON_FORK != libc::SCHED_BATCH
             {
@@ -552,17 +554,23 @@ impl RtHold {
             };
             // RESET_ON_FORK: a thread or process started meanwhile does not inherit it.
             (libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &rt) == 0)
-                .then_some(RtHold { policy, param })
+                .then_some(RealTime { policy, param })
         }
+    }
+
+    /// For one hold: `LASER_HOLDS_NO_RT` opts out (scripts/hold-cost's A/B).
+    fn for_hold() -> Option<RealTime> {
+        RealTime::raise_unless("LASER_HOLDS_NO_RT")
     }
 }
 
-impl Drop for RtHold {
+impl Drop for RealTime {
     fn drop(&mut self) {
-        // SAFETY: as in `raise`; the saved policy keeps its own RESET_ON_FORK bit.
+        // SAFETY: as in `raise_unless`; the saved policy keeps its own RESET_ON_FORK bit and
+        // an ordinary policy its nice value.
         if unsafe { libc::sched_setscheduler(0, self.policy, &self.param) } != 0 {
             log::warn!(
-                "laser: restoring the tracer's scheduling policy: {}",
+                "laser: restoring a thread's scheduling policy: {}",
                 std::io::Error::last_os_error()
             );
         }
@@ -573,7 +581,7 @@ impl Drop for RtHold {
 /// they are then several times shorter on a loaded machine, which a budget for holds may
 /// count on before it has measured one.
 pub fn realtime_holds() -> bool {
-    RtHold::raise().is_some()
+    RealTime::for_hold().is_some()
 }
 
 /// Thread ids in `/proc/PID/task`.
