@@ -208,6 +208,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     if let Some(o) = &online {
         analysis.notes.push(o.note());
     }
+    analysis.notes.extend(outcome.unwatched.clone());
     if outcome.skipped > 0 {
         analysis.notes.push(format!(
             "{} sample(s) in laser's code cache (repaired code, in no ELF file) were counted, \
@@ -275,6 +276,10 @@ pub fn record(args: RecordArgs) -> Result<i32> {
         None,
     )?;
     recorder.finish(outcome.elapsed.as_nanos() as u64)?;
+    if let Some(note) = &outcome.unwatched {
+        // A recording carries events, not notes: say it here.
+        eprintln!("laser: warning: {note}");
+    }
     let st = session.stats();
     eprintln!(
         "laser: recorded {} samples ({} lost) in {:.2} s to {}",
@@ -399,6 +404,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
     }
     let mut analysis = detector.finish();
     analysis.duration_s = outcome.elapsed.max(Duration::from_millis(1)).as_secs_f64();
+    analysis.notes.extend(outcome.unwatched.clone());
     if let Some(h) = heap.as_mut() {
         // The process is still there: read the blocks of every heap line worth reporting.
         let lines: Vec<u64> = analysis

@@ -2,13 +2,14 @@
 //! the detector and/or a recording, steer watchpoints at the lines the detector suspects, show
 //! progress, and stop when the target exits, the duration is up, or the user interrupts.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use laser_detect::{Detector, WatchCandidate};
-use laser_driver::{Event, ExitStatus, Session, Status};
+use laser_driver::{Event, ExitStatus, Session, Status, Unwatched};
 use laser_repair::tracee::RealTime;
 
 use crate::live_heap::LiveHeap;
@@ -86,6 +87,8 @@ pub struct Outcome {
     pub elapsed: Duration,
     /// Samples left out because their IP was in `LoopOptions::skip_pcs`.
     pub skipped: u64,
+    /// The report's note on threads the watchpoints could not cover ([`unwatched_note`]).
+    pub unwatched: Option<String>,
 }
 
 /// How often the monitor loop hands the contended lines' modules to the DWARF prefetcher.
@@ -181,6 +184,10 @@ pub fn run_loop(
             view.update(st.samples, st.lost, detector.as_deref());
         }
     };
+    let unwatched = session
+        .watch_mut()
+        .ok()
+        .and_then(|w| unwatched_note(w.unwatched()));
     if opts.steer_watchpoints {
         if let Ok(w) = session.watch_mut() {
             // Leave nothing armed in a process we are about to let go of.
@@ -195,7 +202,47 @@ pub fn run_loop(
         exit,
         elapsed: start.elapsed(),
         skipped,
+        unwatched,
     })
+}
+
+/// What the report says about threads the watchpoints could not cover: their accesses are
+/// sampled like every thread's, but missing from the watch windows, so a watched line's exact
+/// rate leaves them out.
+fn unwatched_note(threads: &BTreeMap<i32, Unwatched>) -> Option<String> {
+    if threads.is_empty() {
+        return None;
+    }
+    let of = |why: Unwatched| -> Vec<String> {
+        threads
+            .iter()
+            .filter(|(_, w)| **w == why)
+            .map(|(t, _)| format!("T{t}"))
+            .collect()
+    };
+    let mut parts = Vec::new();
+    let taken = of(Unwatched::DebugRegistersTaken);
+    if !taken.is_empty() {
+        parts.push(format!(
+            "{} thread(s) had their debug registers taken by another tool (a debugger's \
+             hardware watchpoints, `perf record -e mem:ADDR`, another laser): {}",
+            taken.len(),
+            taken.join(", ")
+        ));
+    }
+    let nofile = of(Unwatched::NoDescriptors);
+    if !nofile.is_empty() {
+        parts.push(format!(
+            "{} thread(s) found laser out of file descriptors (raise `ulimit -n`): {}",
+            nofile.len(),
+            nofile.join(", ")
+        ));
+    }
+    Some(format!(
+        "watch: {}; they were sampled but not watched, so watched lines' exact rates leave \
+         their accesses out",
+        parts.join("; ")
+    ))
 }
 
 /// Nice value of the thread that reads the rings and runs the duty cycle, when laser may set

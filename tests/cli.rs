@@ -37,21 +37,32 @@ fn workdir() -> &'static Path {
     })
 }
 
+/// The false-sharing pair of FS_C in a program whose main thread first takes all 4 of its
+/// debug registers, as a debugger's hardware watchpoints would.
+const DEBUG_REGISTERS_TAKEN_C: &str = include_str!("fixtures/programs/debug_registers_taken.c");
+
+/// `src` compiled with -O2 -g as `name` in the work directory.
+fn compile(name: &str, src: &str) -> PathBuf {
+    let d = workdir();
+    let c = d.join(format!("{name}.c"));
+    std::fs::write(&c, src).unwrap();
+    let bin = d.join(name);
+    let ok = Command::new("gcc")
+        .args(["-O2", "-g", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(&c)
+        .status()
+        .expect("gcc runs");
+    assert!(ok.success(), "gcc failed");
+    bin
+}
+
 /// Builds the false-sharing program once (with -g; and a stripped copy).
 fn fs_program() -> &'static (PathBuf, PathBuf) {
     static P: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
     P.get_or_init(|| {
         let d = workdir();
-        let src = d.join("fs.c");
-        std::fs::write(&src, FS_C).unwrap();
-        let bin = d.join("fs");
-        let ok = Command::new("gcc")
-            .args(["-O2", "-g", "-pthread", "-o"])
-            .arg(&bin)
-            .arg(&src)
-            .status()
-            .expect("gcc runs");
-        assert!(ok.success(), "gcc failed");
+        let bin = compile("fs", FS_C);
         let stripped = d.join("fs-stripped");
         std::fs::copy(&bin, &stripped).unwrap();
         let ok = Command::new("strip").arg(&stripped).status().unwrap();
@@ -314,4 +325,72 @@ fn backends_lists_soft_as_available() {
         "{t}"
     );
     assert!(s.contains("auto"), "{t}");
+}
+
+/// A thread whose debug registers another tool holds is sampled but not watched: `run` and
+/// `attach` both go on and say which thread (`attach` used to fail on it with ENOSPC).
+#[test]
+fn a_thread_whose_debug_registers_are_taken_is_named_and_the_run_goes_on() {
+    let _serial = exclusive();
+    let bin = compile("debug_registers_taken", DEBUG_REGISTERS_TAKEN_C);
+    let taken_note = |report: &serde_json::Value| -> Option<String> {
+        report["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|n| n.as_str())
+            .find(|n| n.contains("debug registers taken"))
+            .map(str::to_owned)
+    };
+
+    let out = workdir().join("taken-run.json");
+    let o = laser(&[
+        "run",
+        "--threshold",
+        LOW,
+        "--json",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        "1",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let note = taken_note(&json(&out)).unwrap_or_else(|| panic!("no note\n{t}"));
+    assert!(note.starts_with("watch: 1 thread(s)"), "{note}");
+
+    let mut child = Command::new(&bin)
+        .arg("3")
+        .env("FS_PRINT_PID", "1")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let pid = line.trim().to_string();
+    let out = workdir().join("taken-attach.json");
+    let o = laser(&[
+        "attach",
+        "-p",
+        &pid,
+        "--duration",
+        "1s",
+        "--json",
+        out.to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let note = taken_note(&json(&out)).unwrap_or_else(|| panic!("no note\n{t}"));
+    assert!(
+        note.contains(&format!("T{pid}")),
+        "the main thread is named: {note}"
+    );
+    assert!(
+        child.wait().unwrap().success(),
+        "the target finishes normally"
+    );
 }

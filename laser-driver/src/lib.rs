@@ -36,4 +36,4 @@ pub use launch::ExitStatus;
 pub use session::{
     AttrInfo, Config, HeaderInfo, Session, Status, DEFAULT_BUFFER_PAGES, DEFAULT_SOFT_FREQ,
 };
-pub use watch::{WatchSpec, Watcher, MAX_WATCHES};
+pub use watch::{Unwatched, WatchSpec, Watcher, MAX_WATCHES};

@@ -200,6 +200,34 @@ pub struct Watcher {
     closed_ids: Vec<u64>,
     /// Launch: the descriptor limit was raised for window events.
     nofile_raised: bool,
+    /// Threads left unwatched (at least once), and why: sampled, but their accesses are
+    /// missing from every watch window that could not be opened on them.
+    unwatched: std::collections::BTreeMap<i32, Unwatched>,
+}
+
+/// Why a thread of the target could not be watched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Unwatched {
+    /// `ENOSPC`: the thread's debug registers are taken by another tool (a debugger's
+    /// hardware watchpoints, `perf record -e mem:ADDR`, another laser).
+    DebugRegistersTaken,
+    /// `EMFILE`/`ENFILE`: laser ran out of file descriptors for its events.
+    NoDescriptors,
+}
+
+impl Unwatched {
+    /// The reason behind an event-open error, if it is one that leaves a thread unwatched
+    /// while the rest go on.
+    fn of(e: &DriverError) -> Option<Unwatched> {
+        match e {
+            DriverError::Open { source, .. } => match source.raw_os_error() {
+                Some(libc::ENOSPC) => Some(Unwatched::DebugRegistersTaken),
+                Some(libc::EMFILE | libc::ENFILE) => Some(Unwatched::NoDescriptors),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
 }
 
 impl Watcher {
@@ -220,6 +248,7 @@ impl Watcher {
             opened_ids: Vec::new(),
             closed_ids: Vec::new(),
             nofile_raised: false,
+            unwatched: std::collections::BTreeMap::new(),
         };
         if let Some(pid) = target {
             w.add_process(pid);
@@ -287,7 +316,20 @@ impl Watcher {
         for slot in 0..MAX_WATCHES as u8 {
             let a = attr::watch(self.binding, wake);
             let what = format!("watchpoint slot {slot} (pid {pid}, cpu {cpu})");
-            let fd = sys::open(&a, pid, cpu, &what)?;
+            let fd = match sys::open(&a, pid, cpu, &what) {
+                Ok(fd) => fd,
+                // Another tool holds the thread's debug registers, or descriptors ran out:
+                // the thread is sampled but not watched (its slots opened so far close), and
+                // the session goes on; the report says so.
+                Err(e) => match Unwatched::of(&e) {
+                    Some(why) => {
+                        self.events.truncate(first_new);
+                        self.unwatched.entry(pid).or_insert(why);
+                        return Ok(Vec::new());
+                    }
+                    None => return Err(e),
+                },
+            };
             sys::set_output(&fd, leader.as_raw_fd())?;
             let id = sys::event_id(&fd)?;
             ids.push((id, slot));
@@ -470,16 +512,18 @@ impl Watcher {
                 };
                 match r {
                     Ok(()) => {}
-                    // ESRCH: exited since it was listed, nothing to watch. ENOSPC: its debug
-                    // registers are taken (a debugger's breakpoints). EMFILE/ENFILE: out of
-                    // descriptors. This thread goes unwatched this window; the window and
-                    // the program go on.
+                    // ESRCH: exited since it was listed, nothing to watch.
                     Err(DriverError::Open { source, .. })
-                        if matches!(
-                            source.raw_os_error(),
-                            Some(libc::ESRCH | libc::ENOSPC | libc::EMFILE | libc::ENFILE)
-                        ) => {}
-                    Err(e) => return Err(e),
+                        if source.raw_os_error() == Some(libc::ESRCH) => {}
+                    // ENOSPC: its debug registers are taken (a debugger's breakpoints).
+                    // EMFILE/ENFILE: out of descriptors. This thread goes unwatched this
+                    // window (noted for the report); the window and the program go on.
+                    Err(e) => match Unwatched::of(&e) {
+                        Some(why) => {
+                            self.unwatched.entry(tid).or_insert(why);
+                        }
+                        None => return Err(e),
+                    },
                 }
             }
         }
@@ -609,6 +653,11 @@ impl Watcher {
     /// The armed set (slot n = index n), empty when disarmed.
     pub fn armed(&self) -> &[WatchSpec] {
         &self.specs
+    }
+
+    /// Threads that could not be watched (in at least one window), and why, by thread id.
+    pub fn unwatched(&self) -> &std::collections::BTreeMap<i32, Unwatched> {
+        &self.unwatched
     }
 
     /// True while the watchpoints are counting (armed and not cooling down).
