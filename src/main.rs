@@ -48,10 +48,29 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("laser: error: {e:#}");
+            eprintln!("laser: error: {}", error_text(&e));
             std::process::exit(error_code(&e));
         }
     }
+}
+
+/// The error and its causes joined by ": ", each cause left out when the text so far already
+/// says it: several errors print their source in their own message and also hand it on as
+/// their source ("… failed: No space left on device (os error 28): No space left on device
+/// (os error 28)").
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if text.contains(&s) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&s);
+    }
+    text
 }
 
 /// Maps a failure to laser's exit codes (see `exit.rs`).
@@ -61,5 +80,28 @@ fn error_code(e: &anyhow::Error) -> i32 {
         Some(DriverError::Exec { .. }) => exit::CANNOT_EXECUTE,
         _ if e.chain().any(|c| c.to_string() == "monitoring failed") => exit::MONITOR_FAILED,
         _ => exit::FAILED,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_text_says_each_cause_once() {
+        let io = std::io::Error::from_raw_os_error(libc::ENOSPC);
+        let e = anyhow::Error::new(DriverError::Open {
+            what: "watchpoint slot 0".into(),
+            pid: 7,
+            cpu: -1,
+            source: io,
+        })
+        .context("monitoring failed");
+        let t = error_text(&e);
+        assert_eq!(t.matches("No space left on device").count(), 1, "{t}");
+        assert!(
+            t.starts_with("monitoring failed: perf_event_open for watchpoint slot 0"),
+            "{t}"
+        );
     }
 }

@@ -315,7 +315,7 @@ impl Watcher {
         let first_new = self.events.len();
         for slot in 0..MAX_WATCHES as u8 {
             let a = attr::watch(self.binding, wake);
-            let what = format!("watchpoint slot {slot} (pid {pid}, cpu {cpu})");
+            let what = format!("watchpoint slot {slot}");
             let fd = match sys::open(&a, pid, cpu, &what) {
                 Ok(fd) => fd,
                 // Another tool holds the thread's debug registers, or descriptors ran out:
@@ -547,7 +547,7 @@ impl Watcher {
         let base = attr::watch(Binding::Launch, self.wake_events());
         let s = self.specs[slot];
         let a = attr::repoint(&base, s.addr, s.len, s.kind, false);
-        let what = format!("watchpoint slot {slot} (thread {tid}, cpu {cpu})");
+        let what = format!("watchpoint slot {slot}");
         let fd = sys::open(&a, tid, *cpu, &what)?;
         sys::set_output(&fd, out.as_raw_fd())?;
         Ok(WatchEvent {
