@@ -34,6 +34,7 @@
 //! (`watchpoints_rearm_and_disarm_while_running`).
 
 use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
@@ -202,7 +203,7 @@ pub struct Watcher {
     nofile_raised: bool,
     /// Threads left unwatched (at least once), and why: sampled, but their accesses are
     /// missing from every watch window that could not be opened on them.
-    unwatched: std::collections::BTreeMap<i32, Unwatched>,
+    unwatched: BTreeMap<i32, Unwatched>,
 }
 
 /// Why a thread of the target could not be watched.
@@ -248,7 +249,7 @@ impl Watcher {
             opened_ids: Vec::new(),
             closed_ids: Vec::new(),
             nofile_raised: false,
-            unwatched: std::collections::BTreeMap::new(),
+            unwatched: BTreeMap::new(),
         };
         if let Some(pid) = target {
             w.add_process(pid);
@@ -656,7 +657,7 @@ impl Watcher {
     }
 
     /// Threads that could not be watched (in at least one window), and why, by thread id.
-    pub fn unwatched(&self) -> &std::collections::BTreeMap<i32, Unwatched> {
+    pub fn unwatched(&self) -> &BTreeMap<i32, Unwatched> {
         &self.unwatched
     }
 
