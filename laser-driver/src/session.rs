@@ -552,7 +552,12 @@ impl Session {
         let follow_forks = matches!(self.mode, Mode::Launched);
         for e in batch.drain(..) {
             match (&e, self.watcher.as_mut()) {
-                (Event::Sample(s), _) => watch_hits += s.watch_slot.is_some() as u64,
+                (Event::Sample(s), w) => {
+                    if let (Some(slot), Some(w)) = (s.watch_slot, w) {
+                        watch_hits += 1;
+                        w.note_hit(s.tid, slot);
+                    }
+                }
                 (Event::Fork { pid, ppid, .. }, Some(w)) if follow_forks && pid != ppid => {
                     w.add_process(*pid as libc::pid_t)
                 }
