@@ -79,6 +79,23 @@ fn laser(args: &[&str]) -> Output {
         .expect("laser runs")
 }
 
+/// `laser run --threshold LOW --json <workdir>/json_name -- bin secs`: its output and the JSON
+/// report's path.
+fn run_to_json(json_name: &str, bin: &Path, secs: &str) -> (Output, PathBuf) {
+    let out = workdir().join(json_name);
+    let o = laser(&[
+        "run",
+        "--threshold",
+        LOW,
+        "--json",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        secs,
+    ]);
+    (o, out)
+}
+
 fn text(o: &Output) -> String {
     format!(
         "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
@@ -124,17 +141,7 @@ fn assert_finds_counters(report: &serde_json::Value, ctx: &str) {
 fn run_reports_false_sharing_with_source_lines_and_json() {
     let _serial = exclusive();
     let (bin, _) = fs_program();
-    let out = workdir().join("run.json");
-    let o = laser(&[
-        "run",
-        "--threshold",
-        LOW,
-        "--json",
-        out.to_str().unwrap(),
-        "--",
-        bin.to_str().unwrap(),
-        "1.5",
-    ]);
+    let (o, out) = run_to_json("run.json", bin, "1.5");
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
     let stdout = String::from_utf8_lossy(&o.stdout);
@@ -343,17 +350,7 @@ fn a_thread_whose_debug_registers_are_taken_is_named_and_the_run_goes_on() {
             .map(str::to_owned)
     };
 
-    let out = workdir().join("taken-run.json");
-    let o = laser(&[
-        "run",
-        "--threshold",
-        LOW,
-        "--json",
-        out.to_str().unwrap(),
-        "--",
-        bin.to_str().unwrap(),
-        "1",
-    ]);
+    let (o, out) = run_to_json("taken-run.json", &bin, "1");
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
     let note = taken_note(&json(&out)).unwrap_or_else(|| panic!("no note\n{t}"));
