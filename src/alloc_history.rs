@@ -199,10 +199,15 @@ impl History {
                             kind: WatchKind::ReadWrite,
                         })
                         .collect();
+                    // Inherited: a thread the allocating one creates right after (a hand-off
+                    // to a new worker) is watched from its first instruction.
                     let armed = session
                         .watch_mut()
                         .map_err(anyhow::Error::new)
-                        .and_then(|w| w.arm(&specs).map_err(anyhow::Error::new));
+                        .and_then(|w| {
+                            w.set_inherit(true);
+                            w.arm(&specs).map_err(anyhow::Error::new)
+                        });
                     if let Err(e) = armed {
                         shim.answer(b'q');
                         return Err(e.context("arming watchpoints for --history-site"));

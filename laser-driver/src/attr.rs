@@ -127,11 +127,17 @@ pub fn tracking(binding: Binding, wakeup_bytes: u32) -> b::perf_event_attr {
 /// [`PARKED_ADDR`]; `arm` re-points it with `PERF_EVENT_IOC_MODIFY_ATTRIBUTES`, which demands
 /// that every field except bp_addr/bp_type/bp_len/disabled equal the opened attr — so
 /// [`repoint`] starts from the attr returned here.
+///
+/// Not inherited, launch included: the kernel caps a window's traps itself only on an event
+/// that is not (`PERF_EVENT_IOC_REFRESH`, see `watch::Watcher::open_slot`), and a launch
+/// window opens events on threads created while it counts as their creation is read. (An
+/// inherited window, `Watcher::set_inherit`, sets the bit on the returned attr.)
 pub fn watch(binding: Binding, wakeup_events: u32) -> b::perf_event_attr {
     let mut a = base(binding);
     a.type_ = b::PERF_TYPE_BREAKPOINT;
     a.set_disabled(1);
     a.set_enable_on_exec(0);
+    a.set_inherit(0);
     a.__bindgen_anon_1.sample_period = 1;
     a.bp_type = b::HW_BREAKPOINT_RW;
     a.__bindgen_anon_3.bp_addr = PARKED_ADDR;
@@ -313,6 +319,7 @@ mod tests {
         assert_eq!(r.disabled(), 0);
         assert_eq!((w.sample_type, w.sample_stack_user), (SAMPLE_TYPE, 0));
         assert_eq!(w.disabled(), 1);
+        assert_eq!(w.inherit(), 0, "REFRESH refuses inherited events");
         assert!(describe(&r).contains("breakpoint w len 4"));
     }
 }

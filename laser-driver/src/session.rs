@@ -547,8 +547,10 @@ impl Session {
         // cross-CPU accesses in time order (stable: same-time records keep ring order).
         batch.sort_by_key(Event::time);
         let mut watch_hits = 0;
-        // A launched target's watchpoints are inherited into the processes it forks, so
-        // their CPU time joins the trap budget (an attached target's are not: per-thread).
+        let mut open_error = None;
+        // A launched target's windows watch the threads and processes it creates, so their
+        // CPU time joins the trap budget, and one created while a window counts gets its
+        // events now (an attached target's threads are found by `rescan_threads`).
         let follow_forks = matches!(self.mode, Mode::Launched);
         for e in batch.drain(..) {
             match (&e, self.watcher.as_mut()) {
@@ -558,8 +560,13 @@ impl Session {
                         w.note_hit(s.tid, slot);
                     }
                 }
-                (Event::Fork { pid, ppid, .. }, Some(w)) if follow_forks && pid != ppid => {
-                    w.add_process(*pid as libc::pid_t)
+                (Event::Fork { pid, ppid, tid, .. }, Some(w)) if follow_forks => {
+                    if pid != ppid {
+                        w.add_process(*pid as libc::pid_t);
+                    }
+                    if let Err(err) = w.thread_created(*tid as i32) {
+                        open_error.get_or_insert(err);
+                    }
                 }
                 (Event::Exit { pid, tid, .. }, Some(w)) if pid == tid => {
                     w.retire_process(*pid as libc::pid_t)
@@ -572,7 +579,7 @@ impl Session {
         if let Some(w) = &mut self.watcher {
             w.tick(Instant::now(), watch_hits)?;
         }
-        Ok(())
+        open_error.map_or(Ok(()), Err)
     }
 
     /// The watchpoints, if `Config::watch` (or `backend = Watch`) was set.

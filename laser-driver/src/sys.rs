@@ -79,6 +79,18 @@ pub fn enable(fd: &OwnedFd) -> Result<(), DriverError> {
     )
 }
 
+/// Enables a sampling event for `overflows` more samples, after which the kernel disables it
+/// itself, in the overflow handler on the CPU that took the last one (no interrupt to wait
+/// for, no reader to wake). The kernel refuses it for inherited events (`EINVAL`).
+pub fn refresh(fd: &OwnedFd, overflows: u32) -> Result<(), DriverError> {
+    let n = overflows.clamp(1, i32::MAX as u32) as libc::c_int;
+    // SAFETY: fd is an open perf event descriptor; the argument is a count.
+    check(
+        unsafe { ioctls::REFRESH(fd.as_raw_fd(), n) },
+        "PERF_EVENT_IOC_REFRESH",
+    )
+}
+
 /// Disables the event and all its inherited children.
 pub fn disable(fd: &OwnedFd) -> Result<(), DriverError> {
     // SAFETY: as in `enable`.

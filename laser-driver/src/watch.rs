@@ -7,34 +7,43 @@
 //! parked at an unmapped address and disabled; [`Watcher::arm`] re-points them with
 //! `PERF_EVENT_IOC_MODIFY_ATTRIBUTES`.
 //!
-//! **Launch** (per CPU, `inherit`): events exist only while a window counts. An inherited
-//! event is copied into every thread the program creates while it is open, and each copy of a
-//! breakpoint costs the clone and the exit ≈ 20 µs here (a loop creating 4,000 threads ran
-//! +30% with 4 parked breakpoints per CPU open all run long, as it does under `perf stat` with
-//! 4 inherited breakpoints). So a window opens, for every thread of the target then alive,
-//! `inherit` events on each CPU (writing into that CPU's leader ring), and closes them when it
-//! ends: a thread created while the window counts inherits its creator's events, one created
-//! between windows costs nothing, and the next window opens events on it.
+//! **Launch** (per thread and CPU, never `inherit`): events exist only while a window counts.
+//! A window opens the armed set on every thread of the target then alive, one event per slot
+//! and CPU (writing into that CPU's leader ring), and closes them when it ends. A thread
+//! created while a window counts gets its events when its creation record is read (the
+//! reader wakes at least every 50 ms); one created between windows costs nothing, and the next
+//! window opens events on it.
 //!
 //! ```text
 //!  window     ├──── counting ────┤   cooling / idle   ├── counting ──┤
 //!  thread A   ████ own events ████                    ███ own ███████
-//!  thread B        (created) ████ inherited from A ███ ███ own ███████
-//!  thread C                            (created: nothing to copy)  ███ own
+//!  thread B        (created) ██ own                   ███ own ███████
+//!  thread C                            (created: nothing to open)  ███ own
 //! ```
 //!
-//! Opening races with thread creation: a thread created after the listing of
-//! `/proc/PID/task` by a thread whose events were not open yet has none. The list is read
-//! again until it has nothing new; a thread found that way may instead have been created by a
-//! thread whose events were already open and so carry inherited ones. The kernel gives a
-//! thread at most 4 breakpoints per CPU, so laser opens its own plus parked fillers up to 4:
-//! `ENOSPC` says the thread already has events, and only laser's extra ones are closed
-//! ([`probe_uncovered`]). The integration tests check both shapes: armed before the threads
-//! exist (`watchpoints_hit_in_both_threads_…`, inherited) and re-pointed after
-//! (`watchpoints_rearm_and_disarm_while_running`).
+//! **The kernel ends a window's traps.** Every event is enabled with
+//! `PERF_EVENT_IOC_REFRESH(cap)`: after the window's hit cap in samples the kernel disables it
+//! in its own overflow handler, on the CPU taking the traps. Without that a window ends only
+//! when the reader has read the cap and closed the events, and closing a running thread's
+//! event waits for an interrupt on its CPU: a CI recording showed a window trapping for 10 ms
+//! past its cap (1,246 hits where the cap was 116) while the reader sat in the closes, and the
+//! cooldown those hits bought left the line 2 windows in 1.5 s. The kernel refuses REFRESH on
+//! an inherited event, hence events opened per thread rather than inherited (which also
+//! spares every thread created during a window the copy: ≈ 20 µs per breakpoint at clone
+//! and exit).
+//!
+//! **Inherited windows** ([`Watcher::set_inherit`], for an object's access history): a thread
+//! created while such a window counts inherits its creator's events from its first
+//! instruction; the window ends only when the reader closes it. Opening races with thread
+//! creation there: a thread created after the listing of `/proc/PID/task` by a thread whose
+//! events were not open yet has none. The list is read again until it has nothing new; a
+//! thread found that way may instead carry inherited events. The kernel gives a thread at most
+//! 4 breakpoints per CPU, so laser opens its own plus parked fillers up to 4: `ENOSPC` says
+//! the thread already has events, and only laser's extra ones are closed
+//! ([`probe_uncovered`]).
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
@@ -180,8 +189,8 @@ pub struct Watcher {
     state: DutyState,
     calibrated: bool,
     /// The target's processes, whose CPU time the duty cycle budgets against: the one laser
-    /// launched or attached to, and (launch) every process it forks, since the watchpoints
-    /// are inherited into those too. Empty: a watcher whose clock stands still (the
+    /// launched or attached to, and (launch) every process it forks, since its windows open
+    /// events on those too. Empty: a watcher whose clock stands still (the
     /// state-machine tests).
     procs: Vec<TargetProcess>,
     /// `WatchSet` events not yet handed to the session.
@@ -207,6 +216,12 @@ pub struct Watcher {
     /// Launch: (thread, slot) of the events that trapped since the window opened, the first
     /// [`MAX_HOT`] of them.
     hot: Vec<(i64, u8)>,
+    /// Launch: threads the open window has tried (events opened, or unwatched), so a thread
+    /// both listed and announced by its creation record is opened once.
+    window_tids: BTreeSet<i32>,
+    /// Launch: windows are inherited into threads created while they count
+    /// ([`Watcher::set_inherit`]).
+    inherit: bool,
 }
 
 /// Hot events remembered per window: a few threads' slots is all that traps at once in
@@ -258,6 +273,8 @@ impl Watcher {
             nofile_raised: false,
             unwatched: BTreeMap::new(),
             hot: Vec::new(),
+            window_tids: BTreeSet::new(),
+            inherit: false,
         };
         if let Some(pid) = target {
             w.add_process(pid);
@@ -276,8 +293,8 @@ impl Watcher {
         self.procs.iter().map(TargetProcess::cpu).sum()
     }
 
-    /// A process the target forked (launch: the watchpoints are inherited into it, so its
-    /// traps count against the budget and so does its CPU time).
+    /// A process the target forked (launch: windows watch its threads too, so its traps count
+    /// against the budget and so does its CPU time).
     pub(crate) fn add_process(&mut self, pid: libc::pid_t) {
         if !self.procs.iter().any(|p| p.pid == pid) {
             self.procs.push(TargetProcess {
@@ -404,8 +421,7 @@ impl Watcher {
     /// during a cooldown the new words are loaded disabled and start counting when it is
     /// paid. Re-arming the set already armed changes nothing and costs no syscall. (A caller
     /// that re-arms on a timer — the CLI's steering every 100 ms — would otherwise cut
-    /// cooldowns short, and every re-point of an inherited event interrupts each CPU the
-    /// target runs on.)
+    /// cooldowns short, and every re-point interrupts each CPU the target runs on.)
     pub fn arm(&mut self, specs: &[WatchSpec]) -> Result<(), DriverError> {
         self.arm_as(specs, false)
     }
@@ -465,34 +481,27 @@ impl Watcher {
     }
 
     /// Launch: events on every thread, pointed at the armed set, while a window counts; none
-    /// otherwise. A re-arm of the same number of slots re-points the open events (the kernel
-    /// applies it to their inherited copies too).
+    /// otherwise. A new set replaces the window's events rather than re-pointing them: a
+    /// re-pointed breakpoint is re-enabled with no limit left (`MODIFY_ATTRIBUTES` enables
+    /// it plainly), and fresh events each start from the full cap.
     fn sync_window(&mut self) -> Result<(), DriverError> {
+        self.close_window();
         if !self.state.is_armed() || self.specs.is_empty() {
-            self.close_window();
             return Ok(());
         }
-        let open_slots = self.events.iter().map(|e| e.slot as usize + 1).max();
-        if open_slots == Some(self.specs.len()) {
-            return self
-                .events
-                .iter()
-                .try_for_each(|ev| apply_one(ev, &self.specs, true));
-        }
-        self.close_window();
         self.open_window()
     }
 
-    /// Launch: closes every event of the window (and with them their inherited copies),
-    /// those that trapped in it first.
+    /// Launch: closes every event of the window, those that trapped in it first.
     ///
     /// Closing a thread's event while the thread runs waits for an interrupt on its CPU, one
-    /// event after another. A CPU busy taking the window's traps answers slowly: a recorded
-    /// window went on trapping for 10 ms (1,246 hits where the cap was 116) while the events
-    /// before the hot one were closed, and the reader's CPU ran nothing else meanwhile. With
-    /// the hot event closed first the traps stop at the first interrupt.
+    /// event after another, and a CPU busy taking the window's traps answers slowly (see the
+    /// module doc). The kernel stops each event at the cap, but a window whose hits are
+    /// spread over several events is still under it: with the hot events closed first its
+    /// traps stop at the first interrupt.
     fn close_window(&mut self) {
         let hot = std::mem::take(&mut self.hot);
+        self.window_tids.clear();
         let (first, rest): (Vec<WatchEvent>, Vec<WatchEvent>) = self
             .events
             .drain(..)
@@ -521,7 +530,8 @@ impl Watcher {
             raise_nofile_limit();
             self.nofile_raised = true;
         }
-        let mut seen = std::collections::BTreeSet::new();
+        // A thread created while this runs is listed again (or announced by its creation
+        // record): list until a round finds nothing new.
         for round in 0..64 {
             let tids: Vec<i32> = self
                 .procs
@@ -529,40 +539,69 @@ impl Watcher {
                 .filter(|p| p.live)
                 .filter_map(|p| crate::threads::list_tids(p.pid).ok())
                 .flatten()
-                .filter(|t| !seen.contains(t))
+                .filter(|t| !self.window_tids.contains(t))
                 .collect();
             if tids.is_empty() {
                 break;
             }
             for tid in tids {
-                seen.insert(tid);
                 // Listed before this window had any event: it cannot have inherited one.
-                let r = if round == 0 {
-                    self.open_thread(tid, 0)
-                } else {
-                    self.open_unless_inherited(tid)
-                };
-                match r {
-                    Ok(()) => {}
-                    // ESRCH: exited since it was listed, nothing to watch.
-                    Err(DriverError::Open { source, .. })
-                        if source.raw_os_error() == Some(libc::ESRCH) => {}
-                    // ENOSPC: its debug registers are taken (a debugger's breakpoints).
-                    // EMFILE/ENFILE: out of descriptors. This thread goes unwatched this
-                    // window (noted for the report); the window and the program go on.
-                    Err(e) => match Unwatched::of(&e) {
-                        Some(why) => {
-                            self.unwatched.entry(tid).or_insert(why);
-                        }
-                        None => return Err(e),
-                    },
-                }
+                self.open_in_window(tid, self.inherit && round > 0)?;
             }
         }
         Ok(())
     }
 
-    /// Opens the armed set on thread `tid` for the leaders from index `from` on.
+    /// Launch: a thread (or process) of the target was created. While a window counts it gets
+    /// the armed set now, unless the window has it already.
+    /// (An inherited window's events were copied into it at its creation.)
+    pub(crate) fn thread_created(&mut self, tid: i32) -> Result<(), DriverError> {
+        if self.binding != Binding::Launch
+            || self.inherit
+            || !self.state.is_armed()
+            || self.specs.is_empty()
+            || self.window_tids.contains(&tid)
+        {
+            return Ok(());
+        }
+        self.open_in_window(tid, false)
+    }
+
+    /// Opens the armed set on `tid` for this window. A thread that exited since it was listed
+    /// is skipped; one whose debug registers are taken or for which descriptors ran out goes
+    /// unwatched (noted for the report) while the window and the program go on.
+    /// With `unless_inherited`, a thread that carries the window's events already (see
+    /// [`Watcher::open_unless_inherited`]) is left as it is.
+    fn open_in_window(&mut self, tid: i32, unless_inherited: bool) -> Result<(), DriverError> {
+        self.window_tids.insert(tid);
+        let first_new = self.events.len();
+        let r = if unless_inherited {
+            self.open_unless_inherited(tid)
+        } else {
+            self.open_thread(tid, 0)
+        };
+        if r.is_err() {
+            // Its slots opened so far close: a thread is watched whole or not at all.
+            let gone = self.events.drain(first_new..).map(|e| e.id);
+            self.closed_ids.extend(gone);
+        }
+        match r {
+            Ok(()) => Ok(()),
+            Err(DriverError::Open { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {
+                Ok(())
+            }
+            Err(e) => match Unwatched::of(&e) {
+                Some(why) => {
+                    self.unwatched.entry(tid).or_insert(why);
+                    Ok(())
+                }
+                None => Err(e),
+            },
+        }
+    }
+
+    /// Opens the armed set on thread `tid`, one event per slot and CPU, for the leaders from
+    /// index `from` on.
     fn open_thread(&mut self, tid: i32, from: usize) -> Result<(), DriverError> {
         for i in from..self.leaders.len() {
             for slot in 0..self.specs.len() {
@@ -574,26 +613,39 @@ impl Watcher {
         Ok(())
     }
 
+    /// Opens one event, limits it to the window's cap of hits (see the module doc) and points
+    /// it at its ring. Opened enabled and limited at once, rather than opened disabled and
+    /// enabled by the limit: the enable of an event whose thread runs is one more interrupt
+    /// of its CPU (measured with `scripts/watch-cost`: +0.2 % of the wall time in 5 of 5
+    /// pairs), against the few microseconds between the two calls in which a hit would not
+    /// count towards the limit. An inherited window's events have no limit (the kernel
+    /// allows none).
     fn open_slot(&self, tid: i32, leader: usize, slot: usize) -> Result<WatchEvent, DriverError> {
         let (cpu, out) = &self.leaders[leader];
-        let base = attr::watch(Binding::Launch, self.wake_events());
+        let mut base = attr::watch(Binding::Launch, self.wake_events());
+        base.set_inherit(u64::from(self.inherit));
         let s = self.specs[slot];
         let a = attr::repoint(&base, s.addr, s.len, s.kind, false);
         let what = format!("watchpoint slot {slot}");
         let fd = sys::open(&a, tid, *cpu, &what)?;
+        if !self.inherit {
+            let cap = self.duty.max_hits_per_window.min(u32::MAX as u64) as u32;
+            sys::refresh(&fd, cap)?;
+        }
         sys::set_output(&fd, out.as_raw_fd())?;
+        let id = sys::event_id(&fd)?;
         Ok(WatchEvent {
             key: tid as i64,
             slot: slot as u8,
-            id: sys::event_id(&fd)?,
+            id,
             fd,
             attr: base,
         })
     }
 
-    /// Opens the armed set on a thread found after the window's first listing, unless it
-    /// inherited its creator's events: laser's on the first CPU plus parked fillers up to the
-    /// 4 breakpoints the kernel allows a thread per CPU fit only if it has none.
+    /// Opens the armed set on a thread an inherited window found after its first listing,
+    /// unless it inherited its creator's events: laser's on the first CPU plus parked fillers
+    /// up to the 4 breakpoints the kernel allows a thread per CPU fit only if it has none.
     fn open_unless_inherited(&mut self, tid: i32) -> Result<(), DriverError> {
         if self.leaders.is_empty() {
             return Ok(());
@@ -607,16 +659,25 @@ impl Watcher {
             }
         }
         let cpu = self.leaders[0].0;
-        match probe_uncovered(tid, cpu, MAX_WATCHES - mine.len()) {
-            Ok(true) => {}
-            Ok(false) => return Ok(()),
-            Err(e) => return Err(e),
+        if !probe_uncovered(tid, cpu, MAX_WATCHES - mine.len())? {
+            return Ok(());
         }
         for ev in mine {
             self.opened_ids.push((ev.id, ev.slot));
             self.events.push(ev);
         }
         self.open_thread(tid, 1)
+    }
+
+    /// Launch: makes the windows from the next one on inherited (`true`) or not. An
+    /// inherited window's events are copied into every thread created while it counts, from
+    /// the thread's first instruction: what the access history of one object needs, whose
+    /// allocating thread may hand it to a thread it creates at once. Without, such a thread
+    /// is watched from when its creation is read (up to the reader's 50 ms poll later). The
+    /// price: the kernel cannot stop an inherited event at the cap, so such a window ends only
+    /// when the reader has closed its events (see the module doc).
+    pub fn set_inherit(&mut self, inherit: bool) {
+        self.inherit = inherit;
     }
 
     /// Launch: (id, slot) of the events opened since the last call, for the decoder.
@@ -924,9 +985,9 @@ mod tests {
         assert!(w.target_cpu() >= seen);
     }
 
-    /// The race check of a launch window: a thread created after a breakpoint was opened
-    /// with `inherit` on its creator carries a copy (fewer slots fit), one created before
-    /// does not — whether the breakpoint is enabled or not.
+    /// The race check of an inherited launch window: a thread created after a breakpoint was
+    /// opened with `inherit` on its creator carries a copy (fewer slots fit), one created
+    /// before does not — whether the breakpoint is enabled or not.
     #[test]
     fn probe_tells_inherited_breakpoints_from_none() {
         use std::sync::mpsc;
@@ -944,7 +1005,8 @@ mod tests {
         let (before, go1, h1) = spawn();
         // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::gettid() };
-        let parked = attr::watch(Binding::Launch, 1);
+        let mut parked = attr::watch(Binding::Launch, 1);
+        parked.set_inherit(1);
         let fd = sys::open(&parked, me, cpu, "inherited breakpoint").unwrap();
         let (after, go2, h2) = spawn();
         assert!(probe_uncovered(before, cpu, MAX_WATCHES).unwrap());

@@ -382,7 +382,7 @@ fn watchpoints_hit_in_both_threads_at_the_watched_address() {
     assert_eq!(
         tids.len(),
         2,
-        "hits from both (inherited) threads — MODIFY_ATTRIBUTES reached the children"
+        "hits from both threads, created after the arm"
     );
     let watcher = s.watch_mut().unwrap();
     let (w, duty) = (watcher.stats(), watcher.duty_cycle());
@@ -450,7 +450,7 @@ fn code_watchpoints_trap_before_the_instruction_in_both_threads() {
         );
     }
     let tids: BTreeSet<u32> = hits.iter().map(|h| h.tid).filter(|&x| x != pid).collect();
-    assert_eq!(tids.len(), 2, "hits from both inherited threads: {tids:?}");
+    assert_eq!(tids.len(), 2, "hits from both threads: {tids:?}");
     let first = events.iter().find_map(|e| match e {
         Event::WatchSet {
             words,
@@ -501,7 +501,7 @@ fn watchpoints_rearm_and_disarm_while_running() {
         len: 8,
         kind: WatchKind::ReadWrite,
     };
-    // Both workers exist by now: re-pointing must reach their inherited child events.
+    // Both workers exist by now: the new set must reach both.
     s.watch_mut().unwrap().arm(&[quiet, busy]).unwrap();
     let t0 = Instant::now();
     let slot1_tids = |events: &[Event]| -> BTreeSet<u32> {
@@ -720,6 +720,93 @@ fn duty_cycle_bounds_trap_time_on_a_hot_word() {
     assert_within_budget(&stats, &duty);
 }
 
+/// The kernel ends a window at its cap (`PERF_EVENT_IOC_REFRESH`), however late the reader:
+/// here it does not read at all for 300 ms while two threads store to the word every few
+/// nanoseconds. Each event (a thread on a CPU) stops at the cap; read and closed only after
+/// the 300 ms, the window would otherwise hold thousands of hits.
+#[test]
+fn the_kernel_stops_a_window_at_its_cap_when_the_reader_is_late() {
+    let t = target();
+    // A 50-hit cap that nothing else ends early: a window as long as the run, and a cost
+    // floor (4 ms a hit) well above the calibrated one, so the cooldown outlasts the run.
+    let duty =
+        laser_driver::DutyCycle::new(Duration::from_secs(10), 0.02, Duration::from_millis(4));
+    let cap = duty.max_hits_per_window;
+    assert_eq!(cap, 50);
+    let cfg = Config {
+        backend: BackendKind::Watch,
+        duty_cycle: duty,
+        ..Config::default()
+    };
+    let mut s = Session::launch(&argv(t, &["1.0", "0", "hot"]), &cfg).unwrap();
+    let pid = s.pid();
+    let mut events = Vec::new();
+    // Until both workers run (main + 2 threads), so the window opens on all of them at once.
+    let t0 = Instant::now();
+    while list_tids(pid).len() < 3 && t0.elapsed() < Duration::from_secs(5) {
+        s.poll(Duration::from_millis(5), &mut |e| events.push(e))
+            .unwrap();
+    }
+    assert_eq!(list_tids(pid).len(), 3);
+    s.watch_mut()
+        .unwrap()
+        .arm(&[shared_word_writes(t)])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let (rest, status) = run_to_exit(&mut s);
+    assert_eq!(status, ExitStatus::Code(0));
+    events.extend(rest);
+    let hits = samples(&events).filter(|x| x.watch_slot.is_some()).count() as u64;
+    let w = s.watch_mut().unwrap().stats();
+    eprintln!("late reader: {hits} hits, cap {cap}, {w:?}");
+    assert_eq!(w.windows, 1, "{w:?}");
+    // 3 threads × the CPUs each may have run on, each event at most the cap.
+    let cpus = laser_driver::sys::online_cpus().unwrap().len() as u64;
+    assert!(hits >= cap, "the hot word hit its cap: {hits}");
+    assert!(hits <= cap * 3 * cpus, "{hits} hits, cap {cap} per event");
+}
+
+/// Launch windows are not inherited: a thread created while one counts gets its events when
+/// its creation record is read. One window spans the run; the second worker starts 200 ms
+/// after it opened, and both workers' stores are seen in it.
+#[test]
+fn a_thread_created_while_a_window_counts_is_watched_in_it() {
+    let t = target();
+    let cfg = Config {
+        backend: BackendKind::Watch,
+        duty_cycle: laser_driver::DutyCycle::new(
+            Duration::from_secs(10),
+            0.5,
+            Duration::from_micros(5),
+        ),
+        ..Config::default()
+    };
+    let mut s = Session::launch(&argv(t, &["0.6", "0", "delayed"]), &cfg).unwrap();
+    let pid = s.pid();
+    let mut events = Vec::new();
+    let t0 = Instant::now();
+    while list_tids(pid).len() < 2 && t0.elapsed() < Duration::from_secs(5) {
+        s.poll(Duration::from_millis(5), &mut |e| events.push(e))
+            .unwrap();
+    }
+    assert_eq!(list_tids(pid).len(), 2, "main and the first worker only");
+    s.watch_mut()
+        .unwrap()
+        .arm(&[shared_word_writes(t)])
+        .unwrap();
+    let (rest, status) = run_to_exit(&mut s);
+    assert_eq!(status, ExitStatus::Code(0));
+    events.extend(rest);
+    let w = s.watch_mut().unwrap().stats();
+    let tids: BTreeSet<u32> = samples(&events)
+        .filter(|x| x.watch_slot.is_some() && x.tid != pid as u32)
+        .map(|x| x.tid)
+        .collect();
+    eprintln!("{tids:?} {w:?}");
+    assert_eq!(w.windows, 1, "one window, never closed: {w:?}");
+    assert_eq!(tids.len(), 2, "both workers, the second created mid-window");
+}
+
 /// The work runs in a process the launched one forks (`sh -c`, make, a wrapper script): the
 /// trap budget must grow with that process's CPU time, or the first cooldown would never end
 /// (the shell itself only waits).
@@ -750,6 +837,10 @@ fn duty_cycle_budgets_the_cpu_of_processes_the_target_forks() {
     assert!(stats.windows >= 2, "{stats:?}");
     assert!(stats.target_cpu > Duration::from_millis(100), "{stats:?}");
     assert_within_budget(&stats, &duty);
+}
+
+fn list_tids(pid: i32) -> Vec<i32> {
+    laser_driver::threads::list_tids(pid).unwrap_or_default()
 }
 
 /// A duty cycle with a 50 % trap budget (and a 5 µs hit-cost floor; calibration still
