@@ -132,6 +132,9 @@ pub enum Action {
     Nothing,
     Enable,
     Disable,
+    /// A cheap window that had hits ended and the next began at once, its events left
+    /// enabled: those the kernel stopped at their limit must be given a new one.
+    Rollover,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -277,7 +280,11 @@ impl DutyState {
                         cpu0: cpu,
                         hits: 0,
                     };
-                    Action::Nothing
+                    if hits > 0 {
+                        Action::Rollover
+                    } else {
+                        Action::Nothing
+                    }
                 } else {
                     self.phase = Phase::Cooling {
                         since: now,
@@ -394,7 +401,7 @@ mod tests {
         // A window whose cap is reached only after its wall time is paid rolls over at once.
         assert_eq!(
             st.tick(&d, t0 + need + 25 * MS, 40, 100 * MS),
-            Action::Nothing
+            Action::Rollover
         );
         assert!(st.is_armed());
         let traps = d.hit_cost * 40;
@@ -449,7 +456,8 @@ mod tests {
         let mut st = DutyState::default();
         let t0 = Instant::now();
         st.start(t0, Duration::ZERO);
-        assert_eq!(st.tick(&d, t0 + 25 * MS, 3, 40 * MS), Action::Nothing);
+        // Its 3 hits may have spent an event's kernel limit (the watcher renews it).
+        assert_eq!(st.tick(&d, t0 + 25 * MS, 3, 40 * MS), Action::Rollover);
         assert!(st.is_armed());
         assert_eq!(st.stats.windows, 2);
         // No timer while armed: the hits wake the reader when the cap is near.
@@ -460,5 +468,17 @@ mod tests {
         assert_eq!(st.stats.target_cpu, 45 * MS);
         assert_eq!(st.next_deadline(&d, t0, 45 * MS, 2), None);
         assert_eq!(st.tick(&d, t0 + 40 * MS, 0, 50 * MS), Action::Nothing);
+    }
+
+    /// A window without hits spent no event's limit: its rollover leaves the events alone.
+    #[test]
+    fn a_rollover_without_hits_touches_nothing() {
+        let d = DutyCycle::new(20 * MS, 0.05, Duration::from_nanos(4500));
+        let mut st = DutyState::default();
+        let t0 = Instant::now();
+        st.start(t0, Duration::ZERO);
+        assert_eq!(st.tick(&d, t0 + 25 * MS, 0, 40 * MS), Action::Nothing);
+        assert!(st.is_armed());
+        assert_eq!(st.stats.windows, 2);
     }
 }

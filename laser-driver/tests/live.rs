@@ -766,6 +766,60 @@ fn the_kernel_stops_a_window_at_its_cap_when_the_reader_is_late() {
     assert!(hits <= cap * 3 * cpus, "{hits} hits, cap {cap} per event");
 }
 
+/// A window that was cheap for its time rolls over with its events open: those that spent
+/// their limit are renewed (a breakpoint the kernel stopped at its limit and enabled again
+/// traps on without counting). The reader sleeps 300 ms in each of three windows of 25 ms on
+/// a hot word; each must stop at its cap, and each must have hits.
+#[test]
+fn a_rolled_over_window_gets_a_fresh_cap() {
+    let t = target();
+    // Cap 50; 200 hits need 150 ms of wall and CPU time, so 300 ms pay a window and it rolls
+    // over at the next read (a 0.25 ms cost floor, above the calibrated cost).
+    let duty =
+        laser_driver::DutyCycle::new(Duration::from_millis(25), 0.5, Duration::from_micros(250));
+    let cap = duty.max_hits_per_window;
+    assert_eq!(cap, 50);
+    let cfg = Config {
+        backend: BackendKind::Watch,
+        duty_cycle: duty,
+        ..Config::default()
+    };
+    let mut s = Session::launch(&argv(t, &["3.0", "0", "hot"]), &cfg).unwrap();
+    let pid = s.pid();
+    let t0 = Instant::now();
+    while list_tids(pid).len() < 3 && t0.elapsed() < Duration::from_secs(5) {
+        s.poll(Duration::from_millis(5), &mut |_| {}).unwrap();
+    }
+    s.watch_mut()
+        .unwrap()
+        .arm(&[shared_word_writes(t)])
+        .unwrap();
+    let mut per_window = Vec::new();
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(300));
+        let mut hits = 0u64;
+        s.poll(Duration::from_millis(1), &mut |e| {
+            hits += u64::from(matches!(e, Event::Sample(x) if x.watch_slot.is_some()))
+        })
+        .unwrap();
+        per_window.push(hits);
+    }
+    let w = s.watch_mut().unwrap().stats();
+    s.signal(libc::SIGKILL).unwrap();
+    let _ = run_to_exit(&mut s);
+    eprintln!("rolled over: hits per window {per_window:?}, cap {cap}, {w:?}");
+    assert_eq!(
+        w.cooldown_time,
+        Duration::ZERO,
+        "rolled over, never cooled: {w:?}"
+    );
+    let cpus = laser_driver::sys::online_cpus().unwrap().len() as u64;
+    assert!(
+        per_window.iter().all(|&h| h >= cap && h <= cap * 3 * cpus),
+        "{per_window:?}"
+    );
+}
+
 /// Launch windows are not inherited: a thread created while one counts gets its events when
 /// its creation record is read. One window spans the run; the second worker starts 200 ms
 /// after it opened, and both workers' stores are seen in it.
