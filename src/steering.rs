@@ -308,11 +308,15 @@ impl Steering {
         // other; a store next to data samples show another thread reading contends with
         // those reads (the line model merges both by time).
         // A candidate line whose read+write windows trapped on most accesses (a thread reads
-        // it hot) cannot be measured that way: each such window overshoots its hit cap and
-        // its cooldown stops every other turn for a long while. Its stores still can be, and
-        // are from then on.
+        // it hot) cannot be measured that way where the kernel does not stop a window at its
+        // cap (attach): each such window overshoots its hit cap and its cooldown stops every
+        // other turn for a long while. Its stores still can be, and are from then on. Where
+        // it does (launch), read+write windows go on: a line one thread stores to and another
+        // reads hot is contended by those reads, and store-only windows see one thread only
+        // (Phoenix linear_regression -O0 missed 1 run in 16 that way; 0 in 12 without).
+        let demote = !watcher.caps_windows();
         for e in &estimates {
-            if e.clamped && !e.stores_only && !self.read_hot.contains(&e.line_addr) {
+            if demote && e.clamped && !e.stores_only && !self.read_hot.contains(&e.line_addr) {
                 self.read_hot.push(e.line_addr);
             }
         }

@@ -733,6 +733,14 @@ impl Watcher {
         self.inherit = inherit;
     }
 
+    /// Whether the kernel stops each event of a window at the window's hit cap (launch
+    /// windows that are not inherited): a window on a word some thread accesses without
+    /// pause then ends at its cap however late the reader, instead of trapping on until its
+    /// events are closed.
+    pub fn caps_windows(&self) -> bool {
+        self.binding == Binding::Launch && !self.inherit
+    }
+
     /// Launch: (id, slot) of the events opened since the last call, for the decoder.
     pub(crate) fn take_opened_ids(&mut self) -> Vec<(u64, u8)> {
         std::mem::take(&mut self.opened_ids)
