@@ -31,8 +31,8 @@
 //! `max_hits_per_window · hit_cost`.
 //!
 //! What the duty cycle costs laser itself matters too: `laser run` shares the machine with
-//! the target, so every wake-up and every enable/disable of an inherited watchpoint (which
-//! interrupts each CPU the target runs on) slows it. Hence few, long cycles: windows end on
+//! the target, so every wake-up and every enable/disable, open or close of a watchpoint
+//! (which interrupts the CPU its thread runs on) slows it. Hence few, long cycles: windows end on
 //! their hit cap (the hits wake the reader) rather than on a timer, and a cooldown is
 //! re-checked when the target can first have paid for it.
 
@@ -45,7 +45,7 @@ pub const DEFAULT_MAX_SLOWDOWN: f64 = 0.02;
 
 /// Default window: 100 ms at 2 % and a 30 µs trap (measured here with the sample's ring
 /// write, see `watch::measure_hit_cost`) allow 66 hits per window. Each window of a hot line ends in a disable and a re-enable of every
-/// armed slot, and on an inherited event each of those interrupts every CPU the target runs
+/// armed slot (launch: a close and an open), each of which interrupts the CPU its thread runs
 /// on: 20 ms windows (26 hits) made a hot line cycle ~100 times a second; 100 ms windows cut
 /// that fivefold for the same trap budget. A burst of 66 traps stalls a thread ≈ 2 ms.
 pub const DEFAULT_WINDOW: Duration = Duration::from_millis(100);
