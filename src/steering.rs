@@ -309,9 +309,9 @@ impl Steering {
         // those reads (the line model merges both by time).
         // A candidate line whose read+write windows trapped on most accesses (a thread reads
         // it hot) cannot be measured that way where the kernel does not stop a window at its
-        // cap (attach): each such window overshoots its hit cap and its cooldown stops every
-        // other turn for a long while. Its stores still can be, and are from then on. Where
-        // it does (launch), read+write windows go on: a line one thread stores to and another
+        // cap (inherited windows): each such window overshoots its hit cap and its cooldown
+        // stops every other turn for a long while. Its stores still can be, and are from then
+        // on. Where it does (launch and attach windows), read+write windows go on: a line one thread stores to and another
         // reads hot is contended by those reads, and store-only windows see one thread only
         // (Phoenix linear_regression -O0 missed 1 run in 16 that way; 0 in 12 without).
         let demote = !watcher.caps_windows();

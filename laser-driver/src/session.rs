@@ -560,6 +560,7 @@ impl Session {
                         w.note_hit(s.tid, slot);
                     }
                 }
+                (Event::Lost { .. }, Some(w)) => w.note_lost(),
                 (Event::Fork { pid, ppid, tid, .. }, Some(w)) if follow_forks => {
                     if pid != ppid {
                         w.add_process(*pid as libc::pid_t);

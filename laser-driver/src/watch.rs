@@ -5,7 +5,9 @@
 //!
 //! **Attach** (per thread, no `inherit`): every thread gets its events when it is found, all
 //! parked at an unmapped address and disabled; [`Watcher::arm`] re-points them with
-//! `PERF_EVENT_IOC_MODIFY_ATTRIBUTES`.
+//! `PERF_EVENT_IOC_MODIFY_ATTRIBUTES`. They are limited to the window's cap like launch
+//! events (below): the limit outlives a window, so an event that trapped is replaced by a
+//! fresh one before it counts again ([`Watcher::enable_attached`]).
 //!
 //! **Launch** (per thread and CPU, never `inherit`): events exist only while a window counts.
 //! A window opens the armed set on every thread of the target then alive, one event per slot
@@ -44,7 +46,7 @@
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use perf_event_open_sys::bindings::perf_event_attr;
@@ -178,6 +180,9 @@ struct WatchEvent {
     /// As opened: `MODIFY_ATTRIBUTES` wants every other field unchanged ([`attr::repoint`]).
     attr: perf_event_attr,
     id: u64,
+    /// The kernel stops it at a hit limit (`PERF_EVENT_IOC_REFRESH`). An attached thread's
+    /// events are opened without one and given theirs at their first enable.
+    limited: bool,
 }
 
 /// The watchpoints of one session. Obtained from `Session::watch_mut`.
@@ -213,11 +218,16 @@ pub struct Watcher {
     /// Threads left unwatched (at least once), and why: sampled, but their accesses are
     /// missing from every watch window that could not be opened on them.
     unwatched: BTreeMap<i32, Unwatched>,
-    /// Launch: (thread, slot) of the events that trapped since the window opened (or its
-    /// events were last renewed), the first [`MAX_HOT`] of them…
-    hot: Vec<(i64, u8)>,
-    /// …and whether more trapped than that.
-    hot_overflow: bool,
+    /// (thread, slot) of the events that trapped since their limit was last set (the window
+    /// opened, or they were renewed): those that may have spent it…
+    trapped: BTreeSet<(i64, u8)>,
+    /// …unless samples were lost: then any event may have trapped unseen.
+    trapped_unknown: bool,
+    /// Attach: each thread's id and its leader's descriptor, by key, for re-opening the
+    /// events that trapped ([`Watcher::enable_attached`]). Not a duplicate (a few hundred
+    /// threads would pass the descriptor limit): the session closes a thread's leader only
+    /// together with [`Watcher::remove`], which forgets it here.
+    thread_leaders: BTreeMap<i64, (i32, RawFd)>,
     /// Launch: threads the open window has tried (events opened, or unwatched), so a thread
     /// both listed and announced by its creation record is opened once.
     window_tids: BTreeSet<i32>,
@@ -225,10 +235,6 @@ pub struct Watcher {
     /// ([`Watcher::set_inherit`]).
     inherit: bool,
 }
-
-/// Hot events remembered per window: a few threads' slots is all that traps at once in
-/// practice, and the list is scanned on every hit.
-const MAX_HOT: usize = 16;
 
 /// Why a thread of the target could not be watched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -274,8 +280,9 @@ impl Watcher {
             closed_ids: Vec::new(),
             nofile_raised: false,
             unwatched: BTreeMap::new(),
-            hot: Vec::new(),
-            hot_overflow: false,
+            trapped: BTreeSet::new(),
+            trapped_unknown: false,
+            thread_leaders: BTreeMap::new(),
             window_tids: BTreeSet::new(),
             inherit: false,
         };
@@ -368,14 +375,16 @@ impl Watcher {
                 fd,
                 attr: a,
                 id,
+                limited: false,
             });
         }
-        let enabled = self.state.is_armed();
         if !self.specs.is_empty() {
-            for ev in &self.events[first_new..] {
-                apply_one(ev, &self.specs, enabled)?;
+            self.repoint_attached(first_new)?;
+            if self.state.is_armed() {
+                self.enable_attached(first_new)?;
             }
         }
+        self.thread_leaders.insert(key, (pid, leader.as_raw_fd()));
         Ok(ids)
     }
 
@@ -415,6 +424,7 @@ impl Watcher {
     /// Closes the events of a thread that exited (attach).
     pub(crate) fn remove(&mut self, key: i64) {
         self.events.retain(|e| e.key != key);
+        self.thread_leaders.remove(&key);
     }
 
     /// Points the first `specs.len()` slots at `specs`. Replaces whatever was armed before.
@@ -476,9 +486,9 @@ impl Watcher {
         if self.binding == Binding::Launch {
             return self.sync_window();
         }
-        let counting = self.state.is_armed();
-        for ev in &self.events {
-            apply_one(ev, &self.specs, counting)?;
+        self.repoint_attached(0)?;
+        if self.state.is_armed() {
+            self.enable_attached(0)?;
         }
         Ok(())
     }
@@ -503,8 +513,8 @@ impl Watcher {
     /// spread over several events is still under it: with the hot events closed first its
     /// traps stop at the first interrupt.
     fn close_window(&mut self) {
-        let hot = std::mem::take(&mut self.hot);
-        self.hot_overflow = false;
+        let hot = std::mem::take(&mut self.trapped);
+        self.trapped_unknown = false;
         self.window_tids.clear();
         let (first, rest): (Vec<WatchEvent>, Vec<WatchEvent>) = self
             .events
@@ -516,17 +526,17 @@ impl Watcher {
         drop(rest);
     }
 
-    /// A watch hit of thread `tid` on slot `slot` was read: its event closes first when the
-    /// window ends ([`Watcher::close_window`]).
+    /// A watch hit of thread `tid` on slot `slot` was read: its event may have spent its
+    /// limit (renewed before it counts again), and closes first when a launch window ends
+    /// ([`Watcher::close_window`]).
     pub(crate) fn note_hit(&mut self, tid: u32, slot: u8) {
-        let k = (i64::from(tid), slot);
-        if !self.hot.contains(&k) {
-            if self.hot.len() < MAX_HOT {
-                self.hot.push(k);
-            } else {
-                self.hot_overflow = true;
-            }
-        }
+        self.trapped.insert((i64::from(tid), slot));
+    }
+
+    /// The kernel dropped samples: an event may have trapped without a sample to say so, so
+    /// every event is renewed before it counts again.
+    pub(crate) fn note_lost(&mut self) {
+        self.trapped_unknown = true;
     }
 
     /// Launch: a window rolled over with its events open ([`Action::Rollover`]). Each event
@@ -536,8 +546,8 @@ impl Watcher {
     /// REFRESH or a MODIFY_ATTRIBUTES + REFRESH alike). So the events that trapped are
     /// replaced by fresh ones with the full cap; the others kept theirs whole.
     fn renew_hot(&mut self) -> Result<(), DriverError> {
-        let hot = std::mem::take(&mut self.hot);
-        if std::mem::take(&mut self.hot_overflow) {
+        let hot = std::mem::take(&mut self.trapped);
+        if std::mem::take(&mut self.trapped_unknown) {
             return self.sync_window();
         }
         let (spent, keep): (Vec<WatchEvent>, Vec<WatchEvent>) = std::mem::take(&mut self.events)
@@ -682,8 +692,7 @@ impl Watcher {
         let what = format!("watchpoint slot {slot}");
         let fd = sys::open(&a, tid, *cpu, &what)?;
         if !self.inherit {
-            let cap = self.duty.max_hits_per_window.min(u32::MAX as u64) as u32;
-            sys::refresh(&fd, cap)?;
+            sys::refresh(&fd, self.cap())?;
         }
         sys::set_output(&fd, out.as_raw_fd())?;
         let id = sys::event_id(&fd)?;
@@ -693,6 +702,7 @@ impl Watcher {
             id,
             fd,
             attr: base,
+            limited: !self.inherit,
         })
     }
 
@@ -733,12 +743,12 @@ impl Watcher {
         self.inherit = inherit;
     }
 
-    /// Whether the kernel stops each event of a window at the window's hit cap (launch
-    /// windows that are not inherited): a window on a word some thread accesses without
-    /// pause then ends at its cap however late the reader, instead of trapping on until its
-    /// events are closed.
+    /// Whether the kernel stops each event of a window at the window's hit cap (every window
+    /// but an inherited one): a window on a word some thread accesses without pause then
+    /// ends at its cap however late the reader, instead of trapping on until its events are
+    /// disabled.
     pub fn caps_windows(&self) -> bool {
-        self.binding == Binding::Launch && !self.inherit
+        !self.inherit
     }
 
     /// Launch: (id, slot) of the events opened since the last call, for the decoder.
@@ -862,19 +872,20 @@ impl Watcher {
             Action::Rollover if self.binding == Binding::Launch && !self.inherit => {
                 self.renew_hot()
             }
+            Action::Rollover if self.binding == Binding::Attach => self.renew_attached(),
             Action::Rollover => Ok(()),
             Action::Enable => {
                 let t = now_ns();
                 let r = if self.binding == Binding::Launch {
                     self.sync_window()
                 } else {
-                    self.enable_all()
+                    self.enable_attached(0)
                 };
                 self.mark(true, t);
                 r
             }
             Action::Disable => {
-                // Unused slots were disabled when the set was armed (`apply_one`).
+                // Unused slots were disabled when the set was armed (`repoint_attached`).
                 let r = if self.binding == Binding::Launch {
                     self.close_window();
                     Ok(())
@@ -890,15 +901,130 @@ impl Watcher {
         }
     }
 
-    fn enable_all(&self) -> Result<(), DriverError> {
-        for ev in self
+    /// Attach: points the events from index `from` on at their slots' specs, disabled (an
+    /// unused slot is just disabled).
+    fn repoint_attached(&self, from: usize) -> Result<(), DriverError> {
+        for ev in &self.events[from..] {
+            match self.specs.get(ev.slot as usize) {
+                Some(s) => sys::modify(
+                    &ev.fd,
+                    &attr::repoint(&ev.attr, s.addr, s.len, s.kind, true),
+                )?,
+                None => sys::disable(&ev.fd)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Attach: enables the events from index `from` on whose slot is armed, each for the
+    /// window's cap of hits at most (see the module doc). An attached thread's events live
+    /// across windows and so does the kernel's limit: an event given one that has not
+    /// trapped since still has all of it and is just enabled; one that trapped may have spent
+    /// it, and a breakpoint its limit stopped cannot be restarted ([`Watcher::renew_hot`]),
+    /// so it is replaced by a fresh one.
+    fn enable_attached(&mut self, from: usize) -> Result<(), DriverError> {
+        let cap = self.cap();
+        let mut spent = Vec::new();
+        for ev in &mut self.events[from..] {
+            if ev.slot as usize >= self.specs.len() {
+                continue;
+            }
+            if !ev.limited {
+                sys::refresh(&ev.fd, cap)?;
+                ev.limited = true;
+            } else if self.trapped_unknown || self.trapped.contains(&(ev.key, ev.slot)) {
+                spent.push(ev.id);
+            } else {
+                sys::enable(&ev.fd)?;
+            }
+        }
+        if from == 0 {
+            self.trapped.clear();
+            self.trapped_unknown = false;
+        }
+        self.reopen_attached(&spent)
+    }
+
+    /// Attach: a window rolled over with its events enabled ([`Action::Rollover`]): those
+    /// that trapped are replaced by fresh ones with the full cap, as in launch.
+    fn renew_attached(&mut self) -> Result<(), DriverError> {
+        let all = std::mem::take(&mut self.trapped_unknown);
+        let trapped = std::mem::take(&mut self.trapped);
+        let spent: Vec<u64> = self
             .events
             .iter()
             .filter(|e| (e.slot as usize) < self.specs.len())
-        {
-            sys::enable(&ev.fd)?;
+            .filter(|e| all || trapped.contains(&(e.key, e.slot)))
+            .map(|e| e.id)
+            .collect();
+        self.reopen_attached(&spent)
+    }
+
+    /// Attach: replaces the events with ids `spent` by fresh ones pointed at their slots'
+    /// specs and enabled for the cap. A thread that exited is skipped; one whose registers
+    /// were taken meanwhile, or for which descriptors ran out, loses that slot (noted).
+    fn reopen_attached(&mut self, spent: &[u64]) -> Result<(), DriverError> {
+        if spent.is_empty() {
+            return Ok(());
+        }
+        let cap = self.cap();
+        let (old, keep): (Vec<WatchEvent>, Vec<WatchEvent>) = std::mem::take(&mut self.events)
+            .into_iter()
+            .partition(|e| spent.contains(&e.id));
+        self.events = keep;
+        for ev in old {
+            let (key, slot) = (ev.key, ev.slot);
+            self.closed_ids.push(ev.id);
+            // Closed first: a thread has 4 debug registers, spent events included.
+            drop(ev);
+            let (Some((tid, leader)), Some(s)) = (
+                self.thread_leaders.get(&key),
+                self.specs.get(slot as usize).copied(),
+            ) else {
+                continue;
+            };
+            let (tid, leader) = (*tid, *leader);
+            let base = attr::watch(Binding::Attach, self.wake_events());
+            let opened = sys::open(
+                &attr::repoint(&base, s.addr, s.len, s.kind, true),
+                tid,
+                -1,
+                &format!("watchpoint slot {slot}"),
+            )
+            .and_then(|fd| {
+                sys::set_output(&fd, leader)?;
+                let id = sys::event_id(&fd)?;
+                sys::refresh(&fd, cap)?;
+                Ok((fd, id))
+            });
+            match opened {
+                Ok((fd, id)) => {
+                    self.opened_ids.push((id, slot));
+                    self.events.push(WatchEvent {
+                        key,
+                        slot,
+                        fd,
+                        attr: base,
+                        id,
+                        limited: true,
+                    });
+                }
+                Err(DriverError::Open { source, .. })
+                    if source.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => match Unwatched::of(&e) {
+                    Some(why) => {
+                        self.unwatched.entry(tid).or_insert(why);
+                    }
+                    None => return Err(e),
+                },
+            }
         }
         Ok(())
+    }
+
+    /// The window's hit cap as a kernel limit.
+    fn cap(&self) -> u32 {
+        self.duty.max_hits_per_window.clamp(1, u64::from(u32::MAX)) as u32
     }
 }
 
@@ -944,17 +1070,6 @@ fn probe_uncovered(tid: i32, cpu: i32, n: usize) -> Result<bool, DriverError> {
         }
     }
     Ok(true)
-}
-
-/// Re-points one event at its slot's spec (enabled or not), or disables an unused slot.
-fn apply_one(ev: &WatchEvent, specs: &[WatchSpec], enabled: bool) -> Result<(), DriverError> {
-    match specs.get(ev.slot as usize) {
-        Some(s) => sys::modify(
-            &ev.fd,
-            &attr::repoint(&ev.attr, s.addr, s.len, s.kind, !enabled),
-        ),
-        None => sys::disable(&ev.fd),
-    }
 }
 
 #[cfg(test)]

@@ -640,6 +640,66 @@ fn attach_arms_watchpoints_in_every_thread() {
         .all(|h| h.addr == Some(t.shared_word) && h.ip == t.store_insn_end));
 }
 
+/// An attached thread's events live across windows, and the kernel's limit with them: an
+/// event that trapped is replaced before it counts again. Here the reader sleeps 300 ms into
+/// each of three windows on a hot word (each rolls over, or cools down and starts again);
+/// each must stop at the cap per event and each must have hits (a breakpoint its limit
+/// stopped and enabled again traps without counting).
+#[test]
+fn attached_windows_stop_at_their_cap_each_time_the_reader_is_late() {
+    let t = target();
+    let mut child = Command::new(&t.path)
+        .args(["3.0", "0", "hot"])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while list_tids(pid).len() < 3 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Cap 50 (a 0.25 ms cost floor, above the calibrated cost): 300 ms pay a window's
+    // hits, so it rolls over at the next read.
+    let duty =
+        laser_driver::DutyCycle::new(Duration::from_millis(25), 0.5, Duration::from_micros(250));
+    let cap = duty.max_hits_per_window;
+    assert_eq!(cap, 50);
+    let cfg = Config {
+        backend: BackendKind::Watch,
+        duty_cycle: duty,
+        ..Config::default()
+    };
+    let mut s = Session::attach(pid, &cfg).unwrap();
+    s.watch_mut()
+        .unwrap()
+        .arm(&[shared_word_writes(t)])
+        .unwrap();
+    let mut per_window = Vec::new();
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        while !s.watch_mut().unwrap().is_counting() && t0.elapsed() < Duration::from_secs(2) {
+            s.poll(Duration::from_millis(5), &mut |_| {}).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let mut hits = 0u64;
+        s.poll(Duration::from_millis(1), &mut |e| {
+            hits += u64::from(matches!(e, Event::Sample(x) if x.watch_slot.is_some()))
+        })
+        .unwrap();
+        per_window.push(hits);
+    }
+    let w = s.watch_mut().unwrap().stats();
+    let _ = child.kill();
+    child.wait().unwrap();
+    eprintln!("attached, late reader: hits per window {per_window:?}, cap {cap}, {w:?}");
+    // 3 threads' events, each at most the cap.
+    assert!(
+        per_window.iter().all(|&h| h >= cap && h <= cap * 3),
+        "{per_window:?}"
+    );
+}
+
 /// Run as `nobody` (re-executing this test binary), attaching to a root-owned process must
 /// fail with the explained permission error, not a bare errno.
 #[test]
