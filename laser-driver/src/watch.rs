@@ -562,23 +562,12 @@ impl Watcher {
                 continue; // a straggler of a set armed before
             }
             for leader in 0..self.leaders.len() {
-                match self.open_slot(key as i32, leader, slot as usize) {
-                    Ok(ev) => {
-                        self.opened_ids.push((ev.id, ev.slot));
-                        self.events.push(ev);
-                    }
-                    Err(DriverError::Open { source, .. })
-                        if source.raw_os_error() == Some(libc::ESRCH) =>
-                    {
-                        break; // exited
-                    }
-                    Err(e) => match Unwatched::of(&e) {
-                        Some(why) => {
-                            self.unwatched.entry(key as i32).or_insert(why);
-                        }
-                        None => return Err(e),
-                    },
-                }
+                let r = self.open_slot(key as i32, leader, slot as usize);
+                let Some(ev) = self.opened_or_passed_over(key as i32, r)? else {
+                    break;
+                };
+                self.opened_ids.push((ev.id, ev.slot));
+                self.events.push(ev);
             }
         }
         Ok(())
@@ -648,15 +637,27 @@ impl Watcher {
             let gone = self.events.drain(first_new..).map(|e| e.id);
             self.closed_ids.extend(gone);
         }
+        self.opened_or_passed_over(tid, r).map(|_| ())
+    }
+
+    /// What opening events on thread `tid` came to: `Some` when they opened. A thread that
+    /// exited since it was found (`ESRCH`) is passed over; one whose debug registers are
+    /// taken or for which descriptors ran out goes unwatched (noted for the report) while
+    /// the rest go on: both `None`. Any other error is the caller's.
+    fn opened_or_passed_over<T>(
+        &mut self,
+        tid: i32,
+        r: Result<T, DriverError>,
+    ) -> Result<Option<T>, DriverError> {
         match r {
-            Ok(()) => Ok(()),
+            Ok(v) => Ok(Some(v)),
             Err(DriverError::Open { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {
-                Ok(())
+                Ok(None)
             }
             Err(e) => match Unwatched::of(&e) {
                 Some(why) => {
                     self.unwatched.entry(tid).or_insert(why);
-                    Ok(())
+                    Ok(None)
                 }
                 None => Err(e),
             },
@@ -997,26 +998,16 @@ impl Watcher {
                 sys::refresh(&fd, cap)?;
                 Ok((fd, id))
             });
-            match opened {
-                Ok((fd, id)) => {
-                    self.opened_ids.push((id, slot));
-                    self.events.push(WatchEvent {
-                        key,
-                        slot,
-                        fd,
-                        attr: base,
-                        id,
-                        limited: true,
-                    });
-                }
-                Err(DriverError::Open { source, .. })
-                    if source.raw_os_error() == Some(libc::ESRCH) => {}
-                Err(e) => match Unwatched::of(&e) {
-                    Some(why) => {
-                        self.unwatched.entry(tid).or_insert(why);
-                    }
-                    None => return Err(e),
-                },
+            if let Some((fd, id)) = self.opened_or_passed_over(tid, opened)? {
+                self.opened_ids.push((id, slot));
+                self.events.push(WatchEvent {
+                    key,
+                    slot,
+                    fd,
+                    attr: base,
+                    id,
+                    limited: true,
+                });
             }
         }
         Ok(())

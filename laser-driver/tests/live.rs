@@ -793,21 +793,10 @@ fn the_kernel_stops_a_window_at_its_cap_when_the_reader_is_late() {
         laser_driver::DutyCycle::new(Duration::from_secs(10), 0.02, Duration::from_millis(4));
     let cap = duty.max_hits_per_window;
     assert_eq!(cap, 50);
-    let cfg = Config {
-        backend: BackendKind::Watch,
-        duty_cycle: duty,
-        ..Config::default()
-    };
-    let mut s = Session::launch(&argv(t, &["1.0", "0", "hot"]), &cfg).unwrap();
-    let pid = s.pid();
+    let mut s = Session::launch(&argv(t, &["1.0", "0", "hot"]), &watch_config(duty)).unwrap();
     let mut events = Vec::new();
     // Until both workers run (main + 2 threads), so the window opens on all of them at once.
-    let t0 = Instant::now();
-    while list_tids(pid).len() < 3 && t0.elapsed() < Duration::from_secs(5) {
-        s.poll(Duration::from_millis(5), &mut |e| events.push(e))
-            .unwrap();
-    }
-    assert_eq!(list_tids(pid).len(), 3);
+    wait_for_threads(&mut s, 3);
     s.watch_mut()
         .unwrap()
         .arm(&[shared_word_writes(t)])
@@ -839,17 +828,8 @@ fn a_rolled_over_window_gets_a_fresh_cap() {
         laser_driver::DutyCycle::new(Duration::from_millis(25), 0.5, Duration::from_micros(250));
     let cap = duty.max_hits_per_window;
     assert_eq!(cap, 50);
-    let cfg = Config {
-        backend: BackendKind::Watch,
-        duty_cycle: duty,
-        ..Config::default()
-    };
-    let mut s = Session::launch(&argv(t, &["3.0", "0", "hot"]), &cfg).unwrap();
-    let pid = s.pid();
-    let t0 = Instant::now();
-    while list_tids(pid).len() < 3 && t0.elapsed() < Duration::from_secs(5) {
-        s.poll(Duration::from_millis(5), &mut |_| {}).unwrap();
-    }
+    let mut s = Session::launch(&argv(t, &["3.0", "0", "hot"]), &watch_config(duty)).unwrap();
+    wait_for_threads(&mut s, 3);
     s.watch_mut()
         .unwrap()
         .arm(&[shared_word_writes(t)])
@@ -886,24 +866,12 @@ fn a_rolled_over_window_gets_a_fresh_cap() {
 #[test]
 fn a_thread_created_while_a_window_counts_is_watched_in_it() {
     let t = target();
-    let cfg = Config {
-        backend: BackendKind::Watch,
-        duty_cycle: laser_driver::DutyCycle::new(
-            Duration::from_secs(10),
-            0.5,
-            Duration::from_micros(5),
-        ),
-        ..Config::default()
-    };
-    let mut s = Session::launch(&argv(t, &["0.6", "0", "delayed"]), &cfg).unwrap();
+    let duty = laser_driver::DutyCycle::new(Duration::from_secs(10), 0.5, Duration::from_micros(5));
+    let mut s = Session::launch(&argv(t, &["0.6", "0", "delayed"]), &watch_config(duty)).unwrap();
     let pid = s.pid();
     let mut events = Vec::new();
-    let t0 = Instant::now();
-    while list_tids(pid).len() < 2 && t0.elapsed() < Duration::from_secs(5) {
-        s.poll(Duration::from_millis(5), &mut |e| events.push(e))
-            .unwrap();
-    }
-    assert_eq!(list_tids(pid).len(), 2, "main and the first worker only");
+    // Main and the first worker only.
+    wait_for_threads(&mut s, 2);
     s.watch_mut()
         .unwrap()
         .arm(&[shared_word_writes(t)])
@@ -955,6 +923,24 @@ fn duty_cycle_budgets_the_cpu_of_processes_the_target_forks() {
 
 fn list_tids(pid: i32) -> Vec<i32> {
     laser_driver::threads::list_tids(pid).unwrap_or_default()
+}
+
+/// Polls `s` (events dropped) until its target has `n` threads, for at most 5 s.
+fn wait_for_threads(s: &mut Session, n: usize) {
+    let t0 = Instant::now();
+    while list_tids(s.pid()).len() < n && t0.elapsed() < Duration::from_secs(5) {
+        s.poll(Duration::from_millis(5), &mut |_| {}).unwrap();
+    }
+    assert_eq!(list_tids(s.pid()).len(), n);
+}
+
+/// A watch-only session under `duty`.
+fn watch_config(duty: laser_driver::DutyCycle) -> Config {
+    Config {
+        backend: BackendKind::Watch,
+        duty_cycle: duty,
+        ..Config::default()
+    }
 }
 
 /// A duty cycle with a 50 % trap budget (and a 5 µs hit-cost floor; calibration still
