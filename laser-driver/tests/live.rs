@@ -296,18 +296,9 @@ fn pebs_session_samples_loads_with_data_src() {
 #[test]
 fn attach_sees_existing_threads_and_one_created_later() {
     let t = target();
-    let mut child = Command::new(&t.path)
-        .args(["0.8", "0", "late"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
+    // Until the first worker exists (main + worker 1).
+    let mut child = spawn_with_threads(t, &["0.8", "0", "late"], Stdio::piped(), 2);
     let pid = child.id() as i32;
-    // Wait until the first worker exists (main + worker 1).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count()) < 2 {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(5));
-    }
     let mut s = Session::attach(pid, &Config::default()).unwrap();
     let before: BTreeSet<i32> = s.threads().into_iter().collect();
     assert!(before.contains(&pid) && before.len() == 2, "{before:?}");
@@ -607,17 +598,8 @@ fn a_full_small_ring_loses_records_and_says_so() {
 #[test]
 fn attach_arms_watchpoints_in_every_thread() {
     let t = target();
-    let mut child = Command::new(&t.path)
-        .args(["1.0", "0"])
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_with_threads(t, &["1.0", "0"], Stdio::null(), 3);
     let pid = child.id() as i32;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count()) < 3 {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(5));
-    }
     let cfg = Config {
         backend: BackendKind::Watch,
         // Generous budget: this test is about every thread being armed, not the duty
@@ -648,17 +630,8 @@ fn attach_arms_watchpoints_in_every_thread() {
 #[test]
 fn attached_windows_stop_at_their_cap_each_time_the_reader_is_late() {
     let t = target();
-    let mut child = Command::new(&t.path)
-        .args(["3.0", "0", "hot"])
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_with_threads(t, &["3.0", "0", "hot"], Stdio::null(), 3);
     let pid = child.id() as i32;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while list_tids(pid).len() < 3 {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(5));
-    }
     // Cap 50 (a 0.25 ms cost floor, above the calibrated cost): 300 ms pay a window's
     // hits, so it rolls over at the next read.
     let duty =
@@ -923,6 +896,23 @@ fn duty_cycle_budgets_the_cpu_of_processes_the_target_forks() {
 
 fn list_tids(pid: i32) -> Vec<i32> {
     laser_driver::threads::list_tids(pid).unwrap_or_default()
+}
+
+/// Starts the fixture with `args` and `stdin` (for an attach), and waits until it has `n`
+/// threads, for at most 10 s.
+fn spawn_with_threads(t: &Target, args: &[&str], stdin: Stdio, n: usize) -> std::process::Child {
+    let child = Command::new(&t.path)
+        .args(args)
+        .stdin(stdin)
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while list_tids(pid).len() < n {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child
 }
 
 /// Polls `s` (events dropped) until its target has `n` threads, for at most 5 s.
