@@ -75,7 +75,12 @@ pub struct Accesses {
 
 impl Accesses {
     pub fn clear(&mut self) {
-        *self = Self::default();
+        // The slots at and past `n` are never read: leave them (this runs on every sample).
+        self.n = 0;
+        self.stack = 0;
+        self.tls = 0;
+        self.missing = 0;
+        self.watch_unknown = 0;
     }
     fn push(&mut self, a: Access) {
         if self.n < self.buf.len() {

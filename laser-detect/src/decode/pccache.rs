@@ -59,7 +59,9 @@ struct Sweep {
 
 /// Per-PC decode cache (hashbrown: the hot path is one lookup per sample).
 pub struct PcCache {
-    pcs: HashMap<u64, PcInfo>,
+    /// PC → index in `infos` (a small value keeps the per-sample probe compact).
+    pcs: HashMap<u64, u32>,
+    infos: Vec<PcInfo>,
     sweeps: HashMap<u64, Sweep>,
     /// Skid paths of the PCs decoded so far; `PcInfo::skid` is an index + 1.
     skids: Vec<SkidPaths>,
@@ -77,6 +79,7 @@ impl PcCache {
     pub fn new() -> Self {
         Self {
             pcs: HashMap::new(),
+            infos: Vec::new(),
             sweeps: HashMap::new(),
             skids: Vec::new(),
             classifier: Classifier::new(),
@@ -95,6 +98,7 @@ impl PcCache {
     /// Forget everything (after `exec`, code at the same addresses is different).
     pub fn clear(&mut self) {
         self.pcs.clear();
+        self.infos.clear();
         self.sweeps.clear();
         self.skids.clear();
     }
@@ -122,11 +126,40 @@ impl PcCache {
         code: &C,
         place: impl FnOnce() -> Where,
     ) -> PcInfo {
-        if let Some(p) = self.pcs.get(&pc) {
-            return *p;
-        }
+        *self.lookup_with(pc, code, place).0
+    }
+
+    /// As [`Self::get_with`], borrowed, with the PC's skid paths: the per-sample path (a
+    /// `PcInfo` is ~200 bytes, and copying it out was a tenth of the replay's instructions).
+    #[inline]
+    pub fn lookup_with<C: CodeSource + ?Sized>(
+        &mut self,
+        pc: u64,
+        code: &C,
+        place: impl FnOnce() -> Where,
+    ) -> (&PcInfo, Option<&SkidPaths>) {
+        let i = match self.pcs.get(&pc) {
+            Some(&i) => i as usize,
+            None => {
+                let info = self.first_sight(pc, code, place);
+                self.infos.push(info);
+                self.pcs.insert(pc, (self.infos.len() - 1) as u32);
+                self.infos.len() - 1
+            }
+        };
+        let info = &self.infos[i];
+        (info, self.skid_paths(info))
+    }
+
+    #[cold]
+    fn first_sight<C: CodeSource + ?Sized>(
+        &mut self,
+        pc: u64,
+        code: &C,
+        place: impl FnOnce() -> Where,
+    ) -> PcInfo {
         let w = place();
-        let info = if w.special {
+        if w.special {
             PcInfo {
                 special: true,
                 ..PcInfo::default()
@@ -136,9 +169,7 @@ impl PcCache {
                 library: w.library,
                 ..self.decode(pc, code)
             }
-        };
-        self.pcs.insert(pc, info);
-        info
+        }
     }
 
     fn decode<C: CodeSource + ?Sized>(&mut self, pc: u64, code: &C) -> PcInfo {

@@ -133,9 +133,13 @@ pub struct ConcurrencyTracker {
     /// Per thread, its first and last sample time; `span_of` indexes it.
     spans: Vec<(u32, u64, u64)>,
     span_of: HashMap<u32, usize>,
-    /// The index in `spans` of the last sample's thread (samples come in runs per thread).
-    last: usize,
+    /// Direct-mapped by thread id: (thread, its index in `spans`), so a sample finds its
+    /// span with one compare however the threads interleave (`u32::MAX`: empty).
+    recent: [(u32, u32); RECENT_THREADS],
 }
+
+/// Entries of [`ConcurrencyTracker::recent`] (a power of two).
+const RECENT_THREADS: usize = 64;
 
 impl Default for ConcurrencyTracker {
     fn default() -> Self {
@@ -146,7 +150,7 @@ impl Default for ConcurrencyTracker {
             settled_concurrent: 0,
             spans: Vec::new(),
             span_of: HashMap::new(),
-            last: 0,
+            recent: [(u32::MAX, 0); RECENT_THREADS],
         }
     }
 }
@@ -184,22 +188,17 @@ impl ConcurrencyTracker {
     }
 
     fn note_span(&mut self, tid: u32, time: u64) {
-        let i = match self.spans.get(self.last) {
-            Some(s) if s.0 == tid => self.last,
-            // Most programs have a few threads: a short scan is cheaper than hashing.
-            _ if let Some(i) = self.spans.iter().take(8).position(|s| s.0 == tid) => {
-                self.last = i;
-                i
+        let r = &mut self.recent[tid as usize % RECENT_THREADS];
+        let i = if r.0 == tid {
+            r.1 as usize
+        } else {
+            let n = self.spans.len();
+            let i = *self.span_of.entry(tid).or_insert(n);
+            if i == n {
+                self.spans.push((tid, time, time));
             }
-            _ => {
-                let n = self.spans.len();
-                let i = *self.span_of.entry(tid).or_insert(n);
-                if i == n {
-                    self.spans.push((tid, time, time));
-                }
-                self.last = i;
-                i
-            }
+            *r = (tid, i as u32);
+            i
         };
         let s = &mut self.spans[i];
         s.1 = s.1.min(time);

@@ -450,9 +450,9 @@ impl<C: CodeSource> Detector<C> {
         self.main_pid.get_or_insert(s.pid);
         // One map lookup per sample; the fields below are borrowed disjointly.
         let space = self.spaces.entry(s.pid).or_default();
-        let info = self
+        let (info, skid) = self
             .pcs
-            .get_with(s.ip, &self.code, || match space.classify(s.ip) {
+            .lookup_with(s.ip, &self.code, || match space.classify(s.ip) {
                 Class::Special => Where {
                     special: true,
                     library: false,
@@ -486,8 +486,7 @@ impl<C: CodeSource> Detector<C> {
                 self.frame_slots.learn_after(prev, regs);
             }
         }
-        let skid = self.pcs.skid_paths(&info);
-        if let Err(why) = resolve(s, &info, skid, &self.frame_slots, &mut self.out) {
+        if let Err(why) = resolve(s, info, skid, &self.frame_slots, &mut self.out) {
             match why {
                 DropReason::Undecodable => self.filter.undecodable += 1,
                 DropReason::NoMemory => self.filter.no_memory += 1,

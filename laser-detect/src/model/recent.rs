@@ -56,11 +56,7 @@ fn range_of(bytes: u128) -> (u8, u8) {
 }
 
 fn mask_of(off: u8, len: u8) -> u128 {
-    if len == 0 {
-        0
-    } else {
-        byte_mask(off as u32, len as u32)
-    }
+    byte_mask(off as u32, len as u32)
 }
 
 impl Recent {
@@ -83,22 +79,19 @@ impl Recent {
         }
     }
 
-    /// Bytes touched by the remembered accesses.
-    pub fn touched(&self) -> u128 {
-        self.slots.iter().fold(0, |a, s| a | mask_of(s.0, s.1))
-    }
-
-    /// Bytes written by the remembered accesses.
-    pub fn written(&self) -> u128 {
-        self.slots
-            .iter()
-            .filter(|s| s.2)
-            .fold(0, |a, s| a | mask_of(s.0, s.1))
+    /// Bytes (touched, written) by the remembered accesses, in one pass (every contention
+    /// event needs both for both threads).
+    pub fn masks(&self) -> (u128, u128) {
+        self.slots.iter().fold((0, 0), |(t, w), s| {
+            let m = mask_of(s.0, s.1);
+            (t | m, if s.2 { w | m } else { w })
+        })
     }
 
     /// Whether the two threads exchange data: one wrote bytes the other touched.
     pub fn shares_with(&self, other: &Recent) -> bool {
-        (self.written() & other.touched()) | (self.touched() & other.written()) != 0
+        let ((t0, w0), (t1, w1)) = (self.masks(), other.masks());
+        (w0 & t1) | (t0 & w1) != 0
     }
 }
 
@@ -207,10 +200,10 @@ mod tests {
             r.push(1, byte_mask(0, 8), false, false);
             r.push(1, byte_mask(0, 8), false, true);
         }
-        assert_eq!(r.get(1).unwrap().written(), byte_mask(16, 8));
+        assert_eq!(r.get(1).unwrap().masks().1, byte_mask(16, 8));
         // Pushed as a new access, a repeat does count: the write falls out of the window.
         r.push(1, byte_mask(0, 8), false, false);
-        assert_eq!(r.get(1).unwrap().written(), 0);
+        assert_eq!(r.get(1).unwrap().masks().1, 0);
     }
 
     #[test]
