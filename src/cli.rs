@@ -155,6 +155,12 @@ pub struct MonitorArgs {
     /// Repeatable; words of one line share its turn (4 debug registers).
     #[arg(long = "watch-addr", value_name = "ADDR[:LEN]", value_parser = parse_watch_addr)]
     pub watch_addr: Vec<(u64, u32)>,
+    /// How much longer the watchpoints may make the program take, in percent of its time:
+    /// their traps at most this (in CPU time and in wall time), and the slowdown of armed
+    /// debug registers on string copies at most three quarters of it. Lower costs less and
+    /// rates fewer lines per second of run; sampling (~1%) comes on top.
+    #[arg(long = "watch-budget", value_name = "PERCENT", default_value_t = laser_driver::duty::DEFAULT_MAX_SLOWDOWN * 100.0, value_parser = parse_budget_percent)]
+    pub watch_budget: f64,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -408,6 +414,13 @@ fn parse_non_negative(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
         _ => Err(format!("'{s}' is not a non-negative number")),
+    }
+}
+
+fn parse_budget_percent(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 50.0 => Ok(v),
+        _ => Err(format!("'{s}' is not a percentage above 0 and at most 50")),
     }
 }
 

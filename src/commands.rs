@@ -65,6 +65,11 @@ fn session_config(m: &MonitorArgs) -> Result<Config> {
         anyhow::ensure!(f > 0, "--freq must be positive");
         config.frequency = f;
     }
+    let d = config.duty_cycle;
+    config.duty_cycle = laser_driver::DutyCycle {
+        calibrate: d.calibrate,
+        ..laser_driver::DutyCycle::new(d.window, m.watch_budget / 100.0, d.hit_cost)
+    };
     Ok(config)
 }
 
@@ -209,6 +214,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
         analysis.notes.push(o.note());
     }
     analysis.notes.extend(outcome.unwatched.clone());
+    analysis
+        .notes
+        .extend(monitor::watch_cost_note(outcome.watch_cost, elapsed));
     if outcome.skipped > 0 {
         analysis.notes.push(format!(
             "{} sample(s) in laser's code cache (repaired code, in no ELF file) were counted, \
@@ -279,6 +287,9 @@ pub fn record(args: RecordArgs) -> Result<i32> {
     if let Some(note) = &outcome.unwatched {
         // A recording carries events, not notes: say it here.
         eprintln!("laser: warning: {note}");
+    }
+    if let Some(note) = monitor::watch_cost_note(outcome.watch_cost, outcome.elapsed) {
+        eprintln!("laser: {note}");
     }
     let st = session.stats();
     eprintln!(
@@ -411,6 +422,10 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
     let mut analysis = detector.finish();
     analysis.duration_s = outcome.elapsed.max(Duration::from_millis(1)).as_secs_f64();
     analysis.notes.extend(outcome.unwatched.clone());
+    analysis.notes.extend(monitor::watch_cost_note(
+        outcome.watch_cost,
+        outcome.elapsed,
+    ));
     if let Some(h) = heap.as_mut() {
         // The process is still there: read the blocks of every heap line worth reporting.
         let lines: Vec<u64> = analysis

@@ -89,6 +89,9 @@ pub struct Outcome {
     pub skipped: u64,
     /// The report's note on threads the watchpoints could not cover ([`unwatched_note`]).
     pub unwatched: Option<String>,
+    /// Traps taken so far in the session and the duty cycle that bounded them, for
+    /// [`watch_cost_note`] (`None`: no watchpoints).
+    pub watch_cost: Option<(u64, laser_driver::DutyCycle)>,
 }
 
 /// How often the monitor loop hands the contended lines' modules to the DWARF prefetcher.
@@ -188,6 +191,10 @@ pub fn run_loop(
         .watch_mut()
         .ok()
         .and_then(|w| unwatched_note(w.unwatched()));
+    let watch_cost = session
+        .watch_mut()
+        .ok()
+        .map(|w| (w.stats().hits, w.duty_cycle()));
     if opts.steer_watchpoints {
         if let Ok(w) = session.watch_mut() {
             // Leave nothing armed in a process we are about to let go of.
@@ -203,7 +210,32 @@ pub fn run_loop(
         elapsed: start.elapsed(),
         skipped,
         unwatched,
+        watch_cost,
     })
+}
+
+/// What the traps cost the target, for the report: hits × the per-trap cost laser measured on
+/// this machine (a lower bound: `scripts/watch-cost` measured the wall-time cost 10–20% above
+/// it), against the run and the budget that bounded it (`--watch-budget`).
+pub fn watch_cost_note(
+    cost: Option<(u64, laser_driver::DutyCycle)>,
+    elapsed: Duration,
+) -> Option<String> {
+    let (hits, duty) = cost?;
+    if hits == 0 {
+        return None;
+    }
+    let spent = duty.hit_cost.as_secs_f64() * hits as f64;
+    let run = elapsed.as_secs_f64().max(1e-3);
+    Some(format!(
+        "watchpoint cost: {hits} trap(s) × {:.1} µs = {:.1} ms, {:.2}% of the {:.2} s run \
+         (budget {}%, --watch-budget)",
+        duty.hit_cost.as_secs_f64() * 1e6,
+        spent * 1e3,
+        100.0 * spent / run,
+        run,
+        duty.max_slowdown * 100.0
+    ))
 }
 
 /// What the report says about threads the watchpoints could not cover: their accesses are

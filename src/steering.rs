@@ -47,8 +47,9 @@ const SURVEY_REFRESH: Duration = Duration::from_millis(300);
 /// Share of the run's wall time that armed watchpoints may cost the target in slowed work
 /// with no trap to show for it (fast strings off: [`laser_detect::model::armed_cost`]). The
 /// trap budget covers the traps; this covers the rest. Sampling costs ~1%; with this the
-/// whole run stays within the 2–3% goal on programs that copy with `rep movs`.
-const ARMED_COST_BUDGET: f64 = 0.015;
+/// whole run stays within the 2–3% goal on programs that copy with `rep movs`. As a share of
+/// the trap budget (`--watch-budget`): 1.5% at the default 2%.
+const ARMED_COST_SHARE: f64 = 0.75;
 /// How often the globals are read again for heap pointers (programs allocate as they go).
 const POINTERS_EVERY: Duration = Duration::from_millis(200);
 /// An instruction given a code turn gets the next one this long after at the earliest: a few
@@ -187,7 +188,8 @@ impl Steering {
         // the run has grown enough to pay for more.
         if let Some(slowdown) = detector.armed_slowdown() {
             let cost = self.armed.as_secs_f64() * (slowdown - 1.0);
-            if cost > ARMED_COST_BUDGET * now.duration_since(started).as_secs_f64() {
+            let budget = ARMED_COST_SHARE * watcher.duty_cycle().max_slowdown;
+            if cost > budget * now.duration_since(started).as_secs_f64() {
                 if !self.idle {
                     watcher.disarm().context("disarming watchpoints")?;
                     self.idle = true;

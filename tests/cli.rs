@@ -191,6 +191,69 @@ fn missing_and_non_executable_programs_are_clear_errors() {
     assert!(!err.contains("panicked"), "{}", text(&o));
 }
 
+/// The "watchpoint cost" note of a JSON report: (traps, percent of the run).
+fn watch_cost(report: &serde_json::Value) -> Option<(u64, f64)> {
+    let note = report["notes"]
+        .as_array()?
+        .iter()
+        .filter_map(|n| n.as_str())
+        .find(|n| n.starts_with("watchpoint cost:"))?;
+    let traps = note
+        .strip_prefix("watchpoint cost: ")?
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()?;
+    let pct = note.split("ms, ").nth(1)?.split('%').next()?.parse().ok()?;
+    Some((traps, pct))
+}
+
+#[test]
+fn the_watch_budget_bounds_what_traps_cost_and_the_report_says_it() {
+    let _serial = exclusive();
+    let (bin, _) = fs_program();
+    let mut seen = Vec::new();
+    for budget in ["0.5", "2"] {
+        let out = workdir().join(format!("budget-{budget}.json"));
+        let o = laser(&[
+            "run",
+            "--threshold",
+            LOW,
+            "--watch-budget",
+            budget,
+            "--json",
+            out.to_str().unwrap(),
+            "--",
+            bin.to_str().unwrap(),
+            "1.5",
+        ]);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{t}");
+        let report = json(&out);
+        assert_finds_counters(&report, &t);
+        let (traps, pct) = watch_cost(&report)
+            .unwrap_or_else(|| panic!("no watchpoint cost note: {report:#}\n{t}"));
+        // The duty cycle pays every window's traps with a cooldown, except the last one's: the
+        // slack is one window (100 ms × the budget) over the 1.5 s run, under 0.1 point.
+        let b: f64 = budget.parse().unwrap();
+        assert!(
+            traps > 0 && pct <= b + 0.1,
+            "budget {budget}%: {traps} traps, {pct}%\n{t}"
+        );
+        seen.push(traps);
+    }
+    // A line this hot spends the whole budget: a quarter of it is far fewer traps.
+    assert!(seen[0] < seen[1], "traps at 0.5% and 2%: {seen:?}");
+
+    let o = laser(&["run", "--watch-budget", "0", "--", "true"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--watch-budget"),
+        "{}",
+        text(&o)
+    );
+}
+
 #[test]
 fn a_program_that_exits_at_once_gives_an_empty_report() {
     let out = workdir().join("true.json");
