@@ -32,10 +32,7 @@
 //! cooldown those hits bought left the line 2 windows in 1.5 s. The kernel refuses REFRESH on
 //! an inherited event, hence events opened per thread rather than inherited (which also
 //! spares every thread created during a window the copy: ≈ 20 µs per breakpoint at clone
-//! and exit). The limit is per event, so with many threads each event gets a share of the
-//! cap ([`event_cap`]: twice the cap over the threads, at least 4 hits; two threads keep the
-//! whole cap each): attached to 400 busy threads, windows took 4,473–12,214 hits with the
-//! whole cap on every event.
+//! and exit).
 //!
 //! **Inherited windows** ([`Watcher::set_inherit`], for an object's access history): a thread
 //! created while such a window counts inherits its creator's events from its first
@@ -69,23 +66,6 @@ pub const MAX_WATCHES: usize = 4;
 /// the thread's CPU clock (6 runs here gave 26–35 µs, as 100 traps did), few enough
 /// to keep a launched program's start quick (each trap delays its exec).
 const CALIBRATION_TRAPS: u32 = 40;
-/// Fewest hits one event may take in a window however many threads share it
-/// ([`event_cap`]).
-const MIN_EVENT_HITS: u32 = 4;
-
-/// The kernel limit of one window event when `threads` threads are watched: the window's cap
-/// shared out, twice over, among them. Each event is limited on its own, so with the whole
-/// cap on every event a window of 400 busy threads took 4,473–12,214 hits against a cap of
-/// ~130 before the reader could close it. Two threads (the common case) keep the whole cap
-/// each; a thread's share never drops below [`MIN_EVENT_HITS`], so a window still sees
-/// every thread that comes by its words.
-pub fn event_cap(window_cap: u32, threads: usize) -> u32 {
-    let share = (2 * u64::from(window_cap)).div_ceil(threads.max(1) as u64);
-    share.clamp(
-        u64::from(MIN_EVENT_HITS.min(window_cap)),
-        u64::from(window_cap),
-    ) as u32
-}
 
 /// Largest user-space address + 1 on x86-64 (47-bit user half).
 const USER_END: u64 = 0x0000_8000_0000_0000;
@@ -251,9 +231,6 @@ pub struct Watcher {
     /// Launch: threads the open window has tried (events opened, or unwatched), so a thread
     /// both listed and announced by its creation record is opened once.
     window_tids: BTreeSet<i32>,
-    /// Launch: threads the last window was opened on (the share of the cap each event of the
-    /// next one gets, [`event_cap`], is counted before all of them are open).
-    last_window_threads: usize,
     /// Launch: windows are inherited into threads created while they count
     /// ([`Watcher::set_inherit`]).
     inherit: bool,
@@ -307,7 +284,6 @@ impl Watcher {
             trapped_unknown: false,
             thread_leaders: BTreeMap::new(),
             window_tids: BTreeSet::new(),
-            last_window_threads: 0,
             inherit: false,
         };
         if let Some(pid) = target {
@@ -539,7 +515,6 @@ impl Watcher {
     fn close_window(&mut self) {
         let hot = std::mem::take(&mut self.trapped);
         self.trapped_unknown = false;
-        self.last_window_threads = self.window_tids.len();
         self.window_tids.clear();
         let (first, rest): (Vec<WatchEvent>, Vec<WatchEvent>) = self
             .events
@@ -718,7 +693,7 @@ impl Watcher {
         let what = format!("watchpoint slot {slot}");
         let fd = sys::open(&a, tid, *cpu, &what)?;
         if !self.inherit {
-            sys::refresh(&fd, self.event_cap())?;
+            sys::refresh(&fd, self.cap())?;
         }
         sys::set_output(&fd, out.as_raw_fd())?;
         let id = sys::event_id(&fd)?;
@@ -949,7 +924,7 @@ impl Watcher {
     /// it, and a breakpoint its limit stopped cannot be restarted ([`Watcher::renew_hot`]),
     /// so it is replaced by a fresh one.
     fn enable_attached(&mut self, from: usize) -> Result<(), DriverError> {
-        let cap = self.event_cap();
+        let cap = self.cap();
         let mut spent = Vec::new();
         for ev in &mut self.events[from..] {
             if ev.slot as usize >= self.specs.len() {
@@ -993,7 +968,7 @@ impl Watcher {
         if spent.is_empty() {
             return Ok(());
         }
-        let cap = self.event_cap();
+        let cap = self.cap();
         let (old, keep): (Vec<WatchEvent>, Vec<WatchEvent>) = std::mem::take(&mut self.events)
             .into_iter()
             .partition(|e| spent.contains(&e.id));
@@ -1041,17 +1016,6 @@ impl Watcher {
     /// The window's hit cap as a kernel limit.
     fn cap(&self) -> u32 {
         self.duty.max_hits_per_window.clamp(1, u64::from(u32::MAX)) as u32
-    }
-
-    /// The kernel limit of each event of the window ([`event_cap`]), by the threads watched:
-    /// attached threads, or in a launched program the most of the last window's and this
-    /// one's so far.
-    fn event_cap(&self) -> u32 {
-        let threads = match self.binding {
-            Binding::Attach => self.thread_leaders.len(),
-            Binding::Launch => self.window_tids.len().max(self.last_window_threads),
-        };
-        event_cap(self.cap(), threads)
     }
 }
 
@@ -1236,25 +1200,6 @@ mod tests {
 
     /// The CLI re-arms on a timer: the same set again must change nothing, and a new set
     /// during a cooldown must wait for it (no events here: the state machine and markers).
-    #[test]
-    fn many_threads_share_a_window_cap() {
-        // One or two threads: the whole cap each (as before).
-        assert_eq!(event_cap(66, 1), 66);
-        assert_eq!(event_cap(66, 2), 66);
-        // More: twice the cap shared out, rounded up...
-        assert_eq!(event_cap(66, 3), 44);
-        assert_eq!(event_cap(66, 8), 17);
-        // ...never under 4 hits, nor over the cap itself.
-        assert_eq!(event_cap(66, 400), 4);
-        assert_eq!(event_cap(2, 400), 2);
-        assert_eq!(event_cap(66, 0), 66);
-        // The window's total stays within a few caps however many threads trap.
-        for threads in 3..1000 {
-            let total = u64::from(event_cap(66, threads)) * threads as u64;
-            assert!(total <= 2 * 66 + 4 * threads as u64, "{threads}: {total}");
-        }
-    }
-
     #[test]
     fn rearming_keeps_the_duty_cycle() {
         let duty = DutyCycle::new(Duration::from_millis(20), 0.02, Duration::from_micros(10));
