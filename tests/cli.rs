@@ -191,6 +191,49 @@ fn missing_and_non_executable_programs_are_clear_errors() {
     assert!(!err.contains("panicked"), "{}", text(&o));
 }
 
+/// Two threads in false sharing while 8 more sleep: every thread gets the watch windows'
+/// events, only two trap. A window must rate the pair as it would alone (a version that
+/// shared each window's hit cap out among all 11 threads stopped the pair's events at a
+/// fifth of it and let the windows run on unseen: no finding at all).
+const FS_BESIDE_IDLE_C: &str = include_str!("fixtures/programs/fs_beside_idle.c");
+
+#[test]
+fn false_sharing_beside_idle_threads_is_rated_from_its_windows() {
+    let _serial = exclusive();
+    let bin = compile("fs_beside_idle", FS_BESIDE_IDLE_C);
+    let out = workdir().join("beside_idle.json");
+    let o = laser(&[
+        "run",
+        "--threshold",
+        LOW,
+        "--json",
+        out.to_str().unwrap(),
+        "--",
+        bin.to_str().unwrap(),
+        "1.5",
+        "8",
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let report = json(&out);
+    let f = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["data"]["name"].as_str().unwrap_or("").contains("counters"))
+        .unwrap_or_else(|| panic!("no finding on `counters`: {report:#}\n{t}"));
+    assert_eq!(f["kind"], "false_sharing", "{f:#}");
+    // Alone, this pair runs at 10^4-10^5 transfers/s here; the default threshold is 1,000.
+    assert!(f["rate_per_s"].as_f64().unwrap() >= 1000.0, "{f:#}");
+    let rated = report["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str())
+        .any(|n| n.contains("rated from watchpoint windows"));
+    assert!(rated, "the line is rated by its windows: {report:#}");
+}
+
 /// The "watchpoint cost" note of a JSON report: (traps, percent of the run).
 fn watch_cost(report: &serde_json::Value) -> Option<(u64, f64)> {
     let note = report["notes"]
