@@ -220,7 +220,12 @@ fn false_sharing_beside_idle_threads_is_rated_from_its_windows() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|f| f["data"]["name"].as_str().unwrap_or("").contains("counters"))
+        .find(|f| {
+            f["data"]["name"]
+                .as_str()
+                .unwrap_or("")
+                .contains("counters")
+        })
         .unwrap_or_else(|| panic!("no finding on `counters`: {report:#}\n{t}"));
     assert_eq!(f["kind"], "false_sharing", "{f:#}");
     // Alone, this pair runs at 10^4-10^5 transfers/s here; the default threshold is 1,000.

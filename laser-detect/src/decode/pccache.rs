@@ -57,11 +57,17 @@ struct Sweep {
     branches: Vec<(u64, u64, u64, Option<iced_x86::ConditionCode>)>,
 }
 
+/// Entries of [`PcCache::front`] (a power of two).
+const FRONT: usize = 1024;
+
 /// Per-PC decode cache (hashbrown: the hot path is one lookup per sample).
 pub struct PcCache {
     /// PC → index in `infos` (a small value keeps the per-sample probe compact).
     pcs: HashMap<u64, u32>,
     infos: Vec<PcInfo>,
+    /// Direct-mapped by PC in front of `pcs`: a program's samples fall on a few hot loops,
+    /// and one compare beats hashing the PC (`u64::MAX`: empty).
+    front: Box<[(u64, u32); FRONT]>,
     sweeps: HashMap<u64, Sweep>,
     /// Skid paths of the PCs decoded so far; `PcInfo::skid` is an index + 1.
     skids: Vec<SkidPaths>,
@@ -80,6 +86,7 @@ impl PcCache {
         Self {
             pcs: HashMap::new(),
             infos: Vec::new(),
+            front: Box::new([(u64::MAX, 0); FRONT]),
             sweeps: HashMap::new(),
             skids: Vec::new(),
             classifier: Classifier::new(),
@@ -99,6 +106,7 @@ impl PcCache {
     pub fn clear(&mut self) {
         self.pcs.clear();
         self.infos.clear();
+        self.front.fill((u64::MAX, 0));
         self.sweeps.clear();
         self.skids.clear();
     }
@@ -138,13 +146,21 @@ impl PcCache {
         code: &C,
         place: impl FnOnce() -> Where,
     ) -> (&PcInfo, Option<&SkidPaths>) {
-        let i = match self.pcs.get(&pc) {
-            Some(&i) => i as usize,
-            None => {
-                let info = self.first_sight(pc, code, place);
-                self.infos.push(info);
-                self.pcs.insert(pc, (self.infos.len() - 1) as u32);
-                self.infos.len() - 1
+        let slot = (pc ^ (pc >> 9)) as usize % FRONT;
+        let i = match self.front[slot] {
+            (p, i) if p == pc => i as usize,
+            _ => {
+                let i = match self.pcs.get(&pc) {
+                    Some(&i) => i as usize,
+                    None => {
+                        let info = self.first_sight(pc, code, place);
+                        self.infos.push(info);
+                        self.pcs.insert(pc, (self.infos.len() - 1) as u32);
+                        self.infos.len() - 1
+                    }
+                };
+                self.front[slot] = (pc, i as u32);
+                i
             }
         };
         let info = &self.infos[i];

@@ -66,22 +66,28 @@ impl ArmedCost {
     }
 
     /// A timer sample taken at `time`, on a fast-string instruction or not.
+    #[inline]
     pub fn sample(&mut self, time: u64, fast_string: bool) {
         // Nearly every sample comes after the latest transition: one compare (this runs on
         // every timer sample of a replay).
         let armed = match self.transitions.back() {
             None => false,
             Some(&(t, a)) if t <= time => a,
-            Some(_) => self
-                .transitions
-                .iter()
-                .rev()
-                .find(|&&(t, _)| t <= time)
-                .is_some_and(|&(_, a)| a),
+            Some(_) => self.armed_at(time),
         };
         let t = &mut self.tally[usize::from(armed)];
         t[0] += 1;
         t[1] += u64::from(fast_string);
+    }
+
+    /// Whether watchpoints were armed at `time`, before the latest transition.
+    #[cold]
+    fn armed_at(&self, time: u64) -> bool {
+        self.transitions
+            .iter()
+            .rev()
+            .find(|&&(t, _)| t <= time)
+            .is_some_and(|&(_, a)| a)
     }
 
     pub fn summary(&self) -> ArmedCostSummary {

@@ -188,21 +188,27 @@ impl ConcurrencyTracker {
     }
 
     fn note_span(&mut self, tid: u32, time: u64) {
-        let r = &mut self.recent[tid as usize % RECENT_THREADS];
+        let r = self.recent[tid as usize % RECENT_THREADS];
         let i = if r.0 == tid {
             r.1 as usize
         } else {
-            let n = self.spans.len();
-            let i = *self.span_of.entry(tid).or_insert(n);
-            if i == n {
-                self.spans.push((tid, time, time));
-            }
-            *r = (tid, i as u32);
-            i
+            self.span_index(tid, time)
         };
         let s = &mut self.spans[i];
         s.1 = s.1.min(time);
         s.2 = s.2.max(time);
+    }
+
+    /// The index of `tid`'s span, made on its first sample, and cached in `recent`.
+    #[cold]
+    fn span_index(&mut self, tid: u32, time: u64) -> usize {
+        let n = self.spans.len();
+        let i = *self.span_of.entry(tid).or_insert(n);
+        if i == n {
+            self.spans.push((tid, time, time));
+        }
+        self.recent[tid as usize % RECENT_THREADS] = (tid, i as u32);
+        i
     }
 
     /// The overlap so far; `None` when no timer sample came.

@@ -31,7 +31,7 @@ use laser_driver::{BackendKind, Event, Mmap, Sample, StreamStats};
 use crate::decode::access::{resolve, Accesses, DropReason};
 use crate::decode::code::{CodeSource, FileMapping};
 use crate::decode::frame_slots::FrameSlots;
-use crate::decode::maps::{self, AddressSpace, Class, KERNEL_START};
+use crate::decode::maps::{self, AddressSpace, Class, Spaces, KERNEL_START};
 use crate::decode::pccache::{PcCache, Where};
 use crate::decode::store_pair::store_after_load;
 use crate::model::armed_cost::{ArmedCost, ArmedCostSummary};
@@ -117,7 +117,7 @@ pub struct Detector<C: CodeSource> {
     config: Config,
     code: C,
     pcs: PcCache,
-    spaces: HashMap<u32, AddressSpace>,
+    spaces: Spaces,
     main_pid: Option<u32>,
     model: LineModel,
     estimator: Estimator,
@@ -209,7 +209,7 @@ impl<C: CodeSource> Detector<C> {
             config,
             code,
             pcs: PcCache::new(),
-            spaces: HashMap::new(),
+            spaces: Spaces::default(),
             main_pid: None,
             model,
             estimator,
@@ -259,7 +259,7 @@ impl<C: CodeSource> Detector<C> {
     }
 
     fn map_region(&mut self, pid: u32, r: &maps::Region, build_id: Option<&[u8]>) {
-        let space = self.spaces.entry(pid).or_default();
+        let space = self.spaces.entry(pid);
         let is_file = r.path.starts_with('/');
         let layout = if is_file {
             self.code.map_file(&FileMapping {
@@ -343,7 +343,7 @@ impl<C: CodeSource> Detector<C> {
                 self.call_sites.clear_checks();
             }
             Event::Fork { pid, ppid, .. } if pid != ppid => {
-                if let Some(parent) = self.spaces.get(ppid).cloned() {
+                if let Some(parent) = self.spaces.get(*ppid).cloned() {
                     self.spaces.insert(*pid, parent);
                 }
             }
@@ -449,7 +449,7 @@ impl<C: CodeSource> Detector<C> {
         }
         self.main_pid.get_or_insert(s.pid);
         // One map lookup per sample; the fields below are borrowed disjointly.
-        let space = self.spaces.entry(s.pid).or_default();
+        let space = self.spaces.entry(s.pid);
         let (info, skid) = self
             .pcs
             .lookup_with(s.ip, &self.code, || match space.classify(s.ip) {
@@ -573,7 +573,7 @@ impl<C: CodeSource> Detector<C> {
     }
 
     fn location(&self, addr: u64) -> Location {
-        let Some(space) = self.main_pid.and_then(|p| self.spaces.get(&p)) else {
+        let Some(space) = self.main_pid.and_then(|p| self.spaces.get(p)) else {
             return Location::Unknown;
         };
         match space.classify(addr) {
@@ -791,7 +791,7 @@ impl<C: CodeSource> Detector<C> {
     /// Heap blocks the program's globals point to, read from the live target through `mem`
     /// ([`crate::model::survey::pointed_blocks`]).
     pub fn pointed_heap_blocks(&self, mem: &mut dyn Memory) -> Vec<(u64, u64)> {
-        let Some(space) = self.main_pid.and_then(|p| self.spaces.get(&p)) else {
+        let Some(space) = self.main_pid.and_then(|p| self.spaces.get(p)) else {
             return Vec::new();
         };
         crate::model::survey::pointed_blocks(&self.program_globals(), mem, |a| {
@@ -815,10 +815,10 @@ impl<C: CodeSource> Detector<C> {
 
     fn modules(&self) -> Vec<ModuleInfo> {
         let mut out: Vec<ModuleInfo> = Vec::new();
-        let mut pids: Vec<&u32> = self.spaces.keys().collect();
-        pids.sort_unstable_by_key(|p| (Some(**p) != self.main_pid, **p));
+        let mut pids: Vec<u32> = self.spaces.pids().collect();
+        pids.sort_unstable_by_key(|p| (Some(*p) != self.main_pid, *p));
         for p in pids {
-            for m in &self.spaces[p].modules {
+            for m in &self.spaces.get(p).expect("listed").modules {
                 if !out.iter().any(|o| o.path == m.path) {
                     out.push(ModuleInfo {
                         path: m.path.clone(),
