@@ -227,14 +227,19 @@ pub fn watch_cost_note(
     }
     let spent = duty.hit_cost.as_secs_f64() * hits as f64;
     let run = elapsed.as_secs_f64().max(1e-3);
+    // An access history's watchpoints follow the object unbounded (`--history-site`).
+    let budget = if duty.max_slowdown < 1.0 {
+        format!("budget {}%, --watch-budget", duty.max_slowdown * 100.0)
+    } else {
+        "no budget: an access history's watchpoints".to_string()
+    };
     Some(format!(
         "watchpoint cost: {hits} trap(s) × {:.1} µs = {:.1} ms, {:.2}% of the {:.2} s run \
-         (budget {}%, --watch-budget)",
+         ({budget})",
         duty.hit_cost.as_secs_f64() * 1e6,
         spent * 1e3,
         100.0 * spent / run,
         run,
-        duty.max_slowdown * 100.0
     ))
 }
 

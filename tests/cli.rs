@@ -110,11 +110,12 @@ fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&s).unwrap()
 }
 
-/// The false-sharing finding on `counters` with both source lines, from a laser-report/1 JSON.
-fn assert_finds_counters(report: &serde_json::Value, ctx: &str) {
+/// The finding on `counters` of a laser-report/1 JSON, asserted to be false sharing.
+fn counters_finding<'a>(report: &'a serde_json::Value, ctx: &str) -> &'a serde_json::Value {
     assert_eq!(report["schema"], "laser-report/1", "{ctx}");
-    let findings = report["findings"].as_array().unwrap();
-    let f = findings
+    let f = report["findings"]
+        .as_array()
+        .unwrap()
         .iter()
         .find(|f| {
             f["data"]["name"]
@@ -124,6 +125,19 @@ fn assert_finds_counters(report: &serde_json::Value, ctx: &str) {
         })
         .unwrap_or_else(|| panic!("no finding on `counters`: {report:#}\n{ctx}"));
     assert_eq!(f["kind"], "false_sharing", "{f:#}");
+    f
+}
+
+/// The report's notes.
+fn notes(report: &serde_json::Value) -> Vec<&str> {
+    report["notes"].as_array().map_or(Vec::new(), |n| {
+        n.iter().filter_map(|n| n.as_str()).collect()
+    })
+}
+
+/// The false-sharing finding on `counters` with both source lines, from a laser-report/1 JSON.
+fn assert_finds_counters(report: &serde_json::Value, ctx: &str) {
+    let f = counters_finding(report, ctx);
     let lines: Vec<u64> = f["sources"]
         .as_array()
         .unwrap()
@@ -194,7 +208,7 @@ fn missing_and_non_executable_programs_are_clear_errors() {
 /// Two threads in false sharing while 8 more sleep: every thread gets the watch windows'
 /// events, only two trap. A window must rate the pair as it would alone (a version that
 /// shared each window's hit cap out among all 11 threads stopped the pair's events at a
-/// fifth of it and let the windows run on unseen: no finding at all).
+/// fifth of it and let the windows run on unseen: rated 162-388/s, or not found).
 const FS_BESIDE_IDLE_C: &str = include_str!("fixtures/programs/fs_beside_idle.c");
 
 #[test]
@@ -216,35 +230,27 @@ fn false_sharing_beside_idle_threads_is_rated_from_its_windows() {
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
     let report = json(&out);
-    let f = report["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| {
-            f["data"]["name"]
-                .as_str()
-                .unwrap_or("")
-                .contains("counters")
-        })
-        .unwrap_or_else(|| panic!("no finding on `counters`: {report:#}\n{t}"));
-    assert_eq!(f["kind"], "false_sharing", "{f:#}");
-    // Alone, this pair runs at 10^4-10^5 transfers/s here; the default threshold is 1,000.
-    assert!(f["rate_per_s"].as_f64().unwrap() >= 1000.0, "{f:#}");
-    let rated = report["notes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|n| n.as_str())
-        .any(|n| n.contains("rated from watchpoint windows"));
-    assert!(rated, "the line is rated by its windows: {report:#}");
+    let f = counters_finding(&report, &t);
+    let rate = f["rate_per_s"].as_f64().unwrap();
+    assert!(rate >= LOW_THRESHOLD, "{f:#}");
+    // When the pair ran side by side (it does on an idle machine; on a loaded runner the two
+    // threads take turns on one CPU and really contend less, see LOW_THRESHOLD) its windows
+    // rate it as they rate it alone, 10^4-10^5 transfers/s here: above the default threshold
+    // of 1,000 (the shared-cap version: 162-388 with an overlap of 0.95).
+    let overlap = report["concurrency"]["overlap"].as_f64().unwrap_or(0.0);
+    if overlap >= 0.5 {
+        assert!(rate >= 1000.0, "overlap {overlap}: {f:#}");
+        let rated = notes(&report)
+            .iter()
+            .any(|n| n.contains("rated from watchpoint windows"));
+        assert!(rated, "the line is rated by its windows: {report:#}");
+    }
 }
 
 /// The "watchpoint cost" note of a JSON report: (traps, percent of the run).
 fn watch_cost(report: &serde_json::Value) -> Option<(u64, f64)> {
-    let note = report["notes"]
-        .as_array()?
-        .iter()
-        .filter_map(|n| n.as_str())
+    let note = notes(report)
+        .into_iter()
         .find(|n| n.starts_with("watchpoint cost:"))?;
     let traps = note
         .strip_prefix("watchpoint cost: ")?

@@ -766,14 +766,8 @@ fn the_kernel_stops_a_window_at_its_cap_when_the_reader_is_late() {
         laser_driver::DutyCycle::new(Duration::from_secs(10), 0.02, Duration::from_millis(4));
     let cap = duty.max_hits_per_window;
     assert_eq!(cap, 50);
-    let mut s = Session::launch(&argv(t, &["1.0", "0", "hot"]), &watch_config(duty)).unwrap();
+    let mut s = launch_armed_on_hot_word(t, "1.0", duty);
     let mut events = Vec::new();
-    // Until both workers run (main + 2 threads), so the window opens on all of them at once.
-    wait_for_threads(&mut s, 3);
-    s.watch_mut()
-        .unwrap()
-        .arm(&[shared_word_writes(t)])
-        .unwrap();
     std::thread::sleep(Duration::from_millis(300));
     let (rest, status) = run_to_exit(&mut s);
     assert_eq!(status, ExitStatus::Code(0));
@@ -801,12 +795,7 @@ fn a_rolled_over_window_gets_a_fresh_cap() {
         laser_driver::DutyCycle::new(Duration::from_millis(25), 0.5, Duration::from_micros(250));
     let cap = duty.max_hits_per_window;
     assert_eq!(cap, 50);
-    let mut s = Session::launch(&argv(t, &["3.0", "0", "hot"]), &watch_config(duty)).unwrap();
-    wait_for_threads(&mut s, 3);
-    s.watch_mut()
-        .unwrap()
-        .arm(&[shared_word_writes(t)])
-        .unwrap();
+    let mut s = launch_armed_on_hot_word(t, "3.0", duty);
     let mut per_window = Vec::new();
     for _ in 0..3 {
         std::thread::sleep(Duration::from_millis(300));
@@ -922,6 +911,18 @@ fn wait_for_threads(s: &mut Session, n: usize) {
         s.poll(Duration::from_millis(5), &mut |_| {}).unwrap();
     }
     assert_eq!(list_tids(s.pid()).len(), n);
+}
+
+/// The fixture launched in `hot` mode for `secs` under `duty`, its shared word watched for
+/// writes once both workers run (main + 2 threads), so the window opens on all of them at once.
+fn launch_armed_on_hot_word(t: &Target, secs: &str, duty: laser_driver::DutyCycle) -> Session {
+    let mut s = Session::launch(&argv(t, &[secs, "0", "hot"]), &watch_config(duty)).unwrap();
+    wait_for_threads(&mut s, 3);
+    s.watch_mut()
+        .unwrap()
+        .arm(&[shared_word_writes(t)])
+        .unwrap();
+    s
 }
 
 /// A watch-only session under `duty`.
