@@ -284,7 +284,9 @@ fn the_watch_budget_bounds_what_traps_cost_and_the_report_says_it() {
         let t = text(&o);
         assert_eq!(o.status.code(), Some(0), "{t}");
         let report = json(&out);
-        assert_finds_counters(&report, &t);
+        // What is found is other tests' business: a smaller budget rates fewer lines per
+        // second (at 0.5% a CI run once saw a single transfer in the pair's one window and
+        // reported nothing: RESULTS, thirteenth session).
         let (traps, pct) = watch_cost(&report)
             .unwrap_or_else(|| panic!("no watchpoint cost note: {report:#}\n{t}"));
         // The duty cycle pays every window's traps with a cooldown, except the last one's: the
@@ -296,7 +298,7 @@ fn the_watch_budget_bounds_what_traps_cost_and_the_report_says_it() {
         );
         seen.push(traps);
     }
-    // A line this hot spends the whole budget: a quarter of it is far fewer traps.
+    // Surveys and the hot line spend the whole budget: a quarter of it is far fewer traps.
     assert!(seen[0] < seen[1], "traps at 0.5% and 2%: {seen:?}");
 
     let o = laser(&["run", "--watch-budget", "0", "--", "true"]);
