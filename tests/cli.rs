@@ -79,19 +79,13 @@ fn laser(args: &[&str]) -> Output {
         .expect("laser runs")
 }
 
-/// `laser run --threshold LOW --json <workdir>/json_name -- bin args…`: its output and the
-/// JSON report's path.
-fn run_to_json(json_name: &str, bin: &Path, args: &[&str]) -> (Output, PathBuf) {
+/// `laser run --threshold LOW OPTS… --json <workdir>/json_name -- bin args…`: its output and
+/// the JSON report's path.
+fn run_to_json(json_name: &str, opts: &[&str], bin: &Path, args: &[&str]) -> (Output, PathBuf) {
     let out = workdir().join(json_name);
-    let mut argv = vec![
-        "run",
-        "--threshold",
-        LOW,
-        "--json",
-        out.to_str().unwrap(),
-        "--",
-        bin.to_str().unwrap(),
-    ];
+    let mut argv = vec!["run", "--threshold", LOW];
+    argv.extend_from_slice(opts);
+    argv.extend_from_slice(&["--json", out.to_str().unwrap(), "--", bin.to_str().unwrap()]);
     argv.extend_from_slice(args);
     (laser(&argv), out)
 }
@@ -155,7 +149,7 @@ fn assert_finds_counters(report: &serde_json::Value, ctx: &str) {
 fn run_reports_false_sharing_with_source_lines_and_json() {
     let _serial = exclusive();
     let (bin, _) = fs_program();
-    let (o, out) = run_to_json("run.json", bin, &["1.5"]);
+    let (o, out) = run_to_json("run.json", &[], bin, &["1.5"]);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
     let stdout = String::from_utf8_lossy(&o.stdout);
@@ -216,7 +210,7 @@ const FS_BESIDE_IDLE_C: &str = include_str!("fixtures/programs/fs_beside_idle.c"
 fn false_sharing_beside_idle_threads_is_found() {
     let _serial = exclusive();
     let bin = compile("fs_beside_idle", FS_BESIDE_IDLE_C);
-    let (o, out) = run_to_json("beside_idle.json", &bin, &["1.5", "8"]);
+    let (o, out) = run_to_json("beside_idle.json", &[], &bin, &["1.5", "8"]);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
     let report = json(&out);
@@ -250,19 +244,12 @@ fn the_watch_budget_bounds_what_traps_cost_and_the_report_says_it() {
     let (bin, _) = fs_program();
     let mut seen = Vec::new();
     for budget in ["0.5", "2"] {
-        let out = workdir().join(format!("budget-{budget}.json"));
-        let o = laser(&[
-            "run",
-            "--threshold",
-            LOW,
-            "--watch-budget",
-            budget,
-            "--json",
-            out.to_str().unwrap(),
-            "--",
-            bin.to_str().unwrap(),
-            "1.5",
-        ]);
+        let (o, out) = run_to_json(
+            &format!("budget-{budget}.json"),
+            &["--watch-budget", budget],
+            bin,
+            &["1.5"],
+        );
         let t = text(&o);
         assert_eq!(o.status.code(), Some(0), "{t}");
         let report = json(&out);
@@ -451,7 +438,7 @@ fn a_thread_whose_debug_registers_are_taken_is_named_and_the_run_goes_on() {
             .map(str::to_owned)
     };
 
-    let (o, out) = run_to_json("taken-run.json", &bin, &["1"]);
+    let (o, out) = run_to_json("taken-run.json", &[], &bin, &["1"]);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
     let note = taken_note(&json(&out)).unwrap_or_else(|| panic!("no note\n{t}"));

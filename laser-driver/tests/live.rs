@@ -654,13 +654,7 @@ fn attached_windows_stop_at_their_cap_each_time_the_reader_is_late() {
         while !s.watch_mut().unwrap().is_counting() && t0.elapsed() < Duration::from_secs(2) {
             s.poll(Duration::from_millis(5), &mut |_| {}).unwrap();
         }
-        std::thread::sleep(Duration::from_millis(300));
-        let mut hits = 0u64;
-        s.poll(Duration::from_millis(1), &mut |e| {
-            hits += u64::from(matches!(e, Event::Sample(x) if x.watch_slot.is_some()))
-        })
-        .unwrap();
-        per_window.push(hits);
+        per_window.push(late_read_hits(&mut s));
     }
     let w = s.watch_mut().unwrap().stats();
     let _ = child.kill();
@@ -798,13 +792,7 @@ fn a_rolled_over_window_gets_a_fresh_cap() {
     let mut s = launch_armed_on_hot_word(t, "3.0", duty);
     let mut per_window = Vec::new();
     for _ in 0..3 {
-        std::thread::sleep(Duration::from_millis(300));
-        let mut hits = 0u64;
-        s.poll(Duration::from_millis(1), &mut |e| {
-            hits += u64::from(matches!(e, Event::Sample(x) if x.watch_slot.is_some()))
-        })
-        .unwrap();
-        per_window.push(hits);
+        per_window.push(late_read_hits(&mut s));
     }
     let w = s.watch_mut().unwrap().stats();
     s.signal(libc::SIGKILL).unwrap();
@@ -911,6 +899,17 @@ fn wait_for_threads(s: &mut Session, n: usize) {
         s.poll(Duration::from_millis(5), &mut |_| {}).unwrap();
     }
     assert_eq!(list_tids(s.pid()).len(), n);
+}
+
+/// A reader 300 ms late: sleeps, then reads what is there. Returns the watch hits read.
+fn late_read_hits(s: &mut Session) -> u64 {
+    std::thread::sleep(Duration::from_millis(300));
+    let mut hits = 0u64;
+    s.poll(Duration::from_millis(1), &mut |e| {
+        hits += u64::from(matches!(e, Event::Sample(x) if x.watch_slot.is_some()))
+    })
+    .unwrap();
+    hits
 }
 
 /// The fixture launched in `hot` mode for `secs` under `duty`, its shared word watched for
