@@ -553,11 +553,13 @@ impl Session {
         // events now (an attached target's threads are found by `rescan_threads`).
         let follow_forks = matches!(self.mode, Mode::Launched);
         for e in batch.drain(..) {
+            // The end of a window that a spent limit stopped, due right after its hit.
+            let mut spent = None;
             match (&e, self.watcher.as_mut()) {
                 (Event::Sample(s), w) => {
                     if let (Some(slot), Some(w)) = (s.watch_slot, w) {
                         watch_hits += 1;
-                        w.note_hit(s.tid, slot);
+                        spent = w.note_hit(s.tid, s.cpu, slot, s.time);
                     }
                 }
                 (Event::Lost { .. }, Some(w)) => w.note_lost(),
@@ -576,6 +578,10 @@ impl Session {
             }
             self.stats.account(&e);
             sink(e);
+            if let Some(m) = spent {
+                self.stats.account(&m);
+                sink(m);
+            }
         }
         if let Some(w) = &mut self.watcher {
             w.tick(Instant::now(), watch_hits)?;

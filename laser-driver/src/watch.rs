@@ -223,6 +223,10 @@ pub struct Watcher {
     trapped: BTreeSet<(i64, u8)>,
     /// …unless samples were lost: then any event may have trapped unseen.
     trapped_unknown: bool,
+    /// Hits read per event (thread, CPU — `u32::MAX` for an attached thread's one event per
+    /// slot — and slot) since its limit was set, cleared with `trapped`: the hit that spends
+    /// a limit ends the counting window ([`Watcher::note_hit`]).
+    event_hits: BTreeMap<(i64, u32, u8), u64>,
     /// Attach: each thread's id and its leader's descriptor, by key, for re-opening the
     /// events that trapped ([`Watcher::enable_attached`]). Not a duplicate (a few hundred
     /// threads would pass the descriptor limit): the session closes a thread's leader only
@@ -282,6 +286,7 @@ impl Watcher {
             unwatched: BTreeMap::new(),
             trapped: BTreeSet::new(),
             trapped_unknown: false,
+            event_hits: BTreeMap::new(),
             thread_leaders: BTreeMap::new(),
             window_tids: BTreeSet::new(),
             inherit: false,
@@ -424,6 +429,7 @@ impl Watcher {
     /// Closes the events of a thread that exited (attach).
     pub(crate) fn remove(&mut self, key: i64) {
         self.events.retain(|e| e.key != key);
+        self.event_hits.retain(|k, _| k.0 != key);
         self.thread_leaders.remove(&key);
     }
 
@@ -458,13 +464,14 @@ impl Watcher {
         if self.binding == Binding::Launch && !specs.is_empty() {
             self.calibrate_once()?;
         }
-        // A window opens when the first event is enabled, so its time is taken before any is:
-        // an announced window may start a little early, never after a hit it contains.
-        let t = now_ns();
+        // A window counts only while every thread is watched (see `Watcher::mark`): the one
+        // counting ends before the first event closes or moves, the new one starts after the
+        // last opens.
+        self.mark(false, now_ns());
         let r = self.arm_inner(specs);
         // Announce what is counting now, also after a partial failure (some slots
         // re-pointed).
-        self.mark(self.state.is_armed(), t);
+        self.mark(self.state.is_armed(), now_ns());
         r
     }
 
@@ -515,6 +522,7 @@ impl Watcher {
     fn close_window(&mut self) {
         let hot = std::mem::take(&mut self.trapped);
         self.trapped_unknown = false;
+        self.event_hits.clear();
         self.window_tids.clear();
         let (first, rest): (Vec<WatchEvent>, Vec<WatchEvent>) = self
             .events
@@ -526,11 +534,40 @@ impl Watcher {
         drop(rest);
     }
 
-    /// A watch hit of thread `tid` on slot `slot` was read: its event may have spent its
-    /// limit (renewed before it counts again), and closes first when a launch window ends
-    /// ([`Watcher::close_window`]).
-    pub(crate) fn note_hit(&mut self, tid: u32, slot: u8) {
+    /// A watch hit of thread `tid` on slot `slot` was read, taken on `cpu` at `time`: its
+    /// event may have spent its limit (renewed before it counts again), and closes first when
+    /// a launch window ends ([`Watcher::close_window`]).
+    ///
+    /// When this is the hit that spent its event's limit, the window stops counting here and
+    /// the marker that says so is returned, for the session to deliver right after the hit.
+    /// From this hit on, the kernel no longer traps that thread's accesses to that word on
+    /// that CPU, so transfers between it and the others go unseen until the reader ends the
+    /// window, up to milliseconds later on a busy machine (a recording of fs had windows of
+    /// 10.5 ms whose last 10 ms had no hit at all). Counted as armed, that time biased
+    /// rates low, the more the slower the reader. The duty cycle's window goes on until the
+    /// reader's next tick ends it (the cap is reached: every hit counts against the budget)
+    /// or rolls it over (a new counting window starts once the spent events are renewed).
+    pub(crate) fn note_hit(&mut self, tid: u32, cpu: u32, slot: u8, time: u64) -> Option<Event> {
         self.trapped.insert((i64::from(tid), slot));
+        if !self.caps_windows() || !self.state.is_armed() || self.last_marked_empty {
+            return None;
+        }
+        let cpu = if self.binding == Binding::Attach {
+            u32::MAX
+        } else {
+            cpu
+        };
+        let n = self
+            .event_hits
+            .entry((i64::from(tid), cpu, slot))
+            .or_default();
+        *n += 1;
+        if *n < u64::from(self.cap()) {
+            return None;
+        }
+        // Just after the hit, so the hit itself is inside the window.
+        self.mark(false, time + 1);
+        self.markers.pop()
     }
 
     /// The kernel dropped samples: an event may have trapped without a sample to say so, so
@@ -547,6 +584,7 @@ impl Watcher {
     /// replaced by fresh ones with the full cap; the others kept theirs whole.
     fn renew_hot(&mut self) -> Result<(), DriverError> {
         let hot = std::mem::take(&mut self.trapped);
+        self.event_hits.clear();
         if std::mem::take(&mut self.trapped_unknown) {
             return self.sync_window();
         }
@@ -765,6 +803,8 @@ impl Watcher {
 
     /// Disables every watchpoint and forgets the armed set.
     pub fn disarm(&mut self) -> Result<(), DriverError> {
+        // Before the first event stops (see `Watcher::mark`).
+        let t = now_ns();
         self.state.stop(Instant::now(), self.target_cpu());
         self.specs.clear();
         self.front = false;
@@ -774,13 +814,21 @@ impl Watcher {
         } else {
             self.events.iter().try_for_each(|ev| sys::disable(&ev.fd))
         };
-        // Closing times are taken after the last event is disabled, for the same reason.
-        self.mark(false, now_ns());
+        self.mark(false, t);
         r
     }
 
     /// Queues an [`Event::WatchSet`] saying what is being watched from now on (nothing unless
     /// `counting`). The session merges these into the event stream by time.
+    ///
+    /// A window is announced from after its last event opened (or was enabled) to before its
+    /// first one closes (or is disabled): only then is every thread watched. Opening or
+    /// closing one running thread's event waits for an interrupt on its CPU, so with a few
+    /// threads that takes a few hundred µs: a recording of fs at `--watch-budget 0.5` had
+    /// 0.5–0.6 ms windows whose second thread trapped first 340–400 µs in. Stamped around the
+    /// opens and closes, such a window counted twice the time in which transfers could be
+    /// seen (rates biased low, the more the shorter the windows). Hits in the margins are
+    /// outside every window and the estimator drops them.
     fn mark(&mut self, counting: bool, time: u64) {
         let (words, write_only, exec, front) = if counting {
             let words = self.specs.iter().map(|s| (s.addr, s.len)).collect();
@@ -844,11 +892,12 @@ impl Watcher {
 
     /// The target exited: close the books on the current window or cooldown.
     pub(crate) fn finish(&mut self, now: Instant) {
+        let t = now_ns();
         self.state.stop(now, self.target_cpu());
         if self.binding == Binding::Launch {
             self.close_window();
         }
-        self.mark(false, now_ns());
+        self.mark(false, t);
     }
 
     /// When `tick` next needs to run: only a cooldown needs a timer (see
@@ -870,22 +919,30 @@ impl Watcher {
         let cpu = self.target_cpu();
         match self.state.tick(&self.duty, now, new_hits, cpu) {
             Action::Nothing => Ok(()),
-            Action::Rollover if self.binding == Binding::Launch && !self.inherit => {
-                self.renew_hot()
+            Action::Rollover => {
+                let r = match self.binding {
+                    Binding::Launch if !self.inherit => self.renew_hot(),
+                    Binding::Attach => self.renew_attached(),
+                    Binding::Launch => Ok(()),
+                };
+                // A window a spent limit stopped counting (`note_hit`) counts again once the
+                // spent events are renewed.
+                if self.last_marked_empty {
+                    self.mark(true, now_ns());
+                }
+                r
             }
-            Action::Rollover if self.binding == Binding::Attach => self.renew_attached(),
-            Action::Rollover => Ok(()),
             Action::Enable => {
-                let t = now_ns();
                 let r = if self.binding == Binding::Launch {
                     self.sync_window()
                 } else {
                     self.enable_attached(0)
                 };
-                self.mark(true, t);
+                self.mark(true, now_ns());
                 r
             }
             Action::Disable => {
+                let t = now_ns();
                 // Unused slots were disabled when the set was armed (`repoint_attached`).
                 let r = if self.binding == Binding::Launch {
                     self.close_window();
@@ -896,7 +953,7 @@ impl Watcher {
                         .filter(|e| (e.slot as usize) < self.specs.len())
                         .try_for_each(|ev| sys::disable(&ev.fd))
                 };
-                self.mark(false, now_ns());
+                self.mark(false, t);
                 r
             }
         }
@@ -942,6 +999,7 @@ impl Watcher {
         if from == 0 {
             self.trapped.clear();
             self.trapped_unknown = false;
+            self.event_hits.clear();
         }
         self.reopen_attached(&spent)
     }
@@ -951,6 +1009,7 @@ impl Watcher {
     fn renew_attached(&mut self) -> Result<(), DriverError> {
         let all = std::mem::take(&mut self.trapped_unknown);
         let trapped = std::mem::take(&mut self.trapped);
+        self.event_hits.clear();
         let spent: Vec<u64> = self
             .events
             .iter()
@@ -1198,6 +1257,34 @@ mod tests {
         }
     }
 
+    /// The hit that spends an event's limit ends the counting window right after it; hits
+    /// spread over other events do not (no events here: the counting and the marker).
+    #[test]
+    fn the_hit_that_spends_a_limit_ends_the_window() {
+        let duty = DutyCycle::new(Duration::from_millis(20), 0.02, Duration::from_micros(10));
+        let mut w = Watcher::new(Binding::Attach, duty, None);
+        w.arm(&[spec(0x1000), spec(0x1008)]).unwrap();
+        w.take_markers();
+        let cap = w.duty_cycle().max_hits_per_window;
+        assert!(cap >= 4, "{cap}");
+        // Thread 7 on slot 0 from two CPUs (attached: one event), thread 8 on slot 1.
+        for i in 0..cap - 1 {
+            assert_eq!(w.note_hit(7, (i % 2) as u32, 0, 100 + i), None);
+            assert_eq!(w.note_hit(8, 0, 1, 100 + i), None);
+        }
+        let end = w.note_hit(7, 1, 0, 5_000);
+        assert!(
+            matches!(&end, Some(Event::WatchSet { time: 5_001, words, .. }) if words.is_empty()),
+            "{end:?}"
+        );
+        assert_eq!(
+            w.note_hit(8, 0, 1, 5_002),
+            None,
+            "the window has ended already"
+        );
+        assert!(w.take_markers().is_empty(), "returned, not queued");
+    }
+
     /// The CLI re-arms on a timer: the same set again must change nothing, and a new set
     /// during a cooldown must wait for it (no events here: the state machine and markers).
     #[test]
@@ -1213,6 +1300,26 @@ mod tests {
             "same set: no new window, no marker"
         );
         assert_eq!(w.stats().windows, 1);
+        // A new set while counting: the window on the old one ends before its events move,
+        // the one on the new set starts after they have (`Watcher::mark`).
+        w.arm(&[spec(0x1040)]).unwrap();
+        let m = w.take_markers();
+        let [Event::WatchSet {
+            time: end,
+            words: none,
+            ..
+        }, Event::WatchSet {
+            time: start,
+            words: new,
+            ..
+        }] = &m[..]
+        else {
+            panic!("expected an end and a start marker, got {m:?}");
+        };
+        assert!(none.is_empty() && new == &[(0x1040, 8)] && end <= start);
+        assert_eq!(w.stats().windows, 1, "the duty cycle's window goes on");
+        w.arm(&[spec(0x1000)]).unwrap();
+        w.take_markers();
         // The window hits its cap: cooling (this watcher has no target, so the target's CPU
         // time never advances and the cooldown never ends).
         let cap = w.duty_cycle().max_hits_per_window;

@@ -24,8 +24,11 @@
 //! Both are coherence transactions that cross cores: an update of a line the other thread
 //! dirtied (a load, then a store) makes two, the read miss and the upgrade, as it does in
 //! hardware. Checked against a program whose rate is known (benchmarks/workloads/
-//! known_transfers.c, `scripts/estimator-check`: measured within a few % while the watched
-//! threads trap on under half their time; a lower bound beyond that).
+//! known_transfers.c, `scripts/estimator-check`): within 2% at 4,000 transfers/s; 1.27–1.32×
+//! the truth at 40,000/s, where that program's threads trap for a quarter of the armed time
+//! but lose none of their pace to it (they wait on a clock between updates), so the trap-time
+//! correction below, made for threads that compute between accesses, over-corrects (the
+//! uncorrected count there was 0.95× the truth); a lower bound once traps bound the pace.
 //! Each transfer is attributed to the PC of the access that caused it, and classified true
 //! sharing when the access's bytes overlap those of the latest access by another thread, or
 //! when the two threads exchange data on the line in their latest accesses (a neighbour access
@@ -40,12 +43,21 @@
 //! subtracted (threads trap in parallel). When that is more than half the armed time
 //! ([`MAX_TRAP_SHARE`]: a hot line trapping on nearly every access) the correction is not
 //! trusted and the rate is transfers per armed second, a lower bound (`clamped` says so).
+//! `armed` is the announced windows' time, which the driver stamps from after its last event
+//! opened to before its first one closed or stopped at its limit, so that every thread was
+//! watched throughout (hits in the margins are dropped, `LineEstimate::outside`); stamped
+//! around the opens and closes, as before, short windows counted up to twice the time in
+//! which a transfer could be seen, and a slow reader's idle tail after a spent limit more.
 //! Error sources, all stated in the estimate:
 //! - statistical: windows sample a stationary process; relative standard error ≈ 1/√transfers
 //!   (`rel_error`);
 //! - coverage: bytes of the line that were not watched are not seen, so the count is a lower
 //!   bound for the line when other words also contend;
-//! - slowdown model: an error δ in the trap cost shifts the rate by about
+//! - slowdown model: the correction assumes a trap delays the thread's next access (true of
+//!   threads that compute between accesses, the contended loops this is for); a thread that
+//!   waits between accesses absorbs its traps and is over-corrected, by up to
+//!   1 / (1 − trap share) (at most 2×, see [`MAX_TRAP_SHARE`]). An error δ in the trap cost
+//!   shifts the rate by about
 //!   `transfers · max_hits · δ / effective²`; with trap time ≪ armed time it is negligible;
 //! - threads are not cores: two threads time-sharing one core exchange no line, but are
 //!   counted (rare for the busy threads that contend).
