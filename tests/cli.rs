@@ -215,11 +215,12 @@ fn false_sharing_beside_idle_threads_is_found() {
     assert_eq!(o.status.code(), Some(0), "{t}");
     let report = json(&out);
     let f = counters_finding(&report, &t);
-    // Quiet, this pair is rated 30k-65k/s here. Two clean-clone CI runs rated it 206/s and
-    // 370/s, the latter at an overlap of 0.89 (perhaps the host descheduling a vCPU, which
-    // the 2 ms overlap slots do not see; not explained yet), so only the floor every
-    // contention test uses is asserted: the shared-cap version (162-388/s at overlap 0.95,
-    // once not found) is caught only when it misses.
+    // Quiet, a release laser rates this pair 30k-65k/s here, but these tests run the dev
+    // build: quiet, it rated the pair 353-26,715/s (10 runs), and two clean-clone CI runs
+    // 206/s and 370/s. In its windows one thread of the pair often does not run at all (a
+    // recording: 13 of the 14 windows with hits had them from one thread), so only the floor
+    // every contention test uses is asserted: the shared-cap version (162-388/s at overlap
+    // 0.95, once not found) is caught only when it misses.
     assert!(f["rate_per_s"].as_f64().unwrap() >= LOW_THRESHOLD, "{f:#}");
 }
 
