@@ -218,15 +218,13 @@ pub struct Watcher {
     /// Threads left unwatched (at least once), and why: sampled, but their accesses are
     /// missing from every watch window that could not be opened on them.
     unwatched: BTreeMap<i32, Unwatched>,
-    /// (thread, slot) of the events that trapped since their limit was last set (the window
-    /// opened, or they were renewed): those that may have spent it…
-    trapped: BTreeSet<(i64, u8)>,
+    /// Hits read per event that trapped since its limit was last set (the window opened, or
+    /// it was renewed), by (thread, slot, CPU — `u32::MAX` for an attached thread's one
+    /// event per slot): those that may have spent it, and the hit that did ends the counting
+    /// window ([`Watcher::note_hit`])…
+    trapped: BTreeMap<(i64, u8, u32), u64>,
     /// …unless samples were lost: then any event may have trapped unseen.
     trapped_unknown: bool,
-    /// Hits read per event (thread, CPU — `u32::MAX` for an attached thread's one event per
-    /// slot — and slot) since its limit was set, cleared with `trapped`: the hit that spends
-    /// a limit ends the counting window ([`Watcher::note_hit`]).
-    event_hits: BTreeMap<(i64, u32, u8), u64>,
     /// Attach: each thread's id and its leader's descriptor, by key, for re-opening the
     /// events that trapped ([`Watcher::enable_attached`]). Not a duplicate (a few hundred
     /// threads would pass the descriptor limit): the session closes a thread's leader only
@@ -284,9 +282,8 @@ impl Watcher {
             closed_ids: Vec::new(),
             nofile_raised: false,
             unwatched: BTreeMap::new(),
-            trapped: BTreeSet::new(),
+            trapped: BTreeMap::new(),
             trapped_unknown: false,
-            event_hits: BTreeMap::new(),
             thread_leaders: BTreeMap::new(),
             window_tids: BTreeSet::new(),
             inherit: false,
@@ -429,7 +426,7 @@ impl Watcher {
     /// Closes the events of a thread that exited (attach).
     pub(crate) fn remove(&mut self, key: i64) {
         self.events.retain(|e| e.key != key);
-        self.event_hits.retain(|k, _| k.0 != key);
+        self.trapped.retain(|k, _| k.0 != key);
         self.thread_leaders.remove(&key);
     }
 
@@ -520,9 +517,8 @@ impl Watcher {
     /// spread over several events is still under it: with the hot events closed first its
     /// traps stop at the first interrupt.
     fn close_window(&mut self) {
-        let hot = std::mem::take(&mut self.trapped);
+        let hot = self.take_trapped();
         self.trapped_unknown = false;
-        self.event_hits.clear();
         self.window_tids.clear();
         let (first, rest): (Vec<WatchEvent>, Vec<WatchEvent>) = self
             .events
@@ -548,26 +544,25 @@ impl Watcher {
     /// reader's next tick ends it (the cap is reached: every hit counts against the budget)
     /// or rolls it over (a new counting window starts once the spent events are renewed).
     pub(crate) fn note_hit(&mut self, tid: u32, cpu: u32, slot: u8, time: u64) -> Option<Event> {
-        self.trapped.insert((i64::from(tid), slot));
-        if !self.caps_windows() || !self.state.is_armed() || self.last_marked_empty {
-            return None;
-        }
         let cpu = if self.binding == Binding::Attach {
             u32::MAX
         } else {
             cpu
         };
-        let n = self
-            .event_hits
-            .entry((i64::from(tid), cpu, slot))
-            .or_default();
+        let n = self.trapped.entry((i64::from(tid), slot, cpu)).or_default();
         *n += 1;
-        if *n < u64::from(self.cap()) {
+        let spent = *n >= u64::from(self.cap());
+        if !spent || !self.caps_windows() || !self.state.is_armed() {
             return None;
         }
         // Just after the hit, so the hit itself is inside the window.
-        self.mark(false, time + 1);
-        self.markers.pop()
+        self.marker(false, time + 1)
+    }
+
+    /// (thread, slot) of the events that trapped, forgetting them: their limits are set anew.
+    fn take_trapped(&mut self) -> BTreeSet<(i64, u8)> {
+        let t = std::mem::take(&mut self.trapped);
+        t.into_keys().map(|(key, slot, _)| (key, slot)).collect()
     }
 
     /// The kernel dropped samples: an event may have trapped without a sample to say so, so
@@ -583,8 +578,7 @@ impl Watcher {
     /// REFRESH or a MODIFY_ATTRIBUTES + REFRESH alike). So the events that trapped are
     /// replaced by fresh ones with the full cap; the others kept theirs whole.
     fn renew_hot(&mut self) -> Result<(), DriverError> {
-        let hot = std::mem::take(&mut self.trapped);
-        self.event_hits.clear();
+        let hot = self.take_trapped();
         if std::mem::take(&mut self.trapped_unknown) {
             return self.sync_window();
         }
@@ -830,6 +824,13 @@ impl Watcher {
     /// seen (rates biased low, the more the shorter the windows). Hits in the margins are
     /// outside every window and the estimator drops them.
     fn mark(&mut self, counting: bool, time: u64) {
+        if let Some(m) = self.marker(counting, time) {
+            self.markers.push(m);
+        }
+    }
+
+    /// The marker [`Watcher::mark`] queues, unless it would repeat "nothing watched".
+    fn marker(&mut self, counting: bool, time: u64) -> Option<Event> {
         let (words, write_only, exec, front) = if counting {
             let words = self.specs.iter().map(|s| (s.addr, s.len)).collect();
             let mask = |kind| {
@@ -846,16 +847,16 @@ impl Watcher {
             (Vec::new(), 0, 0, 0)
         };
         if !counting && self.last_marked_empty {
-            return; // already announced as idle; don't flood the stream
+            return None; // already announced as idle; don't flood the stream
         }
         self.last_marked_empty = !counting;
-        self.markers.push(Event::WatchSet {
+        Some(Event::WatchSet {
             time,
             words,
             write_only,
             exec,
             front,
-        });
+        })
     }
 
     /// The `WatchSet` markers queued since the last call, oldest first.
@@ -983,6 +984,10 @@ impl Watcher {
     fn enable_attached(&mut self, from: usize) -> Result<(), DriverError> {
         let cap = self.cap();
         let mut spent = Vec::new();
+        let trapped = |key: i64, slot: u8| {
+            let events = (key, slot, 0)..=(key, slot, u32::MAX);
+            self.trapped_unknown || self.trapped.range(events).next().is_some()
+        };
         for ev in &mut self.events[from..] {
             if ev.slot as usize >= self.specs.len() {
                 continue;
@@ -990,7 +995,7 @@ impl Watcher {
             if !ev.limited {
                 sys::refresh(&ev.fd, cap)?;
                 ev.limited = true;
-            } else if self.trapped_unknown || self.trapped.contains(&(ev.key, ev.slot)) {
+            } else if trapped(ev.key, ev.slot) {
                 spent.push(ev.id);
             } else {
                 sys::enable(&ev.fd)?;
@@ -999,7 +1004,6 @@ impl Watcher {
         if from == 0 {
             self.trapped.clear();
             self.trapped_unknown = false;
-            self.event_hits.clear();
         }
         self.reopen_attached(&spent)
     }
@@ -1008,8 +1012,7 @@ impl Watcher {
     /// that trapped are replaced by fresh ones with the full cap, as in launch.
     fn renew_attached(&mut self) -> Result<(), DriverError> {
         let all = std::mem::take(&mut self.trapped_unknown);
-        let trapped = std::mem::take(&mut self.trapped);
-        self.event_hits.clear();
+        let trapped = self.take_trapped();
         let spent: Vec<u64> = self
             .events
             .iter()
