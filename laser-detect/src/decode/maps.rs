@@ -382,9 +382,9 @@ impl Spaces {
         *self.entry(pid) = space;
     }
 
-    /// The pids, in the order they were first seen.
-    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.spaces.iter().map(|s| s.0)
+    /// Each pid and its space, in the order the pids were first seen.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &AddressSpace)> + '_ {
+        self.spaces.iter().map(|(pid, space)| (*pid, space))
     }
 }
 

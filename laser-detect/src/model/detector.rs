@@ -815,10 +815,10 @@ impl<C: CodeSource> Detector<C> {
 
     fn modules(&self) -> Vec<ModuleInfo> {
         let mut out: Vec<ModuleInfo> = Vec::new();
-        let mut pids: Vec<u32> = self.spaces.pids().collect();
-        pids.sort_unstable_by_key(|p| (Some(*p) != self.main_pid, *p));
-        for p in pids {
-            for m in &self.spaces.get(p).expect("listed").modules {
+        let mut spaces: Vec<(u32, &AddressSpace)> = self.spaces.iter().collect();
+        spaces.sort_unstable_by_key(|&(p, _)| (Some(p) != self.main_pid, p));
+        for (_, space) in spaces {
+            for m in &space.modules {
                 if !out.iter().any(|o| o.path == m.path) {
                     out.push(ModuleInfo {
                         path: m.path.clone(),
