@@ -144,6 +144,9 @@ enum Phase {
         since: Instant,
         cpu0: Duration,
         hits: u64,
+        /// An event spent its share of the cap: the window stopped counting at that hit and
+        /// ends at the next tick, whatever its hits ([`DutyState::limit_spent`]).
+        spent: bool,
     },
     Cooling {
         since: Instant,
@@ -182,13 +185,16 @@ impl DutyState {
             since: now,
             cpu0: cpu,
             hits: 0,
+            spent: false,
         };
     }
 
     /// Disarmed or target gone: account the phase in progress and go idle.
     pub fn stop(&mut self, now: Instant, cpu: Duration) {
         match self.phase {
-            Phase::Armed { since, cpu0, hits } => {
+            Phase::Armed {
+                since, cpu0, hits, ..
+            } => {
                 self.stats.armed_time += now.saturating_duration_since(since);
                 self.stats.target_cpu += cpu.saturating_sub(cpu0);
                 self.stats.unpaid_hits += hits;
@@ -203,6 +209,25 @@ impl DutyState {
             Phase::Idle => {}
         }
         self.phase = Phase::Idle;
+    }
+
+    /// An event of the armed window spent its kernel limit, its share of the cap
+    /// (`Watcher::note_hit`): that thread's accesses to that word are no longer trapped, so
+    /// the window has stopped counting, and the next tick ends it (a rollover if its hits are
+    /// paid for already, a cooldown if not) rather than leaving it armed and blind until
+    /// the other events spend theirs or the window's time runs out.
+    pub fn limit_spent(&mut self) {
+        if let Phase::Armed { spent, .. } = &mut self.phase {
+            *spent = true;
+        }
+    }
+
+    /// The events' limits were set anew (a re-armed set opens fresh events): a spent one is
+    /// no longer in force.
+    pub fn limits_renewed(&mut self) {
+        if let Phase::Armed { spent, .. } = &mut self.phase {
+            *spent = false;
+        }
     }
 
     pub fn is_armed(&self) -> bool {
@@ -261,11 +286,21 @@ impl DutyState {
                 self.stats.unpaid_hits += new_hits;
                 Action::Nothing
             }
-            Phase::Armed { since, cpu0, hits } => {
+            Phase::Armed {
+                since,
+                cpu0,
+                hits,
+                spent,
+            } => {
                 let hits = hits + new_hits;
                 let armed = now.saturating_duration_since(since);
-                if hits < duty.max_hits_per_window && armed < duty.window {
-                    self.phase = Phase::Armed { since, cpu0, hits };
+                if hits < duty.max_hits_per_window && armed < duty.window && !spent {
+                    self.phase = Phase::Armed {
+                        since,
+                        cpu0,
+                        hits,
+                        spent,
+                    };
                     return Action::Nothing;
                 }
                 self.stats.armed_time += armed;
@@ -279,6 +314,7 @@ impl DutyState {
                         since: now,
                         cpu0: cpu,
                         hits: 0,
+                        spent: false,
                     };
                     if hits > 0 {
                         Action::Rollover
@@ -324,6 +360,7 @@ impl DutyState {
                     since: now,
                     cpu0: cpu,
                     hits: 0,
+                    spent: false,
                 };
                 Action::Enable
             }
@@ -468,6 +505,36 @@ mod tests {
         assert_eq!(st.stats.target_cpu, 45 * MS);
         assert_eq!(st.next_deadline(&d, t0, 45 * MS, 2), None);
         assert_eq!(st.tick(&d, t0 + 40 * MS, 0, 50 * MS), Action::Nothing);
+    }
+
+    /// An event that spent its share of the cap ends the window at the next tick whatever
+    /// its hits: a cooldown for them (a rollover if they were paid for). Fresh limits (a
+    /// re-armed set) take that back.
+    #[test]
+    fn a_spent_limit_ends_the_window_at_the_next_tick() {
+        let d = DutyCycle::new(20 * MS, 0.05, Duration::from_micros(10)); // cap 100
+        let mut st = DutyState::default();
+        let t0 = Instant::now();
+        st.start(t0, Duration::ZERO);
+        st.limit_spent();
+        st.limits_renewed();
+        assert_eq!(st.tick(&d, t0 + MS, 30, MS), Action::Nothing, "renewed");
+        st.limit_spent();
+        assert_eq!(st.tick(&d, t0 + 2 * MS, 20, 2 * MS), Action::Disable);
+        assert!(st.is_cooling());
+        // 50 hits, not the cap of 100: the cooldown is what those cost.
+        let need = d.cpu_needed(50);
+        assert_eq!(st.tick(&d, t0 + need, 0, need), Action::Enable);
+        // Paid for already (a quiet word): a spent window rolls over at once.
+        st.limit_spent();
+        assert_eq!(
+            st.tick(&d, t0 + need + 30 * MS, 2, need + 30 * MS),
+            Action::Rollover
+        );
+        assert_eq!(
+            st.tick(&d, t0 + need + 31 * MS, 1, need + 31 * MS),
+            Action::Nothing
+        );
     }
 
     /// A window without hits spent no event's limit: its rollover leaves the events alone.

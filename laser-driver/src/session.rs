@@ -399,6 +399,9 @@ impl Session {
         if let Some(d) = self.watcher.as_ref().and_then(|w| w.next_deadline(now)) {
             deadline = deadline.min(d.max(now));
         }
+        if let Some(w) = &mut self.watcher {
+            w.restamp_start(clock_ns(libc::CLOCK_MONOTONIC));
+        }
         self.wait_readable(deadline.saturating_duration_since(now))?;
         self.drain_all(sink)?;
 

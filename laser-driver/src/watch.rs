@@ -5,7 +5,7 @@
 //!
 //! **Attach** (per thread, no `inherit`): every thread gets its events when it is found, all
 //! parked at an unmapped address and disabled; [`Watcher::arm`] re-points them with
-//! `PERF_EVENT_IOC_MODIFY_ATTRIBUTES`. They are limited to the window's cap like launch
+//! `PERF_EVENT_IOC_MODIFY_ATTRIBUTES`. They are limited to their share of the window's cap like launch
 //! events (below): the limit outlives a window, so an event that trapped is replaced by a
 //! fresh one before it counts again ([`Watcher::enable_attached`]).
 //!
@@ -24,8 +24,9 @@
 //! ```
 //!
 //! **The kernel ends a window's traps.** Every event is enabled with
-//! `PERF_EVENT_IOC_REFRESH(cap)`: after the window's hit cap in samples the kernel disables it
-//! in its own overflow handler, on the CPU taking the traps. Without that a window ends only
+//! `PERF_EVENT_IOC_REFRESH(limit)`, its share of the window's hit cap ([`Watcher::limit`]):
+//! after that many samples the kernel disables it in its own overflow handler, on the CPU
+//! taking the traps, and the window ends at that hit. Without that a window ends only
 //! when the reader has read the cap and closed the events, and closing a running thread's
 //! event waits for an interrupt on its CPU: a CI recording showed a window trapping for 10 ms
 //! past its cap (1,246 hits where the cap was 116) while the reader sat in the closes, and the
@@ -225,6 +226,18 @@ pub struct Watcher {
     trapped: BTreeMap<(i64, u8, u32), u64>,
     /// …unless samples were lost: then any event may have trapped unseen.
     trapped_unknown: bool,
+    /// When the events' limits were last all set (sample clock, ns), and later, per
+    /// (thread, slot), when one was renewed alone. A hit taken before is a straggler of an
+    /// event closed since, read late: it counts toward no current event's limit. Counted,
+    /// such stragglers once "spent" a fresh event of a re-armed window, and the end marker
+    /// that made left the window announced as ended while it counted, so the real spend
+    /// that followed ended nothing: a recording had a 102 ms window with one thread's
+    /// first 51 hits and nothing after.
+    limits_since: u64,
+    renewed_since: BTreeMap<(i64, u8), u64>,
+    /// When the counting window was announced (sample clock, ns): a spending hit before
+    /// it (in the margin while the events opened) ends no window; the duty cycle ends it.
+    counting_since: u64,
     /// Attach: each thread's id and its leader's descriptor, by key, for re-opening the
     /// events that trapped ([`Watcher::enable_attached`]). Not a duplicate (a few hundred
     /// threads would pass the descriptor limit): the session closes a thread's leader only
@@ -284,6 +297,9 @@ impl Watcher {
             unwatched: BTreeMap::new(),
             trapped: BTreeMap::new(),
             trapped_unknown: false,
+            limits_since: 0,
+            renewed_since: BTreeMap::new(),
+            counting_since: 0,
             thread_leaders: BTreeMap::new(),
             window_tids: BTreeSet::new(),
             inherit: false,
@@ -348,7 +364,7 @@ impl Watcher {
         }
         // Before opening events, so their wake-up threshold matches the real cap.
         self.calibrate_once()?;
-        let wake = self.wake_events();
+        let wake = self.limit();
         let mut ids = Vec::new();
         let first_new = self.events.len();
         for slot in 0..MAX_WATCHES as u8 {
@@ -412,11 +428,19 @@ impl Watcher {
         Ok(())
     }
 
-    /// Each ring wakes the reader once its share of a window's cap has been written: the
-    /// window's hits are spread over `cpus` rings, so the first wake-up comes at about the
-    /// cap, when the window must end anyway. Earlier wake-ups (a quarter of the cap, as
-    /// before) cost the target a preemption each and decide nothing.
-    fn wake_events(&self) -> u32 {
+    /// Each event's share of a window's hit cap: the kernel limit it is enabled with, and
+    /// the hits after which it wakes the reader. The window's hits are spread over the
+    /// threads running at once (at most `cpus`), so the first event to spend its share does
+    /// so at about the cap, when the window must end anyway, and the window ends at that hit
+    /// ([`Watcher::note_hit`]).
+    ///
+    /// The wake-up and the limit are one number so that the reader sleeps through a window.
+    /// With the limit at the whole cap and the wake-up at the share, a thread that trapped
+    /// faster than the others woke the reader mid-window, and on 2 CPUs both busy with the
+    /// target the reader took one of them from a thread of the pair being watched while it
+    /// drained: a dev build's drain took 1.4 ms of a 1.1 ms window (scheduler trace, fs),
+    /// so that window saw one thread only and no transfer (a CI failure, fifteenth session).
+    fn limit(&self) -> u32 {
         self.duty
             .max_hits_per_window
             .div_ceil(self.cpus as u64)
@@ -500,7 +524,7 @@ impl Watcher {
     /// Launch: events on every thread, pointed at the armed set, while a window counts; none
     /// otherwise. A new set replaces the window's events rather than re-pointing them: a
     /// re-pointed breakpoint is re-enabled with no limit left (`MODIFY_ATTRIBUTES` enables
-    /// it plainly), and fresh events each start from the full cap.
+    /// it plainly), and fresh events each start from a whole limit.
     fn sync_window(&mut self) -> Result<(), DriverError> {
         self.close_window();
         if !self.state.is_armed() || self.specs.is_empty() {
@@ -513,7 +537,7 @@ impl Watcher {
     ///
     /// Closing a thread's event while the thread runs waits for an interrupt on its CPU, one
     /// event after another, and a CPU busy taking the window's traps answers slowly (see the
-    /// module doc). The kernel stops each event at the cap, but a window whose hits are
+    /// module doc). The kernel stops each event at its limit, but a window whose hits are
     /// spread over several events is still under it: with the hot events closed first its
     /// traps stop at the first interrupt.
     fn close_window(&mut self) {
@@ -528,6 +552,15 @@ impl Watcher {
             .extend(first.iter().chain(rest.iter()).map(|e| e.id));
         drop(first);
         drop(rest);
+        self.limits_reset();
+    }
+
+    /// Every event closed or disabled is past: the next hits count toward fresh limits.
+    fn limits_reset(&mut self) {
+        self.trapped.clear();
+        self.limits_since = now_ns();
+        self.renewed_since.clear();
+        self.state.limits_renewed();
     }
 
     /// A watch hit of thread `tid` on slot `slot` was read, taken on `cpu` at `time`: its
@@ -540,19 +573,32 @@ impl Watcher {
     /// that CPU, so transfers between it and the others go unseen until the reader ends the
     /// window, up to milliseconds later on a busy machine (a recording of fs had windows of
     /// 10.5 ms whose last 10 ms had no hit at all). Counted as armed, that time biased
-    /// rates low, the more the slower the reader. The duty cycle's window goes on until the
-    /// reader's next tick ends it (the cap is reached: every hit counts against the budget)
-    /// or rolls it over (a new counting window starts once the spent events are renewed).
+    /// rates low, the more the slower the reader. The duty cycle ends its window at the
+    /// reader's next tick ([`DutyState::limit_spent`]): a cooldown for the hits it took, or a
+    /// rollover if they are paid for (a new counting window starts once the spent events are
+    /// renewed).
     pub(crate) fn note_hit(&mut self, tid: u32, cpu: u32, slot: u8, time: u64) -> Option<Event> {
         let cpu = if self.binding == Binding::Attach {
             u32::MAX
         } else {
             cpu
         };
-        let n = self.trapped.entry((i64::from(tid), slot, cpu)).or_default();
+        let key = i64::from(tid);
+        let since = self
+            .renewed_since
+            .get(&(key, slot))
+            .map_or(self.limits_since, |&t| t.max(self.limits_since));
+        if time < since {
+            return None;
+        }
+        let n = self.trapped.entry((key, slot, cpu)).or_default();
         *n += 1;
-        let spent = *n >= u64::from(self.cap());
+        let spent = *n >= u64::from(self.limit());
         if !spent || !self.caps_windows() || !self.state.is_armed() {
+            return None;
+        }
+        self.state.limit_spent();
+        if time < self.counting_since {
             return None;
         }
         // Just after the hit, so the hit itself is inside the window.
@@ -576,7 +622,7 @@ impl Watcher {
     /// limit stopped: enabled again it traps on without counting or sampling (measured on
     /// 6.18: 10,000 stores took 40 ms and counted nothing after a REFRESH, a DISABLE +
     /// REFRESH or a MODIFY_ATTRIBUTES + REFRESH alike). So the events that trapped are
-    /// replaced by fresh ones with the full cap; the others kept theirs whole.
+    /// replaced by fresh ones with a whole limit; the others kept theirs whole.
     fn renew_hot(&mut self) -> Result<(), DriverError> {
         let hot = self.take_trapped();
         if std::mem::take(&mut self.trapped_unknown) {
@@ -589,6 +635,10 @@ impl Watcher {
         self.closed_ids.extend(spent.iter().map(|e| e.id));
         // Closed before the new ones open: a thread has 4 debug registers per CPU.
         drop(spent);
+        let now = now_ns();
+        for &(key, slot) in &hot {
+            self.renewed_since.insert((key, slot), now);
+        }
         for (key, slot) in hot {
             if slot as usize >= self.specs.len() {
                 continue; // a straggler of a set armed before
@@ -709,7 +759,7 @@ impl Watcher {
         Ok(())
     }
 
-    /// Opens one event, limits it to the window's cap of hits (see the module doc) and points
+    /// Opens one event, limits it to its share of the window's cap (see the module doc) and points
     /// it at its ring. Opened enabled and limited at once, rather than opened disabled and
     /// enabled by the limit: the enable of an event whose thread runs is one more interrupt
     /// of its CPU (measured with `scripts/watch-cost`: +0.2 % of the wall time in 5 of 5
@@ -718,14 +768,14 @@ impl Watcher {
     /// allows none).
     fn open_slot(&self, tid: i32, leader: usize, slot: usize) -> Result<WatchEvent, DriverError> {
         let (cpu, out) = &self.leaders[leader];
-        let mut base = attr::watch(Binding::Launch, self.wake_events());
+        let mut base = attr::watch(Binding::Launch, self.limit());
         base.set_inherit(u64::from(self.inherit));
         let s = self.specs[slot];
         let a = attr::repoint(&base, s.addr, s.len, s.kind, false);
         let what = format!("watchpoint slot {slot}");
         let fd = sys::open(&a, tid, *cpu, &what)?;
         if !self.inherit {
-            sys::refresh(&fd, self.cap())?;
+            sys::refresh(&fd, self.limit())?;
         }
         sys::set_output(&fd, out.as_raw_fd())?;
         let id = sys::event_id(&fd)?;
@@ -850,6 +900,9 @@ impl Watcher {
             return None; // already announced as idle; don't flood the stream
         }
         self.last_marked_empty = !counting;
+        if counting {
+            self.counting_since = time;
+        }
         Some(Event::WatchSet {
             time,
             words,
@@ -857,6 +910,21 @@ impl Watcher {
             exec,
             front,
         })
+    }
+
+    /// The reader is about to sleep: a window announced since the last drain starts counting
+    /// now, not when its last event opened. Until the reader yields its CPU it keeps one
+    /// thread of a target that fills every CPU off it: a dev build's reader went on 90 µs
+    /// past the stamp of a 400 µs window (scheduler trace of fs), and the thread it kept
+    /// waiting trapped first 110–170 µs in, so a third of the window counted one thread
+    /// only. Hits before are in the window's opening margin, which the estimator drops.
+    pub(crate) fn restamp_start(&mut self, time: u64) {
+        if let Some(Event::WatchSet { time: t, words, .. }) = self.markers.last_mut() {
+            if !words.is_empty() && self.state.is_armed() && *t < time {
+                *t = time;
+                self.counting_since = time;
+            }
+        }
     }
 
     /// The `WatchSet` markers queued since the last call, oldest first.
@@ -976,13 +1044,13 @@ impl Watcher {
     }
 
     /// Attach: enables the events from index `from` on whose slot is armed, each for the
-    /// window's cap of hits at most (see the module doc). An attached thread's events live
+    /// share of the window's cap at most (see the module doc). An attached thread's events live
     /// across windows and so does the kernel's limit: an event given one that has not
     /// trapped since still has all of it and is just enabled; one that trapped may have spent
     /// it, and a breakpoint its limit stopped cannot be restarted ([`Watcher::renew_hot`]),
     /// so it is replaced by a fresh one.
     fn enable_attached(&mut self, from: usize) -> Result<(), DriverError> {
-        let cap = self.cap();
+        let cap = self.limit();
         let mut spent = Vec::new();
         let trapped = |key: i64, slot: u8| {
             let events = (key, slot, 0)..=(key, slot, u32::MAX);
@@ -1002,14 +1070,14 @@ impl Watcher {
             }
         }
         if from == 0 {
-            self.trapped.clear();
+            self.limits_reset();
             self.trapped_unknown = false;
         }
         self.reopen_attached(&spent)
     }
 
     /// Attach: a window rolled over with its events enabled ([`Action::Rollover`]): those
-    /// that trapped are replaced by fresh ones with the full cap, as in launch.
+    /// that trapped are replaced by fresh ones with a whole limit, as in launch.
     fn renew_attached(&mut self) -> Result<(), DriverError> {
         let all = std::mem::take(&mut self.trapped_unknown);
         let trapped = self.take_trapped();
@@ -1024,13 +1092,13 @@ impl Watcher {
     }
 
     /// Attach: replaces the events with ids `spent` by fresh ones pointed at their slots'
-    /// specs and enabled for the cap. A thread that exited is skipped; one whose registers
+    /// specs and enabled with a whole limit. A thread that exited is skipped; one whose registers
     /// were taken meanwhile, or for which descriptors ran out, loses that slot (noted).
     fn reopen_attached(&mut self, spent: &[u64]) -> Result<(), DriverError> {
         if spent.is_empty() {
             return Ok(());
         }
-        let cap = self.cap();
+        let cap = self.limit();
         let (old, keep): (Vec<WatchEvent>, Vec<WatchEvent>) = std::mem::take(&mut self.events)
             .into_iter()
             .partition(|e| spent.contains(&e.id));
@@ -1040,6 +1108,7 @@ impl Watcher {
             self.closed_ids.push(ev.id);
             // Closed first: a thread has 4 debug registers, spent events included.
             drop(ev);
+            self.renewed_since.insert((key, slot), now_ns());
             let (Some((tid, leader)), Some(s)) = (
                 self.thread_leaders.get(&key),
                 self.specs.get(slot as usize).copied(),
@@ -1047,7 +1116,7 @@ impl Watcher {
                 continue;
             };
             let (tid, leader) = (*tid, *leader);
-            let base = attr::watch(Binding::Attach, self.wake_events());
+            let base = attr::watch(Binding::Attach, self.limit());
             let opened = sys::open(
                 &attr::repoint(&base, s.addr, s.len, s.kind, true),
                 tid,
@@ -1073,11 +1142,6 @@ impl Watcher {
             }
         }
         Ok(())
-    }
-
-    /// The window's hit cap as a kernel limit.
-    fn cap(&self) -> u32 {
-        self.duty.max_hits_per_window.clamp(1, u64::from(u32::MAX)) as u32
     }
 }
 
@@ -1266,26 +1330,75 @@ mod tests {
     fn the_hit_that_spends_a_limit_ends_the_window() {
         let duty = DutyCycle::new(Duration::from_millis(20), 0.02, Duration::from_micros(10));
         let mut w = Watcher::new(Binding::Attach, duty, None);
+        let before = now_ns();
         w.arm(&[spec(0x1000), spec(0x1008)]).unwrap();
         w.take_markers();
+        let t0 = now_ns();
         let cap = w.duty_cycle().max_hits_per_window;
-        assert!(cap >= 4, "{cap}");
-        // Thread 7 on slot 0 from two CPUs (attached: one event), thread 8 on slot 1.
-        for i in 0..cap - 1 {
-            assert_eq!(w.note_hit(7, (i % 2) as u32, 0, 100 + i), None);
-            assert_eq!(w.note_hit(8, 0, 1, 100 + i), None);
+        // Each event's limit is its share of the cap: the window's hits come from the
+        // threads running at once, so the first share spent comes at about the cap.
+        let limit = u64::from(w.limit());
+        assert_eq!(limit, cap.div_ceil(u64::from(w.cpus)));
+        assert!(limit >= 2, "{limit}");
+        // Stragglers of events closed before this window (taken before it was armed, read
+        // now) count toward no limit: as many as a limit spend nothing.
+        for i in 0..2 * limit {
+            assert_eq!(w.note_hit(7, 0, 0, before - 1_000 + i), None);
         }
-        let end = w.note_hit(7, 1, 0, 5_000);
+        // Thread 7 on slot 0 from two CPUs (attached: one event), thread 8 on slot 1.
+        for i in 0..limit - 1 {
+            assert_eq!(w.note_hit(7, (i % 2) as u32, 0, t0 + 100 + i), None);
+            assert_eq!(w.note_hit(8, 0, 1, t0 + 100 + i), None);
+        }
+        let end = w.note_hit(7, 1, 0, t0 + 5_000);
         assert!(
-            matches!(&end, Some(Event::WatchSet { time: 5_001, words, .. }) if words.is_empty()),
+            matches!(&end, Some(Event::WatchSet { time, words, .. })
+                if *time == t0 + 5_001 && words.is_empty()),
             "{end:?}"
         );
         assert_eq!(
-            w.note_hit(8, 0, 1, 5_002),
+            w.note_hit(8, 0, 1, t0 + 5_002),
             None,
             "the window has ended already"
         );
         assert!(w.take_markers().is_empty(), "returned, not queued");
+        // The duty cycle ends that window at the next tick although its hits are under the
+        // cap: left armed, it would count nothing until the other events spent theirs. Its
+        // hits are not paid for (this watcher's target never runs): a cooldown.
+        // (Ticked with the spending event's hits alone: under the cap on 2 CPUs or more.)
+        w.tick(Instant::now(), limit).unwrap();
+        assert!(!w.is_counting(), "the spent window cools down");
+        assert!(w.next_deadline(Instant::now()).is_some());
+    }
+
+    /// A window counts from when the reader sleeps: its start marker, still queued, moves
+    /// there, and a limit spent before that ends no window (the duty cycle ends it).
+    #[test]
+    fn a_window_starts_when_the_reader_sleeps() {
+        let duty = DutyCycle::new(Duration::from_millis(20), 0.02, Duration::from_micros(10));
+        let mut w = Watcher::new(Binding::Attach, duty, None);
+        w.arm(&[spec(0x1000)]).unwrap();
+        let sleep = now_ns() + 1_000_000;
+        w.restamp_start(sleep);
+        let m = w.take_markers();
+        assert!(
+            matches!(&m[..], [Event::WatchSet { time, words, .. }] if *time == sleep && !words.is_empty()),
+            "{m:?}"
+        );
+        // Nothing queued: nothing moves.
+        w.restamp_start(sleep + 5);
+        assert!(w.take_markers().is_empty());
+        let limit = u64::from(w.limit());
+        for i in 0..limit {
+            assert_eq!(w.note_hit(7, 0, 0, sleep - 500 + i), None, "in the margin");
+        }
+        w.tick(Instant::now(), limit).unwrap();
+        assert!(!w.is_counting(), "ended by the duty cycle");
+        let m = w.take_markers();
+        assert!(
+            matches!(&m[..], [Event::WatchSet { words, .. }] if words.is_empty()),
+            "{m:?}"
+        );
     }
 
     /// The CLI re-arms on a timer: the same set again must change nothing, and a new set
