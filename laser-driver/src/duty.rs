@@ -245,8 +245,9 @@ impl DutyState {
     /// When the next tick is due, given the target's CPU time so far (`cpu`) and how many
     /// CPUs it can run on at once (`cpus`).
     ///
-    /// - Armed: never on a timer. A window ends when its hits reach the cap, and the hits
-    ///   themselves wake the reader (`wakeup_events`, see `Watcher::add`); a window with
+    /// - Armed: never on a timer. A window ends when its hits reach the cap or an event
+    ///   spends its share of it ([`DutyState::limit_spent`]), and the hits themselves wake
+    ///   the reader (`wakeup_events`, see `Watcher::limit`); a window with
     ///   fewer hits simply runs on (its traps are cheaper than the cap allows), and whatever
     ///   poll comes next rolls it over. A timer at every window end would wake laser 50 times
     ///   a second for nothing, and each wakeup takes a CPU from the target for a moment.

@@ -434,7 +434,13 @@ impl Watcher {
     /// so at about the cap, when the window must end anyway, and the window ends at that hit
     /// ([`Watcher::note_hit`]).
     ///
-    /// The wake-up and the limit are one number so that the reader sleeps through a window.
+    /// The kernel counts wake-ups per ring, not per event (`rb->events`: every watch sample
+    /// written into a CPU's ring counts, and what is left over carries into the next
+    /// window), so this wakes the reader once per `limit` hits taken on a CPU, at a point in
+    /// the window that drifts from one window to the next.
+    ///
+    /// The wake-up and the limit are one number so that the reader mostly sleeps through a
+    /// window.
     /// With the limit at the whole cap and the wake-up at the share, a thread that trapped
     /// faster than the others woke the reader mid-window, and on 2 CPUs both busy with the
     /// target the reader took one of them from a thread of the pair being watched while it
