@@ -431,8 +431,11 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
         let lines: Vec<u64> = analysis
             .findings
             .iter()
+            // A forked copy's line is no address in this process.
             .filter(|f| {
-                f.data == laser_detect::Location::Heap && f.rate_per_s >= args.analysis.threshold
+                f.data == laser_detect::Location::Heap
+                    && f.rate_per_s >= args.analysis.threshold
+                    && f.process.is_none()
             })
             .map(|f| f.line_addr)
             .collect();

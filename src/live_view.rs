@@ -94,7 +94,7 @@ impl LiveView {
                         " · top: {} {} ev/s, line {:#x}{place}",
                         f.kind.as_str().replace('_', " "),
                         fmt_num(f.rate_per_s),
-                        f.line_addr
+                        laser_detect::decode::maps::split_copy(f.line_addr).1
                     );
                 }
             }

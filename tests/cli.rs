@@ -328,6 +328,34 @@ fn fork_and_exec_children_are_followed_without_trouble() {
     );
 }
 
+const FORK_COPIES_C: &str = include_str!("fixtures/programs/fork_copies.c");
+
+/// Two processes of one program (fork, no exec) each writing its own counter of a global
+/// pair share no line: each has its own copy of it. The same pair in a `MAP_SHARED` mapping
+/// both see is falsely shared between them.
+#[test]
+fn forked_copies_share_a_line_only_in_shared_memory() {
+    let _serial = exclusive();
+    let bin = compile("fork_copies", FORK_COPIES_C);
+    let (o, out) = run_to_json("fork_private.json", &[], &bin, &["1"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let report = json(&out);
+    assert_eq!(report["findings"].as_array().unwrap().len(), 0, "{t}");
+    let (o, out) = run_to_json("fork_shared.json", &[], &bin, &["1", "shared"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let report = json(&out);
+    let findings = report["findings"].as_array().unwrap();
+    let f = findings
+        .iter()
+        .find(|f| f["kind"] == "false_sharing")
+        .unwrap_or_else(|| panic!("no false sharing in the shared mapping\n{t}"));
+    assert!(f.get("process").is_none(), "{f:#}");
+    assert_eq!(f["threads"].as_array().unwrap().len(), 2, "{f:#}");
+    assert!(f["rate_per_s"].as_f64().unwrap() >= LOW_THRESHOLD, "{f:#}");
+}
+
 #[test]
 fn record_then_report_gives_the_same_finding_and_survives_truncation() {
     let _serial = exclusive();

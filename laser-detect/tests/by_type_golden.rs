@@ -79,6 +79,7 @@ fn line(addr: u64, kind: Kind, sources: Vec<SourceAccess>) -> LineFinding {
         threads,
         data: Location::Heap,
         sources,
+        process: None,
         by_code: false,
         front: false,
     }

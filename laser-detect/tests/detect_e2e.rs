@@ -370,6 +370,69 @@ fn line_128_merges_adjacent_lines() {
     assert!(d64.finish().findings.is_empty());
 }
 
+/// A forked copy's private memory is other memory at the same addresses: a parent thread and
+/// a child thread each writing its own copy of one line share nothing, while two threads of
+/// the child writing its copy falsely share it (reported as the child's line). In a
+/// `MAP_SHARED` mapping the parent and the child do share the line.
+#[test]
+fn forked_copies_share_a_line_only_in_shared_memory() {
+    let child = PID + 1;
+    let run = |shared: bool| {
+        let (code, c, _) = program();
+        let mut d = Detector::new(Config::default(), code);
+        d.add_maps(PID, MAPS);
+        if shared {
+            d.feed(&Event::Mmap(Mmap {
+                pid: PID,
+                tid: PID,
+                time: 1,
+                addr: LINE & !0xfff,
+                len: 0x1000,
+                pgoff: 0,
+                prot: 3,
+                flags: libc::MAP_SHARED as u32 | libc::MAP_ANONYMOUS as u32,
+                path: "/dev/zero (deleted)".into(),
+                build_id: None,
+            }));
+        }
+        d.feed(&Event::Fork {
+            pid: child,
+            ppid: PID,
+            tid: child,
+            ptid: PID,
+            time: 2,
+        });
+        let mut t = 1_000_000_000u64;
+        // Parent thread 1 on offset 0; child threads 11 and 12 on offsets 8 and 16.
+        for i in 0..200u64 {
+            let ip = if i % 2 == 0 { c[1] } else { c[3] };
+            for (pid, tid, off) in [(PID, 1, 0), (child, 11, 8), (child, 12, 16)] {
+                t += 100_000;
+                let Event::Sample(mut s) = soft(tid, t, ip, LINE + off) else {
+                    unreachable!()
+                };
+                s.pid = pid;
+                d.feed(&Event::Sample(s));
+            }
+        }
+        d.finish()
+    };
+    let private = run(false);
+    assert_eq!(private.findings.len(), 1, "{:#?}", private.findings);
+    let f = &private.findings[0];
+    assert_eq!(f.threads, vec![11, 12], "the child's own pair only");
+    assert_eq!(f.process, Some(child));
+    assert_eq!(f.kind, Kind::FalseSharing);
+    assert_eq!(laser_detect::decode::maps::split_copy(f.line_addr).1, LINE);
+    // Named in the child's space, which is the parent's copy.
+    assert_eq!(f.data, Location::Heap);
+    let shared = run(true);
+    assert_eq!(shared.findings.len(), 1, "{:#?}", shared.findings);
+    let f = &shared.findings[0];
+    assert_eq!(f.threads, vec![1, 11, 12], "one line for all three");
+    assert_eq!((f.line_addr, f.process), (LINE, None));
+}
+
 #[test]
 fn fork_copies_the_address_space_and_exec_resets_it() {
     let (code, c, _) = program();

@@ -44,6 +44,7 @@ fn analysis(t1: std::ops::Range<u32>, t2: std::ops::Range<u32>) -> Analysis {
             threads: vec![11, 12],
             data: Location::Heap,
             sources: vec![access(0x1000, mask(t1), 11), access(0x1010, mask(t2), 12)],
+            process: None,
             by_code: false,
             front: false,
         }],

@@ -238,6 +238,7 @@ fn report_of(b: &Built, kind: Kind, data: u64, sources: Vec<SourceAccess>) -> Re
                 vaddr: data,
             },
             sources,
+            process: None,
             by_code: false,
             front: false,
         }],

@@ -163,6 +163,7 @@ fn line(
         threads,
         data,
         sources,
+        process: None,
         by_code: false,
         front: false,
     }

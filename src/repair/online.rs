@@ -79,15 +79,16 @@ pub fn deferral_line(at: Duration, until: Option<Duration>) -> String {
 /// Whether the report built from `analysis` would hold a false-sharing finding at or above
 /// `threshold` events/s: the same rule the report keeps findings by (a line at or above the
 /// threshold, or lines below it that one set of instructions moves along and that add up to
-/// it, `model::migratory`), so a line the report shows is a line the check sees.
+/// it, `model::migratory`), so a line the report shows is a line the check sees. A forked
+/// copy's line is not this process's to repair.
 pub fn crossed(analysis: &Analysis, threshold: f64) -> bool {
     analysis
         .findings
         .iter()
-        .any(|f| f.kind == Kind::FalseSharing && f.rate_per_s >= threshold)
+        .any(|f| f.kind == Kind::FalseSharing && f.rate_per_s >= threshold && f.process.is_none())
         || laser_detect::model::migratory::migratory(&analysis.findings, threshold)
             .iter()
-            .any(|(f, _)| f.kind == Kind::FalseSharing)
+            .any(|(f, _)| f.kind == Kind::FalseSharing && f.process.is_none())
 }
 
 /// Repairs the false-sharing sources of `report` (the run so far) in process `pid`.

@@ -117,6 +117,14 @@ pub fn from_report(report: &Report, space: &Space, say: &mut super::Say<'_>) -> 
     let mut names: BTreeMap<u64, String> = BTreeMap::new();
     let mut wanted = 0;
     for f in &report.findings {
+        if let Some(p) = f.process {
+            say(&format!(
+                "skipping line {:#x} ({}): it is in forked process {p}, and repair works on the \
+                 process laser traces",
+                f.line_addr, f.data.name
+            ));
+            continue;
+        }
         if f.kind != Kind::FalseSharing {
             say(&format!(
                 "skipping {:?} line {:#x} ({}): repair is for false sharing only",

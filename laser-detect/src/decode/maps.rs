@@ -20,6 +20,29 @@ use std::cell::Cell;
 /// Addresses at or above this are kernel addresses (x86-64 canonical upper half).
 pub const KERNEL_START: u64 = 0xffff_8000_0000_0000;
 
+/// Where a forked copy's number goes in the addresses the detector keys its private memory
+/// by ([`AddressSpace::copy`]): user addresses end below 2^47, so bits 48–62 are free, and a
+/// keyed address stays below [`KERNEL_START`].
+const COPY_SHIFT: u32 = 48;
+/// The largest copy number; later forks share it (their lines are kept apart from the
+/// original's, not from each other's).
+pub const MAX_COPY: u16 = 0x7fff;
+
+/// `addr` in forked copy `copy`'s private memory, as the detector keys it (`copy` 0: the
+/// address itself).
+pub fn copy_key(addr: u64, copy: u16) -> u64 {
+    addr | (u64::from(copy.min(MAX_COPY)) << COPY_SHIFT)
+}
+
+/// The copy a keyed address belongs to (0: an original process, or shared memory) and the
+/// address in that process.
+pub fn split_copy(key: u64) -> (u16, u64) {
+    if key >= KERNEL_START {
+        return (0, key);
+    }
+    ((key >> COPY_SHIFT) as u16, key & ((1 << COPY_SHIFT) - 1))
+}
+
 /// One line of `/proc/PID/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Region {
@@ -32,6 +55,8 @@ pub struct Region {
     pub inode: u64,
     /// File path, `[heap]`, `[stack]`, `[vdso]`, … or empty for anonymous memory.
     pub path: String,
+    /// `MAP_SHARED` (`s` in the maps text): the same memory in every process that maps it.
+    pub shared: bool,
 }
 
 /// Parse `/proc/PID/maps` text. Malformed lines are skipped (the kernel's format is fixed, so a
@@ -64,6 +89,7 @@ fn parse_line(line: &str) -> Option<Region> {
         offset,
         inode,
         path,
+        shared: perms[3] == b's',
     })
 }
 
@@ -110,6 +136,8 @@ pub struct Mapping {
     pub end: u64,
     pub exec: bool,
     pub owner: Owner,
+    /// `MAP_SHARED` ([`Region::shared`]).
+    pub shared: bool,
 }
 
 /// A module (file) known in this address space.
@@ -142,6 +170,10 @@ pub enum Class {
 pub struct AddressSpace {
     maps: Vec<Mapping>,
     pub modules: Vec<Module>,
+    /// Non-zero: a copy a `fork` made of another process's space, not replaced by an `exec`
+    /// since. Its private memory is at the same addresses as the original's but is other
+    /// memory, so the detector keeps its lines apart ([`copy_line`]).
+    pub copy: u16,
     /// Index of the mapping the last lookup hit: consecutive accesses mostly hit the same one.
     hint: Cell<usize>,
 }
@@ -150,6 +182,8 @@ fn owner_of_name(path: &str) -> Option<Owner> {
     match path {
         // perf names anonymous memory in MMAP2 records `//anon` (maps text leaves it empty).
         "" | "[heap]" | "//anon" => Some(Owner::Heap),
+        // Shared anonymous memory (`MAP_SHARED | MAP_ANONYMOUS`) is a deleted shmem file.
+        "/dev/zero (deleted)" => Some(Owner::Heap),
         "[stack]" => Some(Owner::Stack),
         "[vdso]" | "[vvar]" | "[vsyscall]" | "[vvar_vclock]" | "[uprobes]" => Some(Owner::Special),
         p if p.starts_with("[stack:") => Some(Owner::Stack),
@@ -236,6 +270,7 @@ impl AddressSpace {
                 end,
                 exec,
                 owner,
+                shared: false,
             },
         );
         self.maps = out;
@@ -251,7 +286,7 @@ impl AddressSpace {
     /// Insert a region from maps text or an `Mmap` event. File mappings get a module; the
     /// caller supplies the bias (from [`load_bias`]).
     pub fn insert_region(&mut self, r: &Region, bias: u64) -> Option<u32> {
-        match owner_of_name(&r.path) {
+        let module = match owner_of_name(&r.path) {
             Some(o) => {
                 self.insert(r.start, r.end, r.exec, o);
                 None
@@ -261,7 +296,19 @@ impl AddressSpace {
                 self.insert(r.start, r.end, r.exec, Owner::Module(idx));
                 Some(idx)
             }
+        };
+        if r.shared {
+            if let Some(m) = self.maps.iter_mut().find(|m| m.start == r.start) {
+                m.shared = true;
+            }
         }
+        module
+    }
+
+    /// Whether `addr` is this process's own memory: anything but a `MAP_SHARED` mapping
+    /// (memory no mapping is known for included, as `brk` growth is).
+    pub fn is_private(&self, addr: u64) -> bool {
+        !self.find(addr).is_some_and(|m| m.shared)
     }
 
     #[inline]

@@ -23,15 +23,16 @@
 //! found even when the run's threads happened to share a core (then the reported rate is
 //! higher than the hardware's transfers).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use hashbrown::HashMap;
 use laser_driver::{BackendKind, Event, Mmap, Sample, StreamStats};
 
-use crate::decode::access::{resolve, Accesses, DropReason};
+use crate::decode::access::{resolve, Access, Accesses, DropReason};
 use crate::decode::code::{CodeSource, FileMapping};
 use crate::decode::frame_slots::FrameSlots;
-use crate::decode::maps::{self, AddressSpace, Class, Spaces, KERNEL_START};
+use crate::decode::maps::{self, copy_key, split_copy, AddressSpace, Class, Spaces, KERNEL_START};
 use crate::decode::pccache::{PcCache, Where};
 use crate::decode::store_pair::store_after_load;
 use crate::model::armed_cost::{ArmedCost, ArmedCostSummary};
@@ -118,6 +119,8 @@ pub struct Detector<C: CodeSource> {
     code: C,
     pcs: PcCache,
     spaces: Spaces,
+    /// The pid of each forked copy ([`AddressSpace::copy`]) by its number.
+    copies: BTreeMap<u16, u32>,
     main_pid: Option<u32>,
     model: LineModel,
     estimator: Estimator,
@@ -210,6 +213,7 @@ impl<C: CodeSource> Detector<C> {
             code,
             pcs: PcCache::new(),
             spaces: Spaces::default(),
+            copies: BTreeMap::new(),
             main_pid: None,
             model,
             estimator,
@@ -303,6 +307,7 @@ impl<C: CodeSource> Detector<C> {
             offset: m.pgoff,
             inode: 0,
             path: m.path.clone(),
+            shared: m.flags & libc::MAP_SHARED as u32 != 0,
         };
         self.map_region(m.pid, &r, m.build_id.as_deref());
     }
@@ -343,8 +348,15 @@ impl<C: CodeSource> Detector<C> {
                 self.call_sites.clear_checks();
             }
             Event::Fork { pid, ppid, .. } if pid != ppid => {
-                if let Some(parent) = self.spaces.get(*ppid).cloned() {
-                    self.spaces.insert(*pid, parent);
+                if let Some(mut child) = self.spaces.get(*ppid).cloned() {
+                    // Its private memory is the parent's addresses but other memory: two
+                    // processes each writing its own copy of a global share no line.
+                    let n = (self.copies.len() as u16)
+                        .saturating_add(1)
+                        .min(maps::MAX_COPY);
+                    self.copies.insert(n, *pid);
+                    child.copy = n;
+                    self.spaces.insert(*pid, child);
                 }
             }
             Event::WatchSet {
@@ -525,6 +537,18 @@ impl<C: CodeSource> Detector<C> {
                 }
                 _ => {}
             }
+            // A forked copy's private memory is keyed apart from the original's (and from
+            // other copies'): from here on every model sees it as other lines.
+            let keyed;
+            let a = if space.copy != 0 && space.is_private(a.addr) {
+                keyed = Access {
+                    addr: copy_key(a.addr, space.copy),
+                    ..*a
+                };
+                &keyed
+            } else {
+                a
+            };
             if let Some(ret) = caller {
                 self.call_sites.note(a.addr & line_mask, a.pc, ret);
             }
@@ -573,7 +597,14 @@ impl<C: CodeSource> Detector<C> {
     }
 
     fn location(&self, addr: u64) -> Location {
-        let Some(space) = self.main_pid.and_then(|p| self.spaces.get(p)) else {
+        // A forked copy's line is named in the copy's space (its globals are the original's
+        // globals, at the same addresses).
+        let (copy, addr) = split_copy(addr);
+        let pid = match copy {
+            0 => self.main_pid,
+            n => self.copies.get(&n).copied(),
+        };
+        let Some(space) = pid.and_then(|p| self.spaces.get(p)) else {
             return Location::Unknown;
         };
         match space.classify(addr) {
@@ -665,6 +696,10 @@ impl<C: CodeSource> Detector<C> {
             share: 0.0,
             threads,
             data: self.location(l.line_addr),
+            process: match split_copy(l.line_addr).0 {
+                0 => None,
+                n => self.copies.get(&n).copied(),
+            },
             sources,
             by_code: est.is_some_and(|e| e.code),
             front: est.is_some_and(|e| e.front),
@@ -804,13 +839,16 @@ impl<C: CodeSource> Detector<C> {
     /// heap blocks `pointed` to by them. Lines the survey found contended stay in it (their
     /// store-only windows keep the estimate honest when read+write windows drown in loads).
     pub fn survey_plan(&self, pointed: &[(u64, u64)]) -> Vec<SurveyTarget> {
-        crate::model::survey::plan(
+        let mut plan = crate::model::survey::plan(
             &self.hot,
             &self.program_globals(),
             pointed,
             self.model.line_size(),
             |l| self.model.is_contended(l) && !self.surveyed.contains_key(&l),
-        )
+        );
+        // A forked copy's lines are not addresses to watch (see `candidates`).
+        plan.retain(|t| split_copy(t.watch.line_addr).0 == 0);
+        plan
     }
 
     fn modules(&self) -> Vec<ModuleInfo> {
@@ -969,14 +1007,21 @@ impl<C: CodeSource> Detector<C> {
 
     /// The top `max_lines` contended lines and, per line, up to 4 naturally aligned words
     /// different threads touched: where to arm watchpoints.
+    ///
+    /// Never a forked copy's private line: a watchpoint is on an address in every process,
+    /// and a copy's key is no address.
     pub fn candidates(&self, max_lines: usize) -> Vec<WatchCandidate> {
-        crate::model::candidates::candidates(self.model.contended(), max_lines)
+        let original = |l: &&LineStat| split_copy(l.line_addr).0 == 0;
+        crate::model::candidates::candidates(self.model.contended().filter(original), max_lines)
     }
 
     /// Where the open code window last saw contention (`Estimator::code_front`): the line and
     /// the words a front window should watch, `None` while it has seen no transfer.
     pub fn code_front(&self) -> Option<WatchCandidate> {
         let (line_addr, words) = self.estimator.code_front()?;
+        if split_copy(line_addr).0 != 0 {
+            return None; // a forked copy's line: see `candidates`
+        }
         Some(WatchCandidate {
             line_addr,
             words: words.into_iter().map(|w| (w, 8)).collect(),

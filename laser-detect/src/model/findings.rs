@@ -119,6 +119,9 @@ pub struct LineFinding {
     pub threads: Vec<u32>,
     /// Where the line lies (global in a module, heap, stack, unknown).
     pub data: Location,
+    /// A forked copy's private line: the pid of the process whose copy it is
+    /// (`line_addr` is then the detector's key for it, [`crate::decode::maps::copy_key`]).
+    pub process: Option<u32>,
     /// Contending instructions, most events first.
     pub sources: Vec<SourceAccess>,
     /// The rate is from code windows (`model::estimate`): measured over the time the

@@ -94,16 +94,19 @@ fn groups_by_shared_pcs<'a>(lines: &[&'a LineFinding]) -> Vec<Vec<&'a LineFindin
         }
         i
     }
-    let mut owner: HashMap<u64, usize> = HashMap::new();
+    // By instruction and process copy: the same loop in a parent and its forked copy moves
+    // along different memory.
+    let mut owner: HashMap<(u64, u16), usize> = HashMap::new();
     for (i, f) in lines.iter().enumerate() {
+        let copy = crate::decode::maps::split_copy(f.line_addr).0;
         for s in &f.sources {
-            match owner.get(&s.pc) {
+            match owner.get(&(s.pc, copy)) {
                 Some(&j) => {
                     let (a, b) = (root(&mut parent, i), root(&mut parent, j));
                     parent[a.max(b)] = a.min(b);
                 }
                 None => {
-                    owner.insert(s.pc, i);
+                    owner.insert((s.pc, copy), i);
                 }
             }
         }
@@ -172,6 +175,7 @@ fn merge(mut lines: Vec<&LineFinding>) -> (LineFinding, Extent) {
         share: lines.iter().map(|f| f.share).sum(),
         threads,
         data: first.data.clone(),
+        process: first.process,
         sources,
         by_code: lines.iter().any(|f| f.by_code),
         front: lines.iter().any(|f| f.front),
@@ -211,6 +215,7 @@ mod tests {
                     called_from: vec![],
                 })
                 .collect(),
+            process: None,
             by_code: false,
             front: false,
         }

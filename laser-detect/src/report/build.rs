@@ -291,7 +291,9 @@ fn finding(
     threads.dedup();
     let mut out = Finding {
         kind: f.kind,
-        line_addr: f.line_addr,
+        // A forked copy's line: its address in that process, which `process` names.
+        line_addr: crate::decode::maps::split_copy(f.line_addr).1,
+        process: f.process,
         rate_per_s: finite(f.rate_per_s),
         events: f.events,
         true_events: f.true_events,
@@ -602,11 +604,12 @@ pub fn heap_fields(
     out
 }
 
-/// One note for the heap lines a live run could not look at.
-/// A migratory finding's extent as the report states it.
+/// A migratory finding's extent as the report states it (in the process whose lines they
+/// are: a group never mixes processes, see `migratory`).
 fn report_extent(e: &Extent, line_size: u32) -> ReportExtent {
-    let first = e.lines.first().copied().unwrap_or(0);
-    let last = e.lines.last().copied().unwrap_or(0);
+    let addr = |l: u64| crate::decode::maps::split_copy(l).1;
+    let first = e.lines.first().copied().map_or(0, addr);
+    let last = e.lines.last().copied().map_or(0, addr);
     ReportExtent {
         lines: e.lines.len() as u64,
         start: first,
@@ -615,6 +618,7 @@ fn report_extent(e: &Extent, line_size: u32) -> ReportExtent {
     }
 }
 
+/// One note for the heap lines a live run could not look at.
 fn heap_summary(findings: &[Finding], opts: &ReportOptions, notes: &mut Vec<String>) {
     let Some(h) = &opts.heap_blocks else {
         return;

@@ -520,6 +520,7 @@ mod tests {
         Finding {
             kind,
             line_addr: 0x4080,
+            process: None,
             rate_per_s: 5000.0,
             events: 100,
             true_events: 0,

@@ -238,6 +238,11 @@ pub struct Finding {
     /// Run-time address of the line's first byte (valid for that run only).
     #[serde(with = "hex")]
     pub line_addr: u64,
+    /// The line is private memory of a process `fork` copied the program into (no `exec`
+    /// since): its pid. `line_addr` is the address in that process; the original's line at
+    /// the same address is other memory, reported apart. Absent for the program itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<u32>,
     pub rate_per_s: f64,
     pub events: u64,
     #[serde(default)]
@@ -639,6 +644,7 @@ mod tests {
             findings: vec![Finding {
                 kind: Kind::FalseSharing,
                 line_addr: 0x5555_5555_8080,
+                process: None,
                 rate_per_s: 48210.5,
                 events: 72316,
                 true_events: 0,

@@ -306,12 +306,14 @@ fn short_path(p: &str) -> &str {
 fn finding(out: &mut String, n: usize, f: &Finding, line_size: u32) {
     let _ = writeln!(
         out,
-        "#{n}  {}  {} ev/s  ({} of contention, {} events)  line {:#x}",
+        "#{n}  {}  {} ev/s  ({} of contention, {} events)  line {:#x}{}",
         kind_title(f.kind),
         rate(f.rate_per_s),
         percent(f.share),
         thousands(f.events),
-        f.line_addr
+        f.line_addr,
+        f.process
+            .map_or(String::new(), |p| format!(" in forked process {p}"))
     );
     if f.kind == Kind::Mixed {
         let _ = writeln!(
