@@ -529,14 +529,24 @@ impl Session {
             scratch,
             batch,
             ring_errors,
+            watcher,
             ..
         } = self;
         for l in leaders.iter_mut() {
+            let before = batch.len();
             let r = ring::drain(&mut l.ring, scratch, |raw| {
                 batch.extend(decoder.decode(raw));
             });
             if r.is_err() {
                 *ring_errors += 1;
+            }
+            // The kernel counts wake-ups per ring (`watch::RingWake`).
+            let hits = batch[before..]
+                .iter()
+                .filter(|e| matches!(e, Event::Sample(s) if s.watch_slot.is_some()))
+                .count() as u64;
+            if let (Some(w), true) = (watcher.as_mut(), hits > 0) {
+                w.ring_samples(l.key, hits);
             }
         }
         closed.iter().for_each(|&id| decoder.remove_source(id));

@@ -118,6 +118,42 @@ fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// The kernel's wake-up counter of one leader ring, followed from the samples read.
+///
+/// Wake-ups are counted per ring, not per event: every watch sample written into a CPU's
+/// ring adds one to the ring's count, and when the count reaches the writing event's
+/// `wakeup_events`, that much is taken off and the reader is woken. What is left carries into
+/// the next window. With `wakeup_events` fixed, the first wake-up of a window came at a point
+/// that drifted from window to window, mostly mid-window: a scheduler trace of fs (release
+/// build) had the real-time reader on a CPU for 30% of the windows' time, most of it draining
+/// those wake-ups, each time keeping a thread of the watched pair off its CPU. So a window's
+/// events get `wakeup_events` = what is left + the limit: its first wake-up comes after
+/// `limit` hits on the ring, when a thread alone on that CPU spends its limit and the window
+/// ends anyway. (Exact while laser has read every sample written before the events opened,
+/// as at every window after a cooldown; stragglers of a set re-pointed mid-window make it
+/// approximate.)
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct RingWake {
+    /// What the ring's counter holds (below `wake`).
+    count: u64,
+    /// `wakeup_events` of the events open on the ring (0: none opened yet).
+    wake: u32,
+}
+
+impl RingWake {
+    /// `n` more watch samples were written into the ring.
+    fn follow(&mut self, n: u64) {
+        if self.wake > 0 {
+            self.count = (self.count + n) % u64::from(self.wake);
+        }
+    }
+
+    /// New events open on the ring: the first wake-up after `limit` more samples.
+    fn rearm(&mut self, limit: u32) {
+        self.wake = (self.count + u64::from(limit)).min(u64::from(u32::MAX)) as u32;
+    }
+}
+
 /// One watched range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct WatchSpec {
@@ -210,6 +246,9 @@ pub struct Watcher {
     cpus: u32,
     /// Launch: each CPU and (a duplicate of) its leader, which that CPU's events write into.
     leaders: Vec<(i32, OwnedFd)>,
+    /// Launch: each leader ring's wake-up counter as laser follows it ([`RingWake`]), in
+    /// the order of `leaders`.
+    ring_wake: Vec<RingWake>,
     /// Launch: ids of events opened since the session last asked (for its decoder)…
     opened_ids: Vec<(u64, u8)>,
     /// …and of events closed since: forgotten once the records written before are read.
@@ -291,6 +330,7 @@ impl Watcher {
             front: false,
             cpus: crate::sys::online_cpus().map_or(1, |c| c.len().max(1) as u32),
             leaders: Vec::new(),
+            ring_wake: Vec::new(),
             opened_ids: Vec::new(),
             closed_ids: Vec::new(),
             nofile_raised: false,
@@ -360,6 +400,7 @@ impl Watcher {
                 .try_clone()
                 .map_err(|e| DriverError::io("duplicating a leader descriptor", e))?;
             self.leaders.push((cpu, dup));
+            self.ring_wake.push(RingWake::default());
             return Ok(Vec::new());
         }
         // Before opening events, so their wake-up threshold matches the real cap.
@@ -664,6 +705,12 @@ impl Watcher {
     /// Launch: opens the armed set on every thread of every process of the target, until a
     /// listing of their threads finds none without events (see the module doc).
     fn open_window(&mut self) -> Result<(), DriverError> {
+        // Every event of the last window is closed: each ring's next wake-up comes after
+        // `limit` more hits on it, when a thread alone on that CPU spends its limit.
+        let limit = self.limit();
+        for r in &mut self.ring_wake {
+            r.rearm(limit);
+        }
         if !self.nofile_raised {
             // A window holds armed slots × CPUs descriptors per thread: 8 per thread here,
             // so a program of a few hundred threads passes a 1,024-descriptor soft limit.
@@ -774,7 +821,9 @@ impl Watcher {
     /// allows none).
     fn open_slot(&self, tid: i32, leader: usize, slot: usize) -> Result<WatchEvent, DriverError> {
         let (cpu, out) = &self.leaders[leader];
-        let mut base = attr::watch(Binding::Launch, self.limit());
+        let wake = self.ring_wake.get(leader).map_or(0, |r| r.wake);
+        let wake = if wake == 0 { self.limit() } else { wake };
+        let mut base = attr::watch(Binding::Launch, wake);
         base.set_inherit(u64::from(self.inherit));
         let s = self.specs[slot];
         let a = attr::repoint(&base, s.addr, s.len, s.kind, false);
@@ -916,6 +965,15 @@ impl Watcher {
             exec,
             front,
         })
+    }
+
+    /// Launch: `n` watch samples were read from the ring of the leader on `cpu`.
+    pub(crate) fn ring_samples(&mut self, cpu: i64, n: u64) {
+        if let Some(i) = self.leaders.iter().position(|(c, _)| i64::from(*c) == cpu) {
+            if let Some(r) = self.ring_wake.get_mut(i) {
+                r.follow(n);
+            }
+        }
     }
 
     /// The reader is about to sleep: a window announced since the last drain starts counting
@@ -1401,6 +1459,27 @@ mod tests {
             matches!(&end, Some(Event::WatchSet { words, .. }) if words.is_empty()),
             "{end:?}"
         );
+    }
+
+    /// The ring's wake-up counter as the kernel keeps it: what is left over carries into the
+    /// next window, and a window's events are given what makes their first wake-up come
+    /// after `limit` hits on the ring.
+    #[test]
+    fn a_rings_first_wake_up_comes_at_the_limit() {
+        let mut r = RingWake::default();
+        r.follow(5); // no events yet: nothing counts
+        assert_eq!(r, RingWake::default());
+        r.rearm(56);
+        assert_eq!(r.wake, 56);
+        r.follow(56 + 30); // a wake-up at 56, then 30 left
+        assert_eq!(r.count, 30);
+        // The next window: a fixed 56 would wake the reader 26 hits in; this wakes it at 56.
+        r.rearm(56);
+        assert_eq!(r.wake, 86);
+        r.follow(55);
+        assert_eq!(r.count, 85, "no wake-up yet");
+        r.follow(1);
+        assert_eq!(r.count, 0, "the wake-up, at the 56th hit");
     }
 
     /// A window counts from when the reader sleeps: its start marker, still queued, moves
