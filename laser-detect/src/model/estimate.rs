@@ -24,8 +24,9 @@
 //! Both are coherence transactions that cross cores: an update of a line the other thread
 //! dirtied (a load, then a store) makes two, the read miss and the upgrade, as it does in
 //! hardware. Checked against a program whose rate is known (benchmarks/workloads/
-//! known_transfers.c, `scripts/estimator-check`): within 2% at 4,000 transfers/s; 1.27–1.32×
-//! the truth at 40,000/s, where that program's threads trap for a quarter of the armed time
+//! known_transfers.c, `scripts/estimator-check`): within 3% at 4,000 transfers/s; 1.01–1.62×
+//! the truth at 40,000/s (fifteenth session; 1.27–1.32× before windows counted both threads
+//! for their whole length), where that program's threads trap for a third of the armed time
 //! but lose none of their pace to it (they wait on a clock between updates), so the trap-time
 //! correction below, made for threads that compute between accesses, over-corrects (the
 //! uncorrected count there was 0.95× the truth); a lower bound once traps bound the pace.
