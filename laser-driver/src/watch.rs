@@ -498,6 +498,7 @@ impl Watcher {
     pub(crate) fn remove(&mut self, key: i64) {
         self.events.retain(|e| e.key != key);
         self.trapped.retain(|k, _| k.0 != key);
+        self.renewed_since.retain(|k, _| k.0 != key);
         self.thread_leaders.remove(&key);
     }
 
