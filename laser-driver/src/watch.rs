@@ -118,6 +118,15 @@ fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// Launch: one CPU's leader, whose ring that CPU's window events write into, and the ring's
+/// wake-up counter as laser follows it.
+struct RingLeader {
+    cpu: i32,
+    /// A duplicate of the session's leader descriptor.
+    fd: OwnedFd,
+    wake: RingWake,
+}
+
 /// The kernel's wake-up counter of one leader ring, followed from the samples read.
 ///
 /// Wake-ups are counted per ring, not per event: every watch sample written into a CPU's
@@ -244,11 +253,8 @@ pub struct Watcher {
     /// Online CPUs: how many rings share the hits (launch) and how fast the target can
     /// burn through a cooldown.
     cpus: u32,
-    /// Launch: each CPU and (a duplicate of) its leader, which that CPU's events write into.
-    leaders: Vec<(i32, OwnedFd)>,
-    /// Launch: each leader ring's wake-up counter as laser follows it ([`RingWake`]), in
-    /// the order of `leaders`.
-    ring_wake: Vec<RingWake>,
+    /// Launch: each CPU's leader and its ring's wake-up counter ([`RingLeader`]).
+    leaders: Vec<RingLeader>,
     /// Launch: ids of events opened since the session last asked (for its decoder)…
     opened_ids: Vec<(u64, u8)>,
     /// …and of events closed since: forgotten once the records written before are read.
@@ -330,7 +336,6 @@ impl Watcher {
             front: false,
             cpus: crate::sys::online_cpus().map_or(1, |c| c.len().max(1) as u32),
             leaders: Vec::new(),
-            ring_wake: Vec::new(),
             opened_ids: Vec::new(),
             closed_ids: Vec::new(),
             nofile_raised: false,
@@ -399,8 +404,11 @@ impl Watcher {
             let dup = leader
                 .try_clone()
                 .map_err(|e| DriverError::io("duplicating a leader descriptor", e))?;
-            self.leaders.push((cpu, dup));
-            self.ring_wake.push(RingWake::default());
+            self.leaders.push(RingLeader {
+                cpu,
+                fd: dup,
+                wake: RingWake::default(),
+            });
             return Ok(Vec::new());
         }
         // Before opening events, so their wake-up threshold matches the real cap.
@@ -709,8 +717,8 @@ impl Watcher {
         // Every event of the last window is closed: each ring's next wake-up comes after
         // `limit` more hits on it, when a thread alone on that CPU spends its limit.
         let limit = self.limit();
-        for r in &mut self.ring_wake {
-            r.rearm(limit);
+        for l in &mut self.leaders {
+            l.wake.rearm(limit);
         }
         if !self.nofile_raised {
             // A window holds armed slots × CPUs descriptors per thread: 8 per thread here,
@@ -821,9 +829,13 @@ impl Watcher {
     /// count towards the limit. An inherited window's events have no limit (the kernel
     /// allows none).
     fn open_slot(&self, tid: i32, leader: usize, slot: usize) -> Result<WatchEvent, DriverError> {
-        let (cpu, out) = &self.leaders[leader];
-        let wake = self.ring_wake.get(leader).map_or(0, |r| r.wake);
-        let wake = if wake == 0 { self.limit() } else { wake };
+        let RingLeader { cpu, fd: out, wake } = &self.leaders[leader];
+        // Set when the window opened (`open_window`); the limit before any window did.
+        let wake = if wake.wake == 0 {
+            self.limit()
+        } else {
+            wake.wake
+        };
         let mut base = attr::watch(Binding::Launch, wake);
         base.set_inherit(u64::from(self.inherit));
         let s = self.specs[slot];
@@ -860,7 +872,7 @@ impl Watcher {
                 Err(e) => return Err(e),
             }
         }
-        let cpu = self.leaders[0].0;
+        let cpu = self.leaders[0].cpu;
         if !probe_uncovered(tid, cpu, MAX_WATCHES - mine.len())? {
             return Ok(());
         }
@@ -970,10 +982,8 @@ impl Watcher {
 
     /// Launch: `n` watch samples were read from the ring of the leader on `cpu`.
     pub(crate) fn ring_samples(&mut self, cpu: i64, n: u64) {
-        if let Some(i) = self.leaders.iter().position(|(c, _)| i64::from(*c) == cpu) {
-            if let Some(r) = self.ring_wake.get_mut(i) {
-                r.follow(n);
-            }
+        if let Some(l) = self.leaders.iter_mut().find(|l| i64::from(l.cpu) == cpu) {
+            l.wake.follow(n);
         }
     }
 
