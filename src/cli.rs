@@ -161,6 +161,22 @@ pub struct MonitorArgs {
     /// rates fewer lines per second of run; sampling (~1%) comes on top.
     #[arg(long = "watch-budget", value_name = "PERCENT", default_value_t = laser_driver::duty::DEFAULT_MAX_SLOWDOWN * 100.0, value_parser = parse_budget_percent)]
     pub watch_budget: f64,
+    /// What the watch budget is charged with: `traps` (each priced as measured with a
+    /// wake-up of laser per hit, about twice the trap alone on a VM, standing in for the
+    /// windows' other costs) or `full` (the trap alone, plus laser's work opening and
+    /// closing the window events, plus the watched threads' context switches while armed,
+    /// each of which reloads the debug registers). `full` keeps barrier-heavy programs
+    /// within the budget; it gives them fewer windows.
+    #[arg(long = "watch-cost-model", value_name = "MODEL", default_value = "traps", value_parser = parse_cost_model)]
+    pub watch_cost_model: laser_driver::CostModel,
+}
+
+fn parse_cost_model(s: &str) -> Result<laser_driver::CostModel, String> {
+    match s {
+        "traps" => Ok(laser_driver::CostModel::Traps),
+        "full" => Ok(laser_driver::CostModel::Full),
+        _ => Err(format!("{s:?}: the models are `traps` and `full`")),
+    }
 }
 
 #[derive(Args, Debug, Clone)]

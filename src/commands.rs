@@ -68,6 +68,7 @@ fn session_config(m: &MonitorArgs) -> Result<Config> {
     let d = config.duty_cycle;
     config.duty_cycle = laser_driver::DutyCycle {
         calibrate: d.calibrate,
+        model: m.watch_cost_model,
         ..laser_driver::DutyCycle::new(d.window, m.watch_budget / 100.0, d.hit_cost)
     };
     Ok(config)

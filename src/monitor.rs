@@ -91,7 +91,7 @@ pub struct Outcome {
     pub unwatched: Option<String>,
     /// Traps taken so far in the session and the duty cycle that bounded them, for
     /// [`watch_cost_note`] (`None`: no watchpoints).
-    pub watch_cost: Option<(u64, laser_driver::DutyCycle)>,
+    pub watch_cost: Option<(laser_driver::WatchStats, laser_driver::DutyCycle)>,
 }
 
 /// How often the monitor loop hands the contended lines' modules to the DWARF prefetcher.
@@ -194,7 +194,7 @@ pub fn run_loop(
     let watch_cost = session
         .watch_mut()
         .ok()
-        .map(|w| (w.stats().hits, w.duty_cycle()));
+        .map(|w| (w.stats(), w.duty_cycle()));
     if opts.steer_watchpoints {
         if let Ok(w) = session.watch_mut() {
             // Leave nothing armed in a process we are about to let go of.
@@ -214,18 +214,25 @@ pub fn run_loop(
     })
 }
 
-/// What the traps cost the target, for the report: hits × the per-trap cost laser measured on
-/// this machine (a lower bound: `scripts/watch-cost` measured the wall-time cost 10–20% above
-/// it), against the run and the budget that bounded it (`--watch-budget`).
+/// What watching cost the target, for the report, against the run and the budget that
+/// bounded it (`--watch-budget`): the traps (hits × the per-trap cost laser measured on this
+/// machine), laser's own work on the window events, and the watched threads' context
+/// switches while armed (each reloads the debug registers) — what the duty cycle charged.
 pub fn watch_cost_note(
-    cost: Option<(u64, laser_driver::DutyCycle)>,
+    cost: Option<(laser_driver::WatchStats, laser_driver::DutyCycle)>,
     elapsed: Duration,
 ) -> Option<String> {
-    let (hits, duty) = cost?;
+    let (stats, duty) = cost?;
+    let hits = stats.hits;
     if hits == 0 {
         return None;
     }
-    let spent = duty.hit_cost.as_secs_f64() * hits as f64;
+    let traps = duty.hit_cost.as_secs_f64() * hits as f64;
+    let (ops, switches) = (
+        stats.ops_time.as_secs_f64(),
+        stats.switch_time.as_secs_f64(),
+    );
+    let spent = traps + ops + switches;
     let run = elapsed.as_secs_f64().max(1e-3);
     // An access history's watchpoints follow the object unbounded (`--history-site`).
     let budget = if duty.max_slowdown < 1.0 {
@@ -233,11 +240,23 @@ pub fn watch_cost_note(
     } else {
         "no budget: an access history's watchpoints".to_string()
     };
-    Some(format!(
-        "watchpoint cost: {hits} trap(s) × {:.1} µs = {:.1} ms, {:.2}% of the {:.2} s run \
-         ({budget})",
+    let trap_text = format!(
+        "{hits} trap(s) × {:.1} µs = {:.1} ms",
         duty.hit_cost.as_secs_f64() * 1e6,
-        spent * 1e3,
+        traps * 1e3
+    );
+    let parts = match duty.model {
+        laser_driver::CostModel::Traps => trap_text,
+        laser_driver::CostModel::Full => format!(
+            "{trap_text}, laser's work on the window events {:.1} ms, {} context switch(es) \
+             of watched threads {:.1} ms (--watch-cost-model full)",
+            ops * 1e3,
+            stats.switches,
+            switches * 1e3,
+        ),
+    };
+    Some(format!(
+        "watchpoint cost: {parts}, {:.2}% of the {:.2} s run ({budget})",
         100.0 * spent / run,
         run,
     ))

@@ -235,8 +235,49 @@ fn watch_cost(report: &serde_json::Value) -> Option<(u64, f64)> {
         .next()?
         .parse()
         .ok()?;
-    let pct = note.split("ms, ").nth(1)?.split('%').next()?.parse().ok()?;
+    let pct = note
+        .split_once("% of the")?
+        .0
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()?;
     Some((traps, pct))
+}
+
+/// `--watch-cost-model full` charges the budget with laser's work on the window events and
+/// the watched threads' context switches as well as the traps (each priced without a wake-up
+/// per hit), and the note says all three; the whole stays within the budget.
+#[test]
+fn the_full_cost_model_charges_event_work_and_switches_within_the_budget() {
+    let _serial = exclusive();
+    let (bin, _) = fs_program();
+    let (o, out) = run_to_json(
+        "full-model.json",
+        &["--watch-cost-model", "full"],
+        bin,
+        &["1.5"],
+    );
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let report = json(&out);
+    let note = notes(&report)
+        .into_iter()
+        .find(|n| n.starts_with("watchpoint cost:"))
+        .unwrap_or_else(|| panic!("no watchpoint cost note: {report:#}\n{t}"));
+    assert!(
+        note.contains("laser's work on the window events") && note.contains("context switch"),
+        "{note}"
+    );
+    let (traps, pct) = watch_cost(&report).unwrap();
+    assert!(traps > 0 && pct <= 2.1, "{traps} traps, {pct}%: {note}");
+    let o = laser(&["run", "--watch-cost-model", "all", "--", "true"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("the models are `traps` and `full`"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[test]

@@ -32,6 +32,13 @@ pub const SAMPLE_TYPE: u64 = (b::PERF_SAMPLE_IDENTIFIER
 /// program's call site. The kernel copies them with the sample (≈ 0.1 µs); a multiple of 8.
 pub const STACK_USER_BYTES: u32 = 512;
 
+/// The largest `wakeup_events` that means what it says. The kernel compares the ring's sample
+/// count against the field read as a signed `int` (`perf_output_sample`), so any value above
+/// `i32::MAX` is negative and wakes the reader on every sample: the irq_work behind each
+/// wake-up doubled a watchpoint hit's cost here (13 µs without, 27 µs with, measured on this
+/// KVM guest; sixteenth session).
+pub const MAX_WAKEUP_EVENTS: u32 = i32::MAX as u32;
+
 /// Where a watchpoint points while it is not armed. Page 0 is never mapped in a user process,
 /// is 8-aligned (valid for every length) and lies in user space (no privilege needed).
 pub const PARKED_ADDR: u64 = 0x1000;
@@ -142,7 +149,7 @@ pub fn watch(binding: Binding, wakeup_events: u32) -> b::perf_event_attr {
     a.bp_type = b::HW_BREAKPOINT_RW;
     a.__bindgen_anon_3.bp_addr = PARKED_ADDR;
     a.__bindgen_anon_4.bp_len = b::HW_BREAKPOINT_LEN_8 as u64;
-    a.__bindgen_anon_2.wakeup_events = wakeup_events.max(1);
+    a.__bindgen_anon_2.wakeup_events = wakeup_events.clamp(1, MAX_WAKEUP_EVENTS);
     // No stack copy: a burst of hits the reader is late for must fit the ring (an attached
     // thread's ring is 128 KiB; 512 bytes more per hit would make a 500-hit burst overflow
     // it), and the soft samples of the same instructions already carry their call sites.

@@ -21,12 +21,13 @@ pub mod probe;
 pub mod procinfo;
 pub mod ring;
 pub mod session;
+pub mod switches;
 pub mod sys;
 pub mod threads;
 pub mod watch;
 
 pub use attr::WatchKind;
-pub use duty::{DutyCycle, WatchStats};
+pub use duty::{CostModel, DutyCycle, WatchStats};
 pub use error::DriverError;
 pub use event::{
     BackendKind, Callers, Event, Mmap, Reg, Sample, StreamStats, UserRegs, MAX_CALLERS, NUM_REGS,

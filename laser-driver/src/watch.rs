@@ -53,10 +53,11 @@ use std::time::{Duration, Instant};
 use perf_event_open_sys::bindings::perf_event_attr;
 
 use crate::attr::{self, Binding, WatchKind};
-use crate::duty::{Action, DutyState};
+use crate::duty::{Action, CostModel, DutyState};
 pub use crate::duty::{DutyCycle, WatchStats};
 use crate::error::DriverError;
 use crate::mmap_ring::MmapRing;
+use crate::switches::{SwitchTally, SWITCH_COST};
 use crate::sys;
 use crate::Event;
 
@@ -75,15 +76,26 @@ const USER_END: u64 = 0x0000_8000_0000_0000;
 /// laser's own with a breakpoint on it, on the thread's CPU clock (so time spent preempted on
 /// a loaded machine does not count), minus the same writes without. The trap is the same
 /// #DB exception + perf handling the target pays, including writing the sample into a ring
-/// buffer as the target's events do. That write is about half the cost here: measured on
-/// this KVM guest, 25–35 µs per hit with a ring that has room vs 11–16 µs without a ring (or
-/// with a full one, where the kernel drops the sample early), whatever the sample type. The
-/// ring is sized to hold all `n` samples and, like the target's, wakes no one per sample.
-pub fn measure_hit_cost(n: u32) -> Result<Duration, DriverError> {
+/// buffer as the target's events do. The ring is sized to hold all `n` samples.
+///
+/// Until the sixteenth session this asked for no wake-up with `wakeup_events = u32::MAX`,
+/// which the kernel reads as -1 and so woke the reader on *every* sample
+/// ([`attr::MAX_WAKEUP_EVENTS`]): 25–35 µs per hit here, where the target's traps (woken once
+/// per `limit` hits) cost 11–16 µs.
+///
+/// With `wake_each`, the measurement keeps that wake-up per hit on purpose
+/// ([`CostModel::Traps`]: about twice the trap alone here, standing in for the costs of a
+/// window that model does not charge separately).
+pub fn measure_hit_cost(n: u32, wake_each: bool) -> Result<Duration, DriverError> {
     let word = Box::into_raw(Box::new(0u64));
     let p = word;
-    // wakeup_events = u32::MAX: no wake-up (the target's events wake once per window).
-    let base = attr::watch(Binding::Attach, u32::MAX);
+    // The target's events wake the reader once per `limit` hits.
+    let wakeup = if wake_each {
+        1
+    } else {
+        attr::MAX_WAKEUP_EVENTS
+    };
+    let base = attr::watch(Binding::Attach, wakeup);
     let a = attr::repoint(&base, p as u64, 8, WatchKind::Write, false);
     let writes = |n: u32| {
         let t0 = thread_cpu_time();
@@ -159,7 +171,7 @@ impl RingWake {
 
     /// New events open on the ring: the first wake-up after `limit` more samples.
     fn rearm(&mut self, limit: u32) {
-        self.wake = (self.count + u64::from(limit)).min(u64::from(u32::MAX)) as u32;
+        self.wake = (self.count + u64::from(limit)).min(u64::from(attr::MAX_WAKEUP_EVENTS)) as u32;
     }
 }
 
@@ -294,6 +306,10 @@ pub struct Watcher {
     /// Launch: windows are inherited into threads created while they count
     /// ([`Watcher::set_inherit`]).
     inherit: bool,
+    /// Context switches of the watched threads while a window is armed, charged to the
+    /// duty cycle at `switch_cost` each ([`crate::switches`]).
+    switches: SwitchTally,
+    switch_cost: Duration,
 }
 
 /// Why a thread of the target could not be watched.
@@ -348,6 +364,8 @@ impl Watcher {
             thread_leaders: BTreeMap::new(),
             window_tids: BTreeSet::new(),
             inherit: false,
+            switches: SwitchTally::default(),
+            switch_cost: SWITCH_COST,
         };
         if let Some(pid) = target {
             w.add_process(pid);
@@ -462,7 +480,7 @@ impl Watcher {
         }
         // Short (CALIBRATION_TRAPS: ≈ 1–1.5 ms): an attached target runs meanwhile, and on
         // laser's first arm so does a launched one, but both share the CPUs with it.
-        let measured = measure_hit_cost(CALIBRATION_TRAPS)?;
+        let measured = measure_hit_cost(CALIBRATION_TRAPS, self.duty.model == CostModel::Traps)?;
         if measured > self.duty.hit_cost {
             self.duty = self.duty.with_hit_cost(measured);
         }
@@ -499,7 +517,7 @@ impl Watcher {
         self.duty
             .max_hits_per_window
             .div_ceil(self.cpus as u64)
-            .clamp(1, u32::MAX as u64) as u32
+            .clamp(1, u64::from(attr::MAX_WAKEUP_EVENTS)) as u32
     }
 
     /// Closes the events of a thread that exited (attach).
@@ -545,7 +563,13 @@ impl Watcher {
         // counting ends before the first event closes or moves, the new one starts after the
         // last opens.
         self.mark(false, now_ns());
+        if self.state.is_armed() {
+            self.charge_switches();
+        }
+        let ops = Instant::now();
         let r = self.arm_inner(specs);
+        self.charge_ops(ops);
+        self.restart_switches();
         // Announce what is counting now, also after a partial failure (some slots
         // re-pointed).
         self.mark(self.state.is_armed(), now_ns());
@@ -1061,7 +1085,14 @@ impl Watcher {
             return Ok(());
         }
         let cpu = self.target_cpu();
-        match self.state.tick(&self.duty, now, new_hits, cpu) {
+        let was_armed = self.state.is_armed();
+        let action = self.state.tick(&self.duty, now, new_hits, cpu);
+        if was_armed {
+            // Read before a closing window forgets its threads.
+            self.charge_switches();
+        }
+        let ops = Instant::now();
+        let r = match action {
             Action::Nothing => Ok(()),
             Action::Rollover => {
                 let r = match self.binding {
@@ -1100,6 +1131,45 @@ impl Watcher {
                 self.mark(false, t);
                 r
             }
+        };
+        // Whatever laser did to its events for this tick is a cost of the window.
+        if action != Action::Nothing {
+            self.charge_ops(ops);
+        }
+        self.restart_switches();
+        r
+    }
+
+    /// Charges the watched threads' context switches since they were last read, over which
+    /// events were armed: each switch-in loaded the debug registers ([`crate::switches`]).
+    /// A thread read for the first time is only noted.
+    fn charge_switches(&mut self) {
+        if self.duty.model != CostModel::Full {
+            return;
+        }
+        let tids: Vec<i32> = match self.binding {
+            Binding::Launch => self.window_tids.iter().copied().collect(),
+            Binding::Attach => self.thread_leaders.values().map(|&(tid, _)| tid).collect(),
+        };
+        let n = self.switches.advance(&tids);
+        self.state.charge_switches(n, self.switch_cost);
+    }
+
+    /// laser's work on the events since `since` ([`CostModel::Full`]).
+    fn charge_ops(&mut self, since: Instant) {
+        if self.duty.model == CostModel::Full {
+            self.state.charge(since.elapsed());
+        }
+    }
+
+    /// After the events changed: armed, the threads watched from now on are noted (those
+    /// already noted are charged what they switched since); not armed, the counts start
+    /// afresh at the next window.
+    fn restart_switches(&mut self) {
+        if self.state.is_armed() {
+            self.charge_switches();
+        } else {
+            self.switches.clear();
         }
     }
 
@@ -1319,7 +1389,7 @@ mod tests {
 
     #[test]
     fn hit_cost_is_measurable_here() {
-        let c = measure_hit_cost(2000).unwrap();
+        let c = measure_hit_cost(2000, false).unwrap();
         eprintln!("one watchpoint hit costs {c:?}");
         // A debug trap + perf overflow handling cannot be free, nor take a millisecond.
         assert!(

@@ -38,7 +38,8 @@
 //! # Rate and its error
 //! `rate = transfers / effective_armed_time`, where `effective_armed_time = armed − trap time`:
 //! each watchpoint hit stops the thread for `trap_cost_ns`: the driver measures it when it opens
-//! its first watchpoint and records it (`Event::WatchCost`, 25–35 µs here with the sample write;
+//! its first watchpoint and records it (`Event::WatchCost`, 25–35 µs here with the sample write and, in the default cost
+//! model, a wake-up per hit, 11–16 µs without;
 //! [`DEFAULT_TRAP_COST_NS`] when a recording has none), so while
 //! armed the threads run slower than unwatched. The most-trapped thread's total trap time is
 //! subtracted (threads trap in parallel). When that is more than half the armed time
