@@ -146,6 +146,13 @@ pub struct MonitorArgs {
     /// Sampling frequency per CPU, in Hz (soft backend). Default: the measured ≤2%-overhead value.
     #[arg(long)]
     pub freq: Option<u64>,
+    /// Launch (soft backend): sample whole CPUs and drop other processes' samples, where the
+    /// machine allows CPU-wide events (root, or perf_event_paranoid ≤ 0), instead of one timer
+    /// per thread: a thread's own timer restarts at every context switch, which on a virtual
+    /// machine costs a program meeting at barriers thousands of times a second several percent.
+    /// Ignored by attach.
+    #[arg(long = "sample-cpus")]
+    pub sample_cpus: bool,
     /// Refine soft-backend estimates with hardware watchpoints on candidate lines.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub watch: bool,

@@ -59,6 +59,7 @@ fn session_config(m: &MonitorArgs) -> Result<Config> {
     let mut config = Config {
         backend,
         watch: m.watch,
+        sample_cpus: m.sample_cpus,
         ..Config::default()
     };
     if let Some(f) = m.freq {

@@ -117,6 +117,26 @@ pub fn soft(binding: Binding, freq: u64, wakeup_bytes: u32) -> b::perf_event_att
     a
 }
 
+/// `cpu-clock` sampling at `freq` Hz of everything that runs on one CPU (opened with pid -1),
+/// disabled until laser enables it: the launch sampler with `Config::sample_cpus`, where the
+/// machine allows CPU-wide events. A task's own cpu-clock event starts its timer whenever the task is switched in and
+/// cancels it when it is switched out, and on a virtual machine each of those reprograms the
+/// timer through a VM exit: two threads meeting at a barrier (one switch per round of
+/// ~35 µs) took 3.5–10 µs more per round with one each, median 7.3 µs
+/// (`scripts/switch-cost --event cpu-clock`, sixteenth session). A CPU's timer runs on
+/// whatever runs; samples of other processes are dropped by the reader.
+/// No side-band records (they would describe every process): the leader ([`tracking`],
+/// inherited by the target) carries those, and this event writes into its ring.
+pub fn soft_cpu_wide(freq: u64) -> b::perf_event_attr {
+    let mut a = base(Binding::Attach);
+    a.type_ = b::PERF_TYPE_SOFTWARE;
+    a.config = b::PERF_COUNT_SW_CPU_CLOCK as u64;
+    a.set_freq(1);
+    a.__bindgen_anon_1.sample_freq = freq;
+    a.set_disabled(1);
+    a
+}
+
 /// A counting (never sampling) cpu-clock event that carries the tracking records and owns
 /// the ring buffer when the session does not sample (watch-only sessions). (The watchpoint
 /// duty cycle reads the target's CPU time from its process clock, not from this count:

@@ -332,6 +332,9 @@ pub struct StreamStats {
     pub lost: u64,
     pub throttles: u64,
     pub records: u64,
+    /// Samples of other processes that CPU-wide sampling took and the reader dropped
+    /// (`Session::launch`); not in `samples` or `records`.
+    pub foreign: u64,
 }
 
 impl StreamStats {

@@ -69,6 +69,11 @@ pub struct Config {
     /// Launch only: what the program gets besides laser's own environment (see
     /// [`launch::ChildSetup`]): `laser run` preloads its allocation recorder this way.
     pub child: launch::ChildSetup,
+    /// Launch, soft backend: sample whole CPUs and drop other processes' samples
+    /// ([`attr::soft_cpu_wide`]) where the machine allows CPU-wide events, instead of one
+    /// timer per thread, which restarts at every context switch. Not the default yet
+    /// (RESULTS, sixteenth session).
+    pub sample_cpus: bool,
 }
 
 impl Default for Config {
@@ -80,6 +85,7 @@ impl Default for Config {
             watch: false,
             duty_cycle: DutyCycle::default(),
             child: launch::ChildSetup::default(),
+            sample_cpus: false,
         }
     }
 }
@@ -163,6 +169,14 @@ pub struct Session {
     /// exit instead of on the next timer tick, so `laser run` ends as soon as the program does.
     /// `None` on older kernels.
     pidfd: Option<OwnedFd>,
+    /// Launch, soft backend, `Config::sample_cpus`, where CPU-wide events are allowed: one
+    /// cpu-clock sampler per
+    /// CPU sampling whatever runs there ([`attr::soft_cpu_wide`]), writing into that CPU's
+    /// leader ring; the leaders only track. Empty: the leaders sample (per task).
+    samplers: Vec<OwnedFd>,
+    /// With CPU-wide samplers: the target's processes (the launched one and those it forked),
+    /// whose samples are kept; every other process's are dropped as they are read.
+    target_pids: BTreeSet<u32>,
 }
 
 impl Session {
@@ -176,10 +190,23 @@ impl Session {
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
-        for cpu in sys::online_cpus()? {
+        let cpus = sys::online_cpus()?;
+        let cpu_wide = config.sample_cpus
+            && config.backend == BackendKind::Soft
+            && cpu_wide_allowed(config.frequency);
+        if cpu_wide {
+            s.leader_attr = attr::tracking(Binding::Launch, wakeup_bytes(Mode::Launched, &config));
+        }
+        for &cpu in &cpus {
             s.open_leader(stopped.pid, cpu as i32, cpu as i64)?;
+            if cpu_wide {
+                s.open_sampler(cpu as i32)?;
+            }
         }
         stopped.release()?;
+        // The exec has happened: from here on the CPUs' samples are the target's when its
+        // pid is theirs.
+        s.samplers.iter().try_for_each(sys::enable)?;
         s.maps_snapshot = read_maps(s.pid).unwrap_or_default();
         Ok(s)
     }
@@ -239,13 +266,7 @@ impl Session {
         config: &Config,
         binding: Binding,
     ) -> Result<Session, DriverError> {
-        let pages = match mode {
-            Mode::Launched => config.buffer_pages,
-            Mode::Attached => (config.buffer_pages / 4).max(8),
-        }
-        .max(1)
-        .next_power_of_two();
-        let wake = (pages * 4096 / 4).min(u32::MAX as usize) as u32;
+        let wake = wakeup_bytes(mode, config);
         // Precise backends sample with their own events; the leader only carries the
         // side-band records and owns the ring they all write into.
         let (leader_attr, source) = match config.backend {
@@ -280,6 +301,8 @@ impl Session {
             start_unix_ns: clock_ns(libc::CLOCK_REALTIME),
             start_perf_ns: clock_ns(libc::CLOCK_MONOTONIC),
             pidfd: pidfd_open(pid),
+            samplers: Vec::new(),
+            target_pids: BTreeSet::from([pid as u32]),
         })
     }
 
@@ -314,6 +337,18 @@ impl Session {
             hup: false,
             _precise: precise,
         });
+        Ok(())
+    }
+
+    /// Launch with CPU-wide sampling: the sampler for `cpu`, writing into the leader just
+    /// opened for it, disabled until the exec.
+    fn open_sampler(&mut self, cpu: i32) -> Result<(), DriverError> {
+        let a = attr::soft_cpu_wide(self.config.frequency);
+        let fd = sys::open(&a, -1, cpu, &format!("cpu-clock sampling of cpu {cpu}"))?;
+        let leader = self.leaders.last().expect("the leader is opened first");
+        sys::set_output(&fd, leader.fd.as_raw_fd())?;
+        self.decoder.add_source(sys::event_id(&fd)?, Source::Soft);
+        self.samplers.push(fd);
         Ok(())
     }
 
@@ -565,7 +600,24 @@ impl Session {
         // CPU time joins the trap budget, and one created while a window counts gets its
         // events now (an attached target's threads are found by `rescan_threads`).
         let follow_forks = matches!(self.mode, Mode::Launched);
+        let cpu_wide = !self.samplers.is_empty();
         for e in batch.drain(..) {
+            if cpu_wide {
+                match &e {
+                    // Another process's sample from a CPU-wide sampler (laser's own threads
+                    // among them): not the target's business.
+                    Event::Sample(s)
+                        if s.watch_slot.is_none() && !self.target_pids.contains(&s.pid) =>
+                    {
+                        self.stats.foreign += 1;
+                        continue;
+                    }
+                    Event::Fork { pid, .. } => {
+                        self.target_pids.insert(*pid);
+                    }
+                    _ => {}
+                }
+            }
             // The end of a window that a spent limit stopped, due right after its hit.
             let mut spent = None;
             match (&e, self.watcher.as_mut()) {
@@ -619,6 +671,12 @@ impl Session {
     }
 
     /// The target's pid.
+    /// Whether the CPUs are sampled whole, other processes' samples dropped as read
+    /// ([`attr::soft_cpu_wide`]), rather than the target's threads each by its own timer.
+    pub fn samples_whole_cpus(&self) -> bool {
+        !self.samplers.is_empty()
+    }
+
     pub fn pid(&self) -> i32 {
         self.pid
     }
@@ -637,10 +695,20 @@ impl Session {
     pub fn header_info(&self) -> HeaderInfo {
         let maps = read_maps(self.pid).unwrap_or_else(|_| self.maps_snapshot.clone());
         let parsed = procinfo::parse_maps(&maps);
-        let mut attrs = vec![AttrInfo {
+        // The sampling event first: with CPU-wide samplers that is theirs, and the leaders
+        // (tracking only) come second.
+        let mut attrs = Vec::new();
+        if !self.samplers.is_empty() {
+            let a = attr::soft_cpu_wide(self.config.frequency);
+            attrs.push(AttrInfo {
+                bytes: attr::to_bytes(&a),
+                description: attr::describe(&a),
+            });
+        }
+        attrs.push(AttrInfo {
             bytes: attr::to_bytes(&self.leader_attr),
             description: attr::describe(&self.leader_attr),
-        }];
+        });
         for a in self.precise.iter().flat_map(PrecisePlan::attrs) {
             attrs.push(AttrInfo {
                 bytes: attr::to_bytes(&a),
@@ -695,6 +763,25 @@ fn checked(config: &Config) -> Result<Config, DriverError> {
 
 /// The kernel rejects `sample_freq` above `perf_event_max_sample_rate` with a bare EINVAL;
 /// say which limit it is and how to raise it instead.
+/// Bytes of records after which a leader wakes the reader: a quarter of its ring.
+fn wakeup_bytes(mode: Mode, config: &Config) -> u32 {
+    let pages = match mode {
+        Mode::Launched => config.buffer_pages,
+        Mode::Attached => (config.buffer_pages / 4).max(8),
+    }
+    .max(1)
+    .next_power_of_two();
+    (pages * 4096 / 4).min(u32::MAX as usize) as u32
+}
+
+/// Whether this machine lets laser sample whole CPUs (`perf_event_paranoid` ≤ 0, or
+/// `CAP_PERFMON`/root): tried with a real open on CPU 0, closed at once. Without, the launch
+/// leaders sample per task as before, and pay a timer reprogramming at every context switch.
+fn cpu_wide_allowed(freq: u64) -> bool {
+    let a = attr::soft_cpu_wide(freq);
+    sys::open(&a, -1, 0, "cpu-clock sampling of cpu 0 (probe)").is_ok()
+}
+
 fn check_frequency(requested: u64, max: Option<u64>) -> Result<(), DriverError> {
     if requested == 0 {
         return Err(DriverError::BadFrequency {

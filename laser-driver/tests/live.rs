@@ -231,6 +231,53 @@ fn launch_samples_both_threads_with_registers_inside_program_text() {
     assert!(h.attrs[0].bytes.len() >= 128);
 }
 
+/// A launched soft session asked to (`Config::sample_cpus`) samples whole CPUs where the
+/// machine allows it (root here, as in CI): a busy process beside the target is sampled too, and its samples are dropped as
+/// they are read; every sample delivered is the target's, and the target is sampled as
+/// often as its own timers would (about 500 Hz of its CPU time).
+#[test]
+fn whole_cpu_sampling_keeps_the_targets_samples_only() {
+    let _serial = exclusive();
+    let t = target();
+    let mut hog = std::process::Command::new("sh")
+        .args(["-c", "while :; do :; done"])
+        .spawn()
+        .unwrap();
+    let cfg = Config {
+        watch: false,
+        sample_cpus: true,
+        ..Config::default()
+    };
+    let mut s = Session::launch(&argv(t, &["0.6", "0"]), &cfg).unwrap();
+    let pid = s.pid() as u32;
+    let whole = s.samples_whole_cpus();
+    let (events, status) = run_to_exit(&mut s);
+    hog.kill().unwrap();
+    hog.wait().unwrap();
+    assert_eq!(status, ExitStatus::Code(0));
+    let n = samples(&events).count() as u64;
+    let foreign = s.stats().foreign;
+    eprintln!("whole CPUs {whole}: {n} samples of the target, {foreign} of others dropped");
+    assert!(
+        samples(&events).all(|x| x.pid == pid),
+        "a sample of another process"
+    );
+    // Two workers for 0.6 s beside a hog on 2 CPUs: ≥ 0.6 s of CPU at 500 Hz, whatever
+    // the sharing.
+    assert!(n >= 150, "{n} samples");
+    if whole {
+        assert!(
+            foreign > 0,
+            "the hog was never sampled: not CPU-wide after all"
+        );
+    } else {
+        // Only where CPU-wide events are refused (perf_event_paranoid > 0 without
+        // CAP_PERFMON): the leaders sample per task and nothing is dropped.
+        assert_eq!(foreign, 0);
+        eprintln!("note: CPU-wide events refused here; per-task sampling checked instead");
+    }
+}
+
 #[test]
 fn launch_reports_exit_status_and_missing_program() {
     let _serial = exclusive();

@@ -340,6 +340,8 @@ pub(crate) fn decode_footer(p: &[u8]) -> Result<TraceFooter, Why> {
             lost,
             throttles,
             records,
+            // Not recorded: samples that were dropped as read were never in the stream.
+            foreign: 0,
         },
         duration_ns,
     })
