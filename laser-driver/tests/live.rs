@@ -469,8 +469,37 @@ fn watchpoints_hit_in_both_threads_at_the_watched_address() {
     };
     let outside: Vec<u64> = hits.iter().filter(|h| !inside(h)).map(|h| h.time).collect();
     eprintln!("{} of {} hits in window margins", outside.len(), hits.len());
-    // Measured here: 1-22 of 4,242-13,482.
-    assert!(outside.len() * 10 <= hits.len(), "{outside:?} {marks:?}");
+    // A window ends at the hit that spends one event's limit (its share of the cap); the
+    // other events trap on until they spend theirs or the reader closes them, outside the
+    // window. So the hits between two announced windows are bounded by what the kernel
+    // lets the other events take, under the cap, not by a share of the run: measured here
+    // 0-603 of 3,350-12,285 hits one test at a time, and once 866 of 7,302 (11.9%), whose
+    // largest gap held about 300.
+    let mut sorted = outside.clone();
+    sorted.sort_unstable();
+    let mut times: Vec<u64> = hits.iter().map(|h| h.time).collect();
+    times.sort_unstable();
+    let mut gap = 0usize;
+    let mut worst = 0usize;
+    let mut next_mark = 0;
+    for t in times {
+        while next_mark < marks.len() && marks[next_mark].0 <= t {
+            if !marks[next_mark].1.is_empty() {
+                gap = 0; // a window opened: the margin before it is over
+            }
+            next_mark += 1;
+        }
+        if sorted.binary_search(&t).is_ok() {
+            gap += 1;
+            worst = worst.max(gap);
+        }
+    }
+    assert!(
+        worst as u64 <= duty.max_hits_per_window,
+        "{worst} hits between two windows, cap {}: {outside:?} {marks:?}",
+        duty.max_hits_per_window
+    );
+    assert!(outside.len() * 4 <= hits.len(), "{outside:?} {marks:?}");
 }
 
 /// A code window: an instruction breakpoint on the instruction after the fixture's store (it
