@@ -170,9 +170,9 @@ pub struct Session {
     /// `None` on older kernels.
     pidfd: Option<OwnedFd>,
     /// Launch, soft backend, `Config::sample_cpus`, where CPU-wide events are allowed: one
-    /// cpu-clock sampler per
-    /// CPU sampling whatever runs there ([`attr::soft_cpu_wide`]), writing into that CPU's
-    /// leader ring; the leaders only track. Empty: the leaders sample (per task).
+    /// cpu-clock sampler per CPU sampling whatever runs there ([`attr::soft_cpu_wide`]),
+    /// writing into that CPU's leader ring; the leaders only track. Empty: the leaders
+    /// sample (per task).
     samplers: Vec<OwnedFd>,
     /// With CPU-wide samplers: the target's processes (the launched one and those it forked),
     /// whose samples are kept; every other process's are dropped as they are read.

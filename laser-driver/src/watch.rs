@@ -307,9 +307,8 @@ pub struct Watcher {
     /// ([`Watcher::set_inherit`]).
     inherit: bool,
     /// Context switches of the watched threads while a window is armed, charged to the
-    /// duty cycle at `switch_cost` each ([`crate::switches`]).
+    /// duty cycle at [`SWITCH_COST`] each ([`crate::switches`]).
     switches: SwitchTally,
-    switch_cost: Duration,
 }
 
 /// Why a thread of the target could not be watched.
@@ -365,7 +364,6 @@ impl Watcher {
             window_tids: BTreeSet::new(),
             inherit: false,
             switches: SwitchTally::default(),
-            switch_cost: SWITCH_COST,
         };
         if let Some(pid) = target {
             w.add_process(pid);
@@ -1152,7 +1150,7 @@ impl Watcher {
             Binding::Attach => self.thread_leaders.values().map(|&(tid, _)| tid).collect(),
         };
         let n = self.switches.advance(&tids);
-        self.state.charge_switches(n, self.switch_cost);
+        self.state.charge_switches(n, SWITCH_COST);
     }
 
     /// laser's work on the events since `since` ([`CostModel::Full`]).
