@@ -36,17 +36,15 @@ pub struct SwitchTally {
 }
 
 impl SwitchTally {
-    /// Switches of `tids` since they were last read: each thread read for the first time
-    /// (or gone) adds none. With more than [`MAX_READ`] threads, an estimate from the first
-    /// of them.
-    pub fn advance(&mut self, tids: &[i32]) -> u64 {
-        let mut tids = tids.to_vec();
-        tids.sort_unstable();
-        tids.dedup();
+    /// Switches of `tids` (distinct, in ascending order: the watcher's sets of them are
+    /// ordered already) since they were last read: each thread read for the first time (or
+    /// gone) adds none. With more than [`MAX_READ`] threads, an estimate from the first of
+    /// them.
+    pub fn advance(&mut self, tids: impl ExactSizeIterator<Item = i32>) -> u64 {
         let total = tids.len();
-        tids.truncate(MAX_READ);
+        let read = total.min(MAX_READ);
         let mut switches = 0;
-        for &tid in &tids {
+        for tid in tids.take(MAX_READ) {
             match switch_ins(tid) {
                 Some(now) => {
                     if let Some(before) = self.seen.insert(tid, now) {
@@ -58,8 +56,8 @@ impl SwitchTally {
                 }
             }
         }
-        if total > tids.len() && !tids.is_empty() {
-            switches = switches * total as u64 / tids.len() as u64;
+        if total > read {
+            switches = switches * total as u64 / read as u64;
         }
         switches
     }
@@ -102,13 +100,21 @@ mod tests {
             .join()
             .unwrap();
         let mut tally = SwitchTally::default();
-        assert_eq!(tally.advance(&[me, gone]), 0, "first read: a baseline");
+        assert_eq!(
+            tally.advance([me, gone].into_iter()),
+            0,
+            "first read: a baseline"
+        );
         for _ in 0..20 {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let n = tally.advance(&[me, gone]);
+        let n = tally.advance([me, gone].into_iter());
         assert!((20..200).contains(&n), "{n} switch-ins for 20 sleeps");
         tally.clear();
-        assert_eq!(tally.advance(&[me]), 0, "cleared: a baseline again");
+        assert_eq!(
+            tally.advance([me].into_iter()),
+            0,
+            "cleared: a baseline again"
+        );
     }
 }

@@ -1145,11 +1145,13 @@ impl Watcher {
         if self.duty.model != CostModel::Full {
             return;
         }
-        let tids: Vec<i32> = match self.binding {
-            Binding::Launch => self.window_tids.iter().copied().collect(),
-            Binding::Attach => self.thread_leaders.values().map(|&(tid, _)| tid).collect(),
+        // Both sets are ordered by thread id (an attached thread's key is its id).
+        let n = match self.binding {
+            Binding::Launch => self.switches.advance(self.window_tids.iter().copied()),
+            Binding::Attach => self
+                .switches
+                .advance(self.thread_leaders.values().map(|&(tid, _)| tid)),
         };
-        let n = self.switches.advance(&tids);
         self.state.charge_switches(n, SWITCH_COST);
     }
 
