@@ -479,6 +479,7 @@ mod tests {
             inferred: false,
             armed_s,
             effective_s: armed_s,
+            stand_in_s: 0.0,
             clamped: false,
             stores_only: false,
             code: false,

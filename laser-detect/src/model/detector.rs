@@ -925,6 +925,17 @@ impl<C: CodeSource> Detector<C> {
                 armed * 1e3,
                 self.estimator.trap_cost_ns() as f64 / 1e3
             ));
+            let stand_in: f64 = informative().map(|e| e.stand_in_s).sum();
+            if stand_in > 0.0 {
+                let n = informative().filter(|e| e.stand_in_s > 0.0).count();
+                notes.push(format!(
+                    "{n} line(s) also rated over the {:.1} ms of cooldowns after their \
+                     windows, at the rate each window measured (a window on a busy line ends \
+                     at its trap cap and the next comes after the cooldown that pays for it: \
+                     counting armed time alone would under-rate lines contended in phases)",
+                    stand_in * 1e3
+                ));
+            }
             if estimates.iter().any(|e| e.inferred) {
                 notes.push(
                     "watch windows not recorded: armed time inferred from first to last hit \

@@ -36,7 +36,8 @@
 //! of true sharing, [`crate::model::recent`]), false sharing otherwise.
 //!
 //! # Rate and its error
-//! `rate = transfers / effective_armed_time`, where `effective_armed_time = armed − trap time`:
+//! `rate = transfers / effective_armed_time` (with the cooldowns' credit, below), where
+//! `effective_armed_time = armed − trap time`:
 //! each watchpoint hit stops the thread for `trap_cost_ns`: the driver measures it when it opens
 //! its first watchpoint and records it (`Event::WatchCost`, 25–35 µs here with the sample write and, in the default cost
 //! model, a wake-up per hit, 11–16 µs without;
@@ -63,6 +64,29 @@
 //!   `transfers · max_hits · δ / effective²`; with trap time ≪ armed time it is negligible;
 //! - threads are not cores: two threads time-sharing one core exchange no line, but are
 //!   counted (rare for the busy threads that contend).
+//!
+//! # Cooldowns
+//! Windows are not spread evenly over a line's life. A window on a contended line ends at its
+//! trap cap in under a millisecond and the duty cycle then disarms for the ~100 ms its traps
+//! must be paid for; a window on a quiet line costs nothing and rolls over at once. A line
+//! contended in phases is thus armed for ~1% of its contended time and all of its quiet
+//! time, and transfers per armed second under-rate it up to a hundredfold (parsec
+//! streamcluster's work_mem line, sixteenth session: three windows at ~100,000/s and 220 ms
+//! of quiet ones read 585/s, under the threshold in a third of the runs). Yet windows come
+//! at about the same pace in either phase, one per ~100 ms: a window *stands for* its armed
+//! time and the cooldown after it. So each window's cooldown (the time until the next window
+//! on any line was armed, at most [`MAX_STAND_IN_NS`]) is credited with the transfers the
+//! window's own rate gives it:
+//!
+//! ```text
+//!   rate = Σ_w transfers_w · (armed_w + cooldown_w) / armed_w  /  Σ_w (armed_w + cooldown_w)
+//! ```
+//!
+//! (then the trap-time correction below), which is transfers per armed second when no window
+//! was followed by a cooldown. A window that saw fewer than [`MIN_STAND_IN_TRANSFERS`]
+//! transfers measured no rate worth stretching (one stray transfer in a 0.4 ms window would
+//! stand for 2,500/s over 100 ms): its cooldown is not credited at all, as before.
+//! `LineEstimate::stand_in_s` is the cooldown time credited.
 //!
 //! # Store-only windows
 //! A survey window ([`crate::model::survey`]) traps on stores only: the history lacks the loads, so
@@ -109,6 +133,16 @@ pub const MAX_TRAP_SHARE: f64 = 0.5;
 /// Default cost of one watchpoint trap (measured on this machine, DESIGN.md).
 pub const DEFAULT_TRAP_COST_NS: u64 = 4_500;
 
+/// Longest cooldown a window stands in for: twice the driver's default window. A cooldown
+/// pays for a window's traps in about one window's length (laser-driver's `duty`); a longer
+/// gap before the next window is time nothing was armed for other reasons (the target
+/// blocked, nothing left to watch), of which the window says nothing.
+pub const MAX_STAND_IN_NS: u64 = 200_000_000;
+
+/// Fewest transfers a window must have counted for its rate to stand in for the cooldown
+/// after it (module doc, "Cooldowns"): with 8, the window's rate is known to ±35%.
+pub const MIN_STAND_IN_TRANSFERS: u64 = 8;
+
 /// What the windows of one kind (read+write, or store-only) saw on a line.
 #[derive(Clone, Debug, Default)]
 struct Tally {
@@ -152,6 +186,9 @@ struct LineEst {
     /// and whether each watched stores only.
     windows: Vec<(u64, u64)>,
     stores_only: Vec<bool>,
+    /// Transfers counted in each window (parallel to `windows`): the per-window rates that
+    /// stand in for the cooldowns after them ("Cooldowns" in the module doc).
+    win_transfers: Vec<u64>,
     /// The window the previous observed access fell in (state resets when it changes).
     cur: Option<usize>,
     /// Latest access time seen (closes an open window at `estimates` time).
@@ -201,6 +238,9 @@ pub struct LineEstimate {
     /// Armed time less the most-trapped thread's trap time (the armed time when `clamped`), of
     /// the kind of window the rate is from (`armed_s` sums both kinds).
     pub effective_s: f64,
+    /// Cooldown time after the line's windows credited with the rate those windows measured
+    /// (module doc, "Cooldowns"), of the kind the rate is from.
+    pub stand_in_s: f64,
     /// The trap time exceeded [`MAX_TRAP_SHARE`] of the armed time: no correction was made
     /// and the rate is a lower bound.
     pub clamped: bool,
@@ -236,6 +276,9 @@ pub struct Estimator {
     code_hits: Vec<(u32, u64)>,
     /// Latest code access seen (closes an open code window at `estimates` time).
     code_last: u64,
+    /// Times at which windows (of any kind, on any line) were armed, in order: where the
+    /// cooldown after a window ends.
+    arms: Vec<u64>,
 }
 
 impl Estimator {
@@ -247,6 +290,7 @@ impl Estimator {
             code_windows: Vec::new(),
             code_hits: Vec::new(),
             code_last: 0,
+            arms: Vec::new(),
         }
     }
 
@@ -299,6 +343,14 @@ impl Estimator {
         }
         l.windows.push((time, u64::MAX));
         l.stores_only.push(stores_only);
+        l.win_transfers.push(0);
+        self.armed_at(time);
+    }
+
+    fn armed_at(&mut self, time: u64) {
+        if self.arms.last() != Some(&time) {
+            self.arms.push(time);
+        }
     }
 
     /// The watchpoints on the line were disarmed at `time`.
@@ -317,6 +369,7 @@ impl Estimator {
             end: u64::MAX,
             pcs,
         });
+        self.armed_at(time);
     }
 
     /// The open code window (if any) closed at `time`.
@@ -491,10 +544,12 @@ impl Estimator {
 
     /// Estimates for every line that had at least one closed window.
     pub fn estimates(&self) -> Vec<LineEstimate> {
+        let mut arms = self.arms.clone();
+        arms.sort_unstable();
         let mut v: Vec<LineEstimate> = self
             .lines
             .iter()
-            .filter_map(|(&line, l)| self.estimate(line, l))
+            .filter_map(|(&line, l)| self.estimate(line, l, &arms))
             .collect();
         v.sort_by(|a, b| b.rate_per_s.total_cmp(&a.rate_per_s));
         v
@@ -502,16 +557,28 @@ impl Estimator {
 
     /// The line's estimate: of its read+write and its store-only windows, the kind that
     /// measured the higher rate (both are lower bounds when they differ; see the module doc).
-    fn estimate(&self, line: u64, l: &LineEst) -> Option<LineEstimate> {
-        // Armed time per kind; an open window counts up to the last access seen in it.
+    fn estimate(&self, line: u64, l: &LineEst, arms: &[u64]) -> Option<LineEstimate> {
+        // Armed time per kind; an open window counts up to the last access seen in it. And
+        // per kind the cooldowns after windows, credited with the window's own rate
+        // ("Cooldowns" in the module doc): transfers and time with them.
         let mut armed_ns = [0u64; 3];
+        let mut stand_in_ns = [0u64; 3];
+        let mut stand_in_transfers = [0f64; 3];
         match l.implicit {
             Some((a, b)) => armed_ns[READ_WRITE] = b - a,
             None => {
                 for (i, &(s, e)) in l.windows.iter().enumerate() {
-                    let e = if e == u64::MAX { l.last_time.max(s) } else { e };
+                    let open = e == u64::MAX;
+                    let e = if open { l.last_time.max(s) } else { e };
                     let kind = usize::from(l.stores_only.get(i).copied().unwrap_or(false));
                     armed_ns[kind] += e - s;
+                    let t = l.win_transfers.get(i).copied().unwrap_or(0);
+                    if open || e == s || t < MIN_STAND_IN_TRANSFERS {
+                        continue;
+                    }
+                    let g = cooldown_after(arms, e);
+                    stand_in_ns[kind] += g;
+                    stand_in_transfers[kind] += t as f64 * g as f64 / (e - s) as f64;
                 }
             }
         }
@@ -546,7 +613,12 @@ impl Estimator {
             // than 20%): give the uncorrected rate, a lower bound, instead.
             let clamped = trap > armed * MAX_TRAP_SHARE;
             let effective = if clamped { armed } else { armed - trap };
-            (t.transfers as f64 / effective, armed, effective, clamped)
+            // The cooldowns' transfers are at the windows' own (uncorrected) rates: the
+            // correction scales the whole.
+            let stand_in = stand_in_ns[kind] as f64 * 1e-9;
+            let rate = (t.transfers as f64 + stand_in_transfers[kind]) / (armed + stand_in)
+                * (armed / effective);
+            (rate, stand_in, effective, clamped)
         };
         let kinds: Vec<usize> = (0..3).filter(|&k| armed_ns[k] > 0).collect();
         // Read+write first: on a tie (both 0) the exact kind speaks.
@@ -554,7 +626,7 @@ impl Estimator {
             .iter()
             .copied()
             .max_by(|&a, &b| rated(a).0.total_cmp(&rated(b).0).then(b.cmp(&a)))?;
-        let (rate, _, effective, clamped) = rated(kind);
+        let (rate, stand_in, effective, clamped) = rated(kind);
         let t = &l.tallies[kind];
         let mut per_pc = t.per_pc.clone();
         per_pc.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -575,6 +647,7 @@ impl Estimator {
             inferred: l.implicit.is_some(),
             armed_s: armed_ns.iter().sum::<u64>() as f64 * 1e-9,
             effective_s: effective,
+            stand_in_s: stand_in,
             clamped,
             stores_only: kind == STORES_ONLY,
             code: kind == CODE,
@@ -588,6 +661,14 @@ impl Estimator {
             per_pc,
         })
     }
+}
+
+/// The cooldown after a window that ended at `end`: the time until the next window (of any
+/// kind, on any line) was armed (`arms`, sorted), at most [`MAX_STAND_IN_NS`]; 0 when none
+/// was armed after it (the run's last window, or one still open).
+fn cooldown_after(arms: &[u64], end: u64) -> u64 {
+    let i = arms.partition_point(|&t| t < end);
+    arms.get(i).map_or(0, |&t| (t - end).min(MAX_STAND_IN_NS))
 }
 
 /// A new window on the line: the coherence state restarts unknown. `exchange` is kept: which
@@ -643,6 +724,11 @@ fn account(l: &mut LineEst, line: u64, line_size: u64, a: &Access, kind: usize) 
         match tally.per_pc.iter_mut().find(|p| p.0 == a.pc) {
             Some(p) => p.1 += 1,
             None => tally.per_pc.push((a.pc, 1)),
+        }
+        if kind != CODE {
+            if let Some(n) = l.cur.and_then(|w| l.win_transfers.get_mut(w)) {
+                *n += 1;
+            }
         }
     }
     if a.op.writes() {
@@ -705,6 +791,94 @@ mod tests {
         assert!((r.rate_per_s - 199_000.0).abs() < 1e-6);
         assert_eq!(r.per_pc.len(), 2);
         assert_eq!(r.per_pc.iter().map(|p| p.1).sum::<u64>(), 199);
+    }
+
+    /// A line contended in phases (module doc, "Cooldowns"):
+    /// ```text
+    ///   [0, 0.5 ms)         T1, T2 alternate 50 stores: 99 transfers, then the duty cycle
+    ///                       cools down until 100.5 ms (another line's window arms then)
+    ///   [100.5, 300.5 ms)   two quiet windows on the line, rolled over: no transfer
+    /// ```
+    /// The first window stands for 100.5 ms at its 198,000/s: (99 + 198,000 × 0.1) /
+    /// 0.3005 s = 66,218/s. Transfers per armed second would say 99 / 0.2005 s = 494/s, under
+    /// the default threshold for a line that is contended a third of the time.
+    #[test]
+    fn a_window_stands_in_for_the_cooldown_after_it() {
+        let mut e = Estimator::new(64).with_trap_cost(0);
+        e.begin_window(L, 0);
+        for i in 0..50u64 {
+            e.observe(&a(1, Op::Store, 0, 10 * i));
+            e.observe(&a(2, Op::Store, 8, 10 * i + 5));
+        }
+        e.end_window(L, 500_000);
+        e.begin_window(0x9000, 100_500_000);
+        e.end_window(0x9000, 100_500_000);
+        e.begin_window(L, 100_500_000);
+        e.end_window(L, 200_500_000);
+        e.begin_window(L, 200_500_000);
+        e.observe(&a(1, Op::Store, 0, 200_600_000));
+        e.end_window(L, 300_500_000);
+        let r = e
+            .estimates()
+            .into_iter()
+            .find(|r| r.line_addr == L)
+            .unwrap();
+        assert_eq!((r.transfers, r.windows), (99, 3));
+        assert!((r.stand_in_s - 0.1).abs() < 1e-12, "{r:?}");
+        assert!((r.armed_s - 0.2005).abs() < 1e-12, "{r:?}");
+        let want = (99.0 + 198_000.0 * 0.1) / 0.3005;
+        assert!(
+            (r.rate_per_s - want).abs() < 1e-6,
+            "{} vs {want}",
+            r.rate_per_s
+        );
+    }
+
+    /// Cooldowns are credited only after windows whose rate means something, and for at most
+    /// [`MAX_STAND_IN_NS`]; the run's last window has none.
+    #[test]
+    fn sparse_windows_and_long_gaps_stand_in_for_little() {
+        // One transfer in 0.4 ms, then 100 ms of nothing armed: not stretched to 2,500/s over
+        // the gap, the rate stays 1 / 0.4 ms as before.
+        let mut e = Estimator::new(64).with_trap_cost(0);
+        e.begin_window(L, 0);
+        e.observe(&a(1, Op::Store, 0, 10));
+        e.observe(&a(2, Op::Store, 8, 20));
+        e.end_window(L, 400_000);
+        e.begin_window(0x9000, 100_400_000);
+        let r = e
+            .estimates()
+            .into_iter()
+            .find(|r| r.line_addr == L)
+            .unwrap();
+        assert_eq!((r.transfers, r.stand_in_s), (1, 0.0));
+        assert!((r.rate_per_s - 2_500.0).abs() < 1e-6, "{r:?}");
+        // Nine transfers in 1 ms, then 5 s until the next window: credited 200 ms.
+        let nine = |e: &mut Estimator| {
+            e.begin_window(L, 0);
+            for i in 0..5u64 {
+                e.observe(&a(1, Op::Store, 0, 10 * i));
+                e.observe(&a(2, Op::Store, 8, 10 * i + 5));
+            }
+            e.end_window(L, 1_000_000);
+        };
+        let mut e = Estimator::new(64).with_trap_cost(0);
+        nine(&mut e);
+        e.begin_window(0x9000, 5_001_000_000);
+        let r = e
+            .estimates()
+            .into_iter()
+            .find(|r| r.line_addr == L)
+            .unwrap();
+        assert_eq!(r.transfers, 9);
+        assert!((r.stand_in_s - 0.2).abs() < 1e-12, "{r:?}");
+        assert!((r.rate_per_s - 9_000.0).abs() < 1e-6, "{r:?}");
+        // The same window last in the run: nothing after it to stand in for.
+        let mut e = Estimator::new(64).with_trap_cost(0);
+        nine(&mut e);
+        let r = est(&e);
+        assert_eq!(r.stand_in_s, 0.0);
+        assert!((r.rate_per_s - 9_000.0).abs() < 1e-6, "{r:?}");
     }
 
     /// ```text
