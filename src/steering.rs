@@ -13,6 +13,15 @@
 //! [`SURVEY_TURN`] of *counting* time (a cooldown of the trap budget does not use it up) or
 //! [`SURVEY_WINDOWS`] windows' worth of hits: enough to see two threads on a line contended
 //! at the report threshold, little enough to fit many lines into the budget.
+//!
+//! Two views a single kind of window lacks:
+//! - a store-only survey turn whose last window one thread filled with its stores is followed
+//!   by one read+write *probe* window at the edges of those stores
+//!   (`Detector::edge_probe`): a neighbour that only reads there is invisible to store-only
+//!   windows;
+//! - a candidate line whose read+write windows are filled by reads (trap time over half the
+//!   armed time) alternates between read+write and store-only turns: stores that come a few
+//!   times a millisecond fall between read-filled windows.
 
 use std::time::{Duration, Instant};
 
@@ -50,6 +59,9 @@ const SURVEY_REFRESH: Duration = Duration::from_millis(300);
 /// whole run stays within the 2–3% goal on programs that copy with `rep movs`. As a share of
 /// the trap budget (`--watch-budget`): 1.5% at the default 2%.
 const ARMED_COST_SHARE: f64 = 0.75;
+/// A line whose edges were probed ([`Detector::edge_probe`]) is probed again after this
+/// long at the earliest.
+const PROBE_REFRESH: Duration = Duration::from_secs(1);
 /// How often the globals are read again for heap pointers (programs allocate as they go).
 const POINTERS_EVERY: Duration = Duration::from_millis(200);
 /// An instruction given a code turn gets the next one this long after at the earliest: a few
@@ -91,6 +103,9 @@ enum Turn {
     /// A data window on the line a code turn has just seen contended, while it is hot
     /// ([`Detector::code_front`]); the code turn resumes after it.
     Front,
+    /// One read+write window at the edges of what one thread stored in a store-only survey
+    /// turn ([`Detector::edge_probe`]).
+    Probe,
 }
 
 #[derive(Default)]
@@ -114,6 +129,10 @@ pub struct Steering {
     /// Candidate lines whose read+write windows trapped on most accesses: watched for
     /// stores only from then on.
     read_hot: Vec<u64>,
+    /// Candidate lines whose read+write windows trapped on most accesses where windows end
+    /// at their cap: their turns alternate between store-only (`true`: the last one was)
+    /// and read+write windows.
+    alternating: HashMap<u64, bool>,
     /// The survey tier ([`SurveySource::ALL`] index) whose turn is next.
     next_tier: usize,
     /// When steering started, and the time any turn has kept the watchpoints armed since.
@@ -128,6 +147,10 @@ pub struct Steering {
     following: Option<(Vec<u64>, u32)>,
     /// Whether the watchpoints were counting at the last step (not cooling down).
     counting: bool,
+    /// The line the armed store-only survey turn watches, and lines whose edges were
+    /// probed, with when.
+    surveying: Option<u64>,
+    probed: HashMap<u64, Instant>,
 }
 
 impl Steering {
@@ -156,7 +179,7 @@ impl Steering {
             // own deadline.
             Some((Turn::Code, _)) if self.counting => Some(MOVING_POLL),
             Some((Turn::Code | Turn::Front, _)) => None,
-            Some((Turn::Survey, _)) => Some(SURVEY_TURN / 2),
+            Some((Turn::Survey | Turn::Probe, _)) => Some(SURVEY_TURN / 2),
             _ => None,
         }
     }
@@ -220,6 +243,7 @@ impl Steering {
             self.begin_turn(Turn::Front, now, hits);
             return Ok(());
         }
+        let was_survey = matches!(self.turn, Some((Turn::Survey, _)));
         let over = match self.turn {
             // A front window ends with its duty window: after the cooldown the line it
             // watched is cold, and the code turn must find the new one.
@@ -228,6 +252,13 @@ impl Steering {
                     || self.counted >= FRONT_TURN
                     || hits.saturating_sub(self.hits_at_start)
                         >= SURVEY_WINDOWS * watcher.duty_cycle().max_hits_per_window
+            }
+            // One window: its edges are all it asks about.
+            Some((Turn::Probe, _)) => {
+                !counting
+                    || self.counted >= SURVEY_TURN
+                    || hits.saturating_sub(self.hits_at_start)
+                        >= watcher.duty_cycle().max_hits_per_window
             }
             Some((Turn::Survey | Turn::Code, _)) => {
                 self.counted >= SURVEY_TURN
@@ -249,6 +280,31 @@ impl Steering {
             }
         }
         self.following = None;
+        // A store-only survey turn whose last window one thread filled with its stores: a
+        // read+write window at the edges of those stores next (`Detector::edge_probe`), for
+        // a neighbour that only reads, which store-only windows cannot see (Phoenix
+        // histogram -O0: one thread reads its header every pixel from the line where the
+        // other increments a counter on 4% of them). Once per line per PROBE_REFRESH.
+        let probe = self
+            .surveying
+            .take()
+            .filter(|_| was_survey && hits > self.hits_at_start && watcher.last_hitters() == 1);
+        if let Some(line) = probe {
+            let due = self
+                .probed
+                .get(&line)
+                .is_none_or(|at| now.duration_since(*at) >= PROBE_REFRESH);
+            if let Some(c) = detector.edge_probe(line).filter(|_| due) {
+                self.probed.insert(line, now);
+                let specs = watch_specs(&c, WatchKind::ReadWrite);
+                watcher
+                    .arm(&specs)
+                    .with_context(|| format!("arming an edge probe on line {line:#x}"))?;
+                self.idle = false;
+                self.begin_turn(Turn::Probe, now, hits);
+                return Ok(());
+            }
+        }
         // Code turns take every other turn while an instruction is due for one.
         if !matches!(self.turn, Some((Turn::Code | Turn::Front, _))) {
             let threshold = self.threshold.unwrap_or(DEFAULT_THRESHOLD);
@@ -287,7 +343,10 @@ impl Steering {
             None
         };
         let (c, turn) = match survey {
-            Some(c) => (c, Turn::Survey),
+            Some(c) => {
+                self.surveying = Some(c.line_addr);
+                (c, Turn::Survey)
+            }
             None if !due.is_empty() => {
                 let c = due[self.next % due.len()].clone();
                 self.next = self.next.wrapping_add(1);
@@ -316,14 +375,36 @@ impl Steering {
         // on. Where it does (launch and attach windows), read+write windows go on: a line one thread stores to and another
         // reads hot is contended by those reads, and store-only windows see one thread only
         // (Phoenix linear_regression -O0 missed 1 run in 16 that way; 0 in 12 without).
+        // But read+write windows on a line two threads read hot are filled by those reads in
+        // a fraction of a millisecond, and a store that comes a few times a millisecond
+        // (Phoenix kmeans' `modified`, on the line of the `dim` both threads read in their
+        // inner loop) falls between them: one run in ten had a dozen such windows and no
+        // transfer, while store-only windows see both threads' stores. Such a line's turns
+        // alternate between the two kinds; each kind is rated apart and the larger rate is
+        // the line's (`laser_detect::model::estimate`, "Store-only windows").
         let demote = !watcher.caps_windows();
         for e in &estimates {
-            if demote && e.clamped && !e.stores_only && !self.read_hot.contains(&e.line_addr) {
-                self.read_hot.push(e.line_addr);
+            if e.clamped && !e.stores_only {
+                if demote && !self.read_hot.contains(&e.line_addr) {
+                    self.read_hot.push(e.line_addr);
+                } else if !demote {
+                    self.alternating.entry(e.line_addr).or_insert(false);
+                }
             }
         }
         let kind = match turn {
-            Turn::Candidate if !self.read_hot.contains(&c.line_addr) => WatchKind::ReadWrite,
+            Turn::Candidate if self.read_hot.contains(&c.line_addr) => WatchKind::Write,
+            Turn::Candidate => match self.alternating.get_mut(&c.line_addr) {
+                Some(stores) => {
+                    *stores = !*stores;
+                    if *stores {
+                        WatchKind::Write
+                    } else {
+                        WatchKind::ReadWrite
+                    }
+                }
+                None => WatchKind::ReadWrite,
+            },
             _ => WatchKind::Write,
         };
         let specs = watch_specs(&c, kind);

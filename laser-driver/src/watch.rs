@@ -281,6 +281,8 @@ pub struct Watcher {
     /// event per slot): those that may have spent it, and the hit that did ends the counting
     /// window ([`Watcher::note_hit`])…
     trapped: BTreeMap<(i64, u8, u32), u64>,
+    /// Threads whose hits the last window that had any was ended with ([`Watcher::last_hitters`]).
+    last_hitters: usize,
     /// …unless samples were lost: then any event may have trapped unseen.
     trapped_unknown: bool,
     /// When the events' limits were last all set (sample clock, ns), and later, per
@@ -356,6 +358,7 @@ impl Watcher {
             nofile_raised: false,
             unwatched: BTreeMap::new(),
             trapped: BTreeMap::new(),
+            last_hitters: 0,
             trapped_unknown: false,
             limits_since: 0,
             renewed_since: BTreeMap::new(),
@@ -635,6 +638,7 @@ impl Watcher {
 
     /// Every event closed or disabled is past: the next hits count toward fresh limits.
     fn limits_reset(&mut self) {
+        self.note_hitters();
         self.trapped.clear();
         self.limits_since = now_ns();
         self.renewed_since.clear();
@@ -685,6 +689,7 @@ impl Watcher {
 
     /// (thread, slot) of the events that trapped, forgetting them: their limits are set anew.
     fn take_trapped(&mut self) -> BTreeSet<(i64, u8)> {
+        self.note_hitters();
         let t = std::mem::take(&mut self.trapped);
         t.into_keys().map(|(key, slot, _)| (key, slot)).collect()
     }
@@ -1039,6 +1044,22 @@ impl Watcher {
         &self.unwatched
     }
 
+    /// Before the hit counts are forgotten: how many threads the window's hits came from.
+    fn note_hitters(&mut self) {
+        let mut tids: Vec<i64> = self.trapped.keys().map(|k| k.0).collect();
+        tids.dedup();
+        if !tids.is_empty() {
+            self.last_hitters = tids.len();
+        }
+    }
+
+    /// How many threads trapped in the last window that had hits (counted when its limits
+    /// were last reset, at its end or rollover; 0 before any): a survey that filled a
+    /// window with one thread's stores has learnt what more of the same would teach.
+    pub fn last_hitters(&self) -> usize {
+        self.last_hitters
+    }
+
     /// True while the watchpoints are counting (armed and not cooling down).
     pub fn is_counting(&self) -> bool {
         self.state.is_armed()
@@ -1220,6 +1241,7 @@ impl Watcher {
             // (a time mark set here, after the enables, once dropped the first hits of a
             // fresh window, and the kernel's spend came unseen: windows of 200 ms counted
             // dead on an attached fs). Renewed events get their own mark (`reopen_attached`).
+            self.note_hitters();
             self.trapped.clear();
             self.state.limits_renewed();
             self.trapped_unknown = false;

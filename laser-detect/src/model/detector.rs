@@ -434,6 +434,12 @@ impl<C: CodeSource> Detector<C> {
                 e.0 |= bytes;
                 e.1 += 1;
             }
+            let watched = words
+                .iter()
+                .filter(|w| w.0 .0 & mask == line)
+                .fold(0u128, |b, &((a, len), _)| {
+                    b | byte_mask((a - line) as u32, u32::from(len))
+                });
             let stores_only = words.iter().filter(|w| w.0 .0 & mask == line).all(|w| w.1);
             if is_front {
                 self.estimator.begin_front_window(line, time, stores_only);
@@ -442,6 +448,7 @@ impl<C: CodeSource> Detector<C> {
             } else {
                 self.estimator.begin_window(line, time);
             }
+            self.estimator.note_watched(line, watched);
         }
         self.watched_lines = lines;
     }
@@ -1024,6 +1031,19 @@ impl<C: CodeSource> Detector<C> {
     pub fn candidates(&self, max_lines: usize) -> Vec<WatchCandidate> {
         let original = |l: &&LineStat| split_copy(l.line_addr).0 == 0;
         crate::model::candidates::candidates(self.model.contended().filter(original), max_lines)
+    }
+
+    /// Read+write words at the edges of what the one thread seen on `line` stores there
+    /// (`Estimator::edge_probe`): where a neighbour that only reads would be.
+    pub fn edge_probe(&self, line: u64) -> Option<WatchCandidate> {
+        if split_copy(line).0 != 0 {
+            return None;
+        }
+        let words = self.estimator.edge_probe(line)?;
+        Some(WatchCandidate {
+            line_addr: line,
+            words,
+        })
     }
 
     /// Where the open code window last saw contention (`Estimator::code_front`): the line and

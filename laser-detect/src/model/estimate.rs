@@ -210,6 +210,10 @@ struct LineEst {
     front: bool,
     /// Threads seen in the current window.
     window_tids: Vec<u32>,
+    /// Per thread, the bytes its hits in data windows touched, and whether it stored, and
+    /// the bytes data windows watched ([`Estimator::edge_probe`]).
+    hit_bytes: Vec<(u32, u128, bool)>,
+    watched: u128,
     /// No window was ever announced for this line (a replayed recording): the window is
     /// inferred as first..last observed access.
     implicit: Option<(u64, u64)>,
@@ -353,6 +357,13 @@ impl Estimator {
         }
     }
 
+    /// The data windows on `line_addr`'s line watch `bytes` of it (bit n = byte n).
+    pub fn note_watched(&mut self, line_addr: u64, bytes: u128) {
+        if let Some(l) = self.lines.get_mut(&self.line_of(line_addr)) {
+            l.watched |= bytes;
+        }
+    }
+
     /// The watchpoints on the line were disarmed at `time`.
     pub fn end_window(&mut self, line_addr: u64, time: u64) {
         if let Some(l) = self.lines.get_mut(&self.line_of(line_addr)) {
@@ -419,6 +430,53 @@ impl Estimator {
             None if !full => l.code_words.push((a.tid, word, a.op.writes())),
             None => {}
         }
+    }
+
+    /// Words to watch for reads and writes at the edges of what one thread stores on `line`,
+    /// when every data window there saw that thread alone, storing. At each edge of its bytes,
+    /// two slots: the edge slot and the one beyond where the slot beyond was watched and not
+    /// hit (the thread's data ends there), else the two beyond (its data may go on into
+    /// bytes no window watched). Two threads' data meet at such an edge (false sharing is
+    /// neighbours), and a store-only survey window there is filled by the storer's stores and
+    /// cannot see a neighbour that only reads. `None` when some window saw another thread,
+    /// the thread only loaded, or its bytes leave no edge on the line.
+    pub fn edge_probe(&self, line: u64) -> Option<Vec<(u64, u32)>> {
+        let l = self.lines.get(&self.line_of(line))?;
+        let &[(_, bytes, true)] = l.hit_bytes.as_slice() else {
+            return None;
+        };
+        let slots = (self.line_size / 8) as i64;
+        let slot_bits = |k: i64, of: u128| (0..slots).contains(&k) && (of >> (8 * k)) & 0xff != 0;
+        let lo = (0..slots).find(|&k| slot_bits(k, bytes))?;
+        let hi = (0..slots).rev().find(|&k| slot_bits(k, bytes))?;
+        if lo == 0 && hi == slots - 1 {
+            return None;
+        }
+        // (edge, direction outward)
+        let mut pick: Vec<i64> = Vec::new();
+        for (edge, out) in [(lo, -1), (hi, 1)] {
+            let beyond = edge + out;
+            if !(0..slots).contains(&beyond) {
+                continue;
+            }
+            let pair = if slot_bits(beyond, l.watched) {
+                [edge, beyond]
+            } else {
+                [beyond, beyond + out]
+            };
+            for k in pair {
+                if (0..slots).contains(&k) && !pick.contains(&k) {
+                    pick.push(k);
+                }
+            }
+        }
+        pick.truncate(FRONT_WORDS);
+        pick.sort_unstable();
+        Some(
+            pick.into_iter()
+                .map(|k| (self.line_of(line) + 8 * k as u64, 8))
+                .collect(),
+        )
     }
 
     /// Where the open code window last saw its instructions share a line: of the lines two
@@ -706,6 +764,15 @@ fn account(l: &mut LineEst, line: u64, line_size: u64, a: &Access, kind: usize) 
         !l.holders.contains(&t) && l.dirty && others
     };
     l.exchange.push(t, bytes, a.op.writes(), false);
+    if kind != CODE {
+        match l.hit_bytes.iter_mut().find(|h| h.0 == t) {
+            Some(h) => {
+                h.1 |= bytes;
+                h.2 |= a.op.writes();
+            }
+            None => l.hit_bytes.push((t, bytes, a.op.writes())),
+        }
+    }
     if transfer {
         let (other, other_bytes) = l
             .recent
@@ -832,6 +899,53 @@ mod tests {
             "{} vs {want}",
             r.rate_per_s
         );
+    }
+
+    /// One thread storing bytes [24, 40) in every window: probe the slots at and beyond its
+    /// edges, [16, 48) — where a neighbour that only loads would be. Not once another thread
+    /// has been seen, nor for a thread that only loaded.
+    #[test]
+    fn edge_probe_watches_around_one_storing_thread() {
+        let mut e = Estimator::new(64).with_trap_cost(0);
+        e.begin_store_window(L, 0);
+        e.note_watched(L, u128::MAX >> 64); // the whole line
+        for i in 0..10u64 {
+            e.observe(&a(1, Op::Store, 24 + 8 * (i % 2), i)); // 8 bytes each
+        }
+        e.end_window(L, 1_000);
+        assert_eq!(
+            e.edge_probe(L),
+            Some(vec![(L + 16, 8), (L + 24, 8), (L + 32, 8), (L + 40, 8)])
+        );
+        // Only [0, 32) watched, stores at [24, 32): the upper edge is where watching
+        // stopped, so the two slots beyond it, [32, 48); the lower is known, [16, 32).
+        let mut h = Estimator::new(64).with_trap_cost(0);
+        h.begin_store_window(L, 0);
+        h.note_watched(L, byte_mask(0, 32));
+        h.observe(&a(1, Op::Store, 24, 1));
+        h.end_window(L, 1_000);
+        assert_eq!(
+            h.edge_probe(L),
+            Some(vec![(L + 16, 8), (L + 24, 8), (L + 32, 8), (L + 40, 8)])
+        );
+        // At the line's start, its first slot watched: one edge, that slot and the next.
+        let mut f = Estimator::new(64).with_trap_cost(0);
+        f.begin_store_window(L, 0);
+        f.note_watched(L, byte_mask(0, 16));
+        f.observe(&a(1, Op::Store, 0, 1));
+        f.end_window(L, 1_000);
+        assert_eq!(f.edge_probe(L), Some(vec![(L, 8), (L + 8, 8)]));
+        // A second thread seen: nothing to probe for.
+        e.begin_window(L, 2_000);
+        e.observe(&a(2, Op::Load, 48, 2_001));
+        e.end_window(L, 3_000);
+        assert_eq!(e.edge_probe(L), None);
+        // A thread that only loaded.
+        let mut g = Estimator::new(64).with_trap_cost(0);
+        g.begin_window(L, 0);
+        g.observe(&a(1, Op::Load, 8, 1));
+        g.end_window(L, 1_000);
+        assert_eq!(g.edge_probe(L), None);
     }
 
     /// Cooldowns are credited only after windows whose rate means something, and for at most
