@@ -839,16 +839,29 @@ mod tests {
         e.estimates().into_iter().next().expect("one line")
     }
 
+    /// The estimate of `line` (of several lines watched).
+    fn line_est(e: &Estimator, line: u64) -> LineEstimate {
+        e.estimates()
+            .into_iter()
+            .find(|r| r.line_addr == line)
+            .expect("the line")
+    }
+
+    /// T1 stores [0..8), T2 [8..16), `n` times each, alternating every `step` ns from 0.
+    fn ping_pong(e: &mut Estimator, n: u64, step: u64) {
+        for i in 0..n {
+            e.observe(&a(1, Op::Store, 0, 2 * step * i));
+            e.observe(&a(2, Op::Store, 8, 2 * step * i + step));
+        }
+    }
+
     #[test]
     fn ping_pong_writes_transfer_every_time() {
         // T1 W[0..8), T2 W[8..16), alternating 100 times: the line moves on every write but
         // the first (unknown start) → 199 transfers, all false sharing.
         let mut e = Estimator::new(64).with_trap_cost(0);
         e.begin_window(L, 0);
-        for i in 0..100u64 {
-            e.observe(&a(1, Op::Store, 0, 2 * i));
-            e.observe(&a(2, Op::Store, 8, 2 * i + 1));
-        }
+        ping_pong(&mut e, 100, 1);
         e.end_window(L, 1_000_000); // 1 ms
         let r = est(&e);
         assert_eq!(
@@ -873,10 +886,7 @@ mod tests {
     fn a_window_stands_in_for_the_cooldown_after_it() {
         let mut e = Estimator::new(64).with_trap_cost(0);
         e.begin_window(L, 0);
-        for i in 0..50u64 {
-            e.observe(&a(1, Op::Store, 0, 10 * i));
-            e.observe(&a(2, Op::Store, 8, 10 * i + 5));
-        }
+        ping_pong(&mut e, 50, 5);
         e.end_window(L, 500_000);
         e.begin_window(0x9000, 100_500_000);
         e.end_window(0x9000, 100_500_000);
@@ -885,11 +895,7 @@ mod tests {
         e.begin_window(L, 200_500_000);
         e.observe(&a(1, Op::Store, 0, 200_600_000));
         e.end_window(L, 300_500_000);
-        let r = e
-            .estimates()
-            .into_iter()
-            .find(|r| r.line_addr == L)
-            .unwrap();
+        let r = line_est(&e, L);
         assert_eq!((r.transfers, r.windows), (99, 3));
         assert!((r.stand_in_s - 0.1).abs() < 1e-12, "{r:?}");
         assert!((r.armed_s - 0.2005).abs() < 1e-12, "{r:?}");
@@ -906,35 +912,29 @@ mod tests {
     /// has been seen, nor for a thread that only loaded.
     #[test]
     fn edge_probe_watches_around_one_storing_thread() {
-        let mut e = Estimator::new(64).with_trap_cost(0);
-        e.begin_store_window(L, 0);
-        e.note_watched(L, u128::MAX >> 64); // the whole line
-        for i in 0..10u64 {
-            e.observe(&a(1, Op::Store, 24 + 8 * (i % 2), i)); // 8 bytes each
-        }
-        e.end_window(L, 1_000);
-        assert_eq!(
-            e.edge_probe(L),
-            Some(vec![(L + 16, 8), (L + 24, 8), (L + 32, 8), (L + 40, 8)])
-        );
+        // One store-only window watching `watched`, in which thread 1 stores 8 bytes at each
+        // of `offsets`.
+        let stores = |watched: u128, offsets: &[u64]| {
+            let mut e = Estimator::new(64).with_trap_cost(0);
+            e.begin_store_window(L, 0);
+            e.note_watched(L, watched);
+            for (i, &off) in offsets.iter().enumerate() {
+                e.observe(&a(1, Op::Store, off, i as u64 + 1));
+            }
+            e.end_window(L, 1_000);
+            e
+        };
+        let mut e = stores(u128::MAX >> 64, &[24, 32, 24, 32]); // the whole line watched
+        let middle = vec![(L + 16, 8), (L + 24, 8), (L + 32, 8), (L + 40, 8)];
+        assert_eq!(e.edge_probe(L), Some(middle.clone()));
         // Only [0, 32) watched, stores at [24, 32): the upper edge is where watching
         // stopped, so the two slots beyond it, [32, 48); the lower is known, [16, 32).
-        let mut h = Estimator::new(64).with_trap_cost(0);
-        h.begin_store_window(L, 0);
-        h.note_watched(L, byte_mask(0, 32));
-        h.observe(&a(1, Op::Store, 24, 1));
-        h.end_window(L, 1_000);
-        assert_eq!(
-            h.edge_probe(L),
-            Some(vec![(L + 16, 8), (L + 24, 8), (L + 32, 8), (L + 40, 8)])
-        );
+        assert_eq!(stores(byte_mask(0, 32), &[24]).edge_probe(L), Some(middle));
         // At the line's start, its first slot watched: one edge, that slot and the next.
-        let mut f = Estimator::new(64).with_trap_cost(0);
-        f.begin_store_window(L, 0);
-        f.note_watched(L, byte_mask(0, 16));
-        f.observe(&a(1, Op::Store, 0, 1));
-        f.end_window(L, 1_000);
-        assert_eq!(f.edge_probe(L), Some(vec![(L, 8), (L + 8, 8)]));
+        assert_eq!(
+            stores(byte_mask(0, 16), &[0]).edge_probe(L),
+            Some(vec![(L, 8), (L + 8, 8)])
+        );
         // A second thread seen: nothing to probe for.
         e.begin_window(L, 2_000);
         e.observe(&a(2, Op::Load, 48, 2_001));
@@ -960,30 +960,19 @@ mod tests {
         e.observe(&a(2, Op::Store, 8, 20));
         e.end_window(L, 400_000);
         e.begin_window(0x9000, 100_400_000);
-        let r = e
-            .estimates()
-            .into_iter()
-            .find(|r| r.line_addr == L)
-            .unwrap();
+        let r = line_est(&e, L);
         assert_eq!((r.transfers, r.stand_in_s), (1, 0.0));
         assert!((r.rate_per_s - 2_500.0).abs() < 1e-6, "{r:?}");
         // Nine transfers in 1 ms, then 5 s until the next window: credited 200 ms.
         let nine = |e: &mut Estimator| {
             e.begin_window(L, 0);
-            for i in 0..5u64 {
-                e.observe(&a(1, Op::Store, 0, 10 * i));
-                e.observe(&a(2, Op::Store, 8, 10 * i + 5));
-            }
+            ping_pong(e, 5, 5);
             e.end_window(L, 1_000_000);
         };
         let mut e = Estimator::new(64).with_trap_cost(0);
         nine(&mut e);
         e.begin_window(0x9000, 5_001_000_000);
-        let r = e
-            .estimates()
-            .into_iter()
-            .find(|r| r.line_addr == L)
-            .unwrap();
+        let r = line_est(&e, L);
         assert_eq!(r.transfers, 9);
         assert!((r.stand_in_s - 0.2).abs() < 1e-12, "{r:?}");
         assert!((r.rate_per_s - 9_000.0).abs() < 1e-6, "{r:?}");
