@@ -167,6 +167,7 @@ impl Steering {
     /// that stops and resumes (`run --repair` checks) does not start its survey again.
     pub fn suspend(&mut self) {
         self.turn = None;
+        self.surveying = None;
         self.idle = false;
         self.last_step = None;
     }
@@ -218,6 +219,7 @@ impl Steering {
                     self.idle = true;
                 }
                 self.turn = None;
+                self.surveying = None;
                 return Ok(());
             }
         }
@@ -243,7 +245,6 @@ impl Steering {
             self.begin_turn(Turn::Front, now, hits);
             return Ok(());
         }
-        let was_survey = matches!(self.turn, Some((Turn::Survey, _)));
         let over = match self.turn {
             // A front window ends with its duty window: after the cooldown the line it
             // watched is cold, and the code turn must find the new one.
@@ -285,10 +286,11 @@ impl Steering {
         // a neighbour that only reads, which store-only windows cannot see (Phoenix
         // histogram -O0: one thread reads its header every pixel from the line where the
         // other increments a counter on 4% of them). Once per line per PROBE_REFRESH.
+        // (`surveying` is set only while a survey turn from the plan is armed.)
         let probe = self
             .surveying
             .take()
-            .filter(|_| was_survey && hits > self.hits_at_start && watcher.last_hitters() == 1);
+            .filter(|_| hits > self.hits_at_start && watcher.last_hitters() == 1);
         if let Some(line) = probe {
             let due = self
                 .probed
@@ -343,10 +345,7 @@ impl Steering {
             None
         };
         let (c, turn) = match survey {
-            Some(c) => {
-                self.surveying = Some(c.line_addr);
-                (c, Turn::Survey)
-            }
+            Some(c) => (c, Turn::Survey),
             None if !due.is_empty() => {
                 let c = due[self.next % due.len()].clone();
                 self.next = self.next.wrapping_add(1);
@@ -412,6 +411,9 @@ impl Steering {
             .arm(&specs)
             .with_context(|| format!("arming watchpoints on line {:#x}", c.line_addr))?;
         self.begin_turn(turn, now, hits);
+        if turn == Turn::Survey {
+            self.surveying = Some(c.line_addr);
+        }
         Ok(())
     }
 

@@ -1046,10 +1046,17 @@ impl Watcher {
 
     /// Before the hit counts are forgotten: how many threads the window's hits came from.
     fn note_hitters(&mut self) {
-        let mut tids: Vec<i64> = self.trapped.keys().map(|k| k.0).collect();
-        tids.dedup();
-        if !tids.is_empty() {
-            self.last_hitters = tids.len();
+        // Keys are ordered by thread first: count where the thread changes.
+        let mut threads = 0;
+        let mut prev = None;
+        for k in self.trapped.keys() {
+            if prev != Some(k.0) {
+                threads += 1;
+                prev = Some(k.0);
+            }
+        }
+        if threads > 0 {
+            self.last_hitters = threads;
         }
     }
 

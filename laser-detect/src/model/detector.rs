@@ -422,24 +422,18 @@ impl<C: CodeSource> Detector<C> {
         lines.sort_unstable();
         lines.dedup();
         for &line in &lines {
-            // A window on a line no sample showed contended is a survey (see `survey`).
-            if !self.model.is_contended(line) && !is_front {
-                let bytes = words
-                    .iter()
-                    .filter(|w| w.0 .0 & mask == line)
-                    .fold(0u128, |b, &((a, len), _)| {
-                        b | byte_mask((a - line) as u32, u32::from(len))
-                    });
-                let e = self.surveyed.entry(line).or_default();
-                e.0 |= bytes;
-                e.1 += 1;
-            }
             let watched = words
                 .iter()
                 .filter(|w| w.0 .0 & mask == line)
                 .fold(0u128, |b, &((a, len), _)| {
                     b | byte_mask((a - line) as u32, u32::from(len))
                 });
+            // A window on a line no sample showed contended is a survey (see `survey`).
+            if !self.model.is_contended(line) && !is_front {
+                let e = self.surveyed.entry(line).or_default();
+                e.0 |= watched;
+                e.1 += 1;
+            }
             let stores_only = words.iter().filter(|w| w.0 .0 & mask == line).all(|w| w.1);
             if is_front {
                 self.estimator.begin_front_window(line, time, stores_only);

@@ -280,7 +280,7 @@ pub struct Estimator {
     code_hits: Vec<(u32, u64)>,
     /// Latest code access seen (closes an open code window at `estimates` time).
     code_last: u64,
-    /// Times at which windows (of any kind, on any line) were armed, in order: where the
+    /// Times at which windows (of any kind, on any line) were armed, sorted: where the
     /// cooldown after a window ends.
     arms: Vec<u64>,
 }
@@ -351,9 +351,12 @@ impl Estimator {
         self.armed_at(time);
     }
 
+    /// Kept in time order as windows are announced (in order, live or replayed, so this is
+    /// an append; a test may announce out of order), so estimates search it as it is.
     fn armed_at(&mut self, time: u64) {
-        if self.arms.last() != Some(&time) {
-            self.arms.push(time);
+        let i = self.arms.partition_point(|&t| t < time);
+        if self.arms.get(i) != Some(&time) {
+            self.arms.insert(i, time);
         }
     }
 
@@ -602,12 +605,10 @@ impl Estimator {
 
     /// Estimates for every line that had at least one closed window.
     pub fn estimates(&self) -> Vec<LineEstimate> {
-        let mut arms = self.arms.clone();
-        arms.sort_unstable();
         let mut v: Vec<LineEstimate> = self
             .lines
             .iter()
-            .filter_map(|(&line, l)| self.estimate(line, l, &arms))
+            .filter_map(|(&line, l)| self.estimate(line, l, &self.arms))
             .collect();
         v.sort_by(|a, b| b.rate_per_s.total_cmp(&a.rate_per_s));
         v
