@@ -435,6 +435,9 @@ impl Session {
             deadline = deadline.min(d.max(now));
         }
         if let Some(w) = &mut self.watcher {
+            // A window's events count from here: opened disabled, enabled now that the
+            // reader has nothing left to do but sleep.
+            w.enable_opened()?;
             w.restamp_start(clock_ns(libc::CLOCK_MONOTONIC));
         }
         self.wait_readable(deadline.saturating_duration_since(now))?;

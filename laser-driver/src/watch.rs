@@ -273,6 +273,11 @@ pub struct Watcher {
     closed_ids: Vec<u64>,
     /// Launch: the descriptor limit was raised for window events.
     nofile_raised: bool,
+    /// While a window opens ([`Watcher::open_window`]): events open disabled…
+    opening: bool,
+    /// …and those from this index on are enabled together when the reader is about to sleep
+    /// ([`Watcher::enable_opened`]).
+    unenabled_from: Option<usize>,
     /// Threads left unwatched (at least once), and why: sampled, but their accesses are
     /// missing from every watch window that could not be opened on them.
     unwatched: BTreeMap<i32, Unwatched>,
@@ -356,6 +361,8 @@ impl Watcher {
             opened_ids: Vec::new(),
             closed_ids: Vec::new(),
             nofile_raised: false,
+            opening: false,
+            unenabled_from: None,
             unwatched: BTreeMap::new(),
             trapped: BTreeMap::new(),
             last_hitters: 0,
@@ -534,7 +541,9 @@ impl Watcher {
     /// The duty cycle carries on across re-arms: from idle a window starts now; an armed
     /// window keeps its hit count (the budget is on traps, whichever words they come from);
     /// during a cooldown the new words are loaded disabled and start counting when it is
-    /// paid. Re-arming the set already armed changes nothing and costs no syscall. (A caller
+    /// paid. A launch window's events open disabled and trap from the session's next poll
+    /// on ([`Watcher::open_window`]). Re-arming the set already armed changes nothing and
+    /// costs no syscall. (A caller
     /// that re-arms on a timer — the CLI's steering every 100 ms — would otherwise cut
     /// cooldowns short, and every re-point interrupts each CPU the target runs on.)
     pub fn arm(&mut self, specs: &[WatchSpec]) -> Result<(), DriverError> {
@@ -624,6 +633,7 @@ impl Watcher {
     fn close_window(&mut self) {
         let hot = self.take_trapped();
         self.trapped_unknown = false;
+        self.unenabled_from = None;
         self.window_tids.clear();
         let (first, rest): (Vec<WatchEvent>, Vec<WatchEvent>) = self
             .events
@@ -753,6 +763,43 @@ impl Watcher {
             raise_nofile_limit();
             self.nofile_raised = true;
         }
+        // Every event opens disabled, and all are enabled together when the reader is about
+        // to sleep ([`Watcher::enable_opened`]). Opened enabled, the first thread's events
+        // counted while the others' opened and the reader went on with its other work (a
+        // few hundred µs, with one CPU of two taken from the target), and a thread that
+        // reads the watched line on every iteration spent its whole limit in that margin,
+        // which the estimator drops (a 0.43 ms opening, 30 of its 34 hits: the window
+        // counted for 32 µs, and saw that thread alone). Enabling is an interrupt of each
+        // running thread's CPU, as an open is, but back to back.
+        // (An inherited window's events cannot be limited and are opened enabled, as its
+        // threads' creations race with the opening anyway.)
+        self.opening = !self.inherit;
+        let first = self.events.len();
+        let r = self.open_listed();
+        if self.opening {
+            self.unenabled_from = Some(first);
+        }
+        self.opening = false;
+        r
+    }
+
+    /// Launch: enables the events of a window that opened since the reader last slept (see
+    /// [`Watcher::open_window`]), each limited to its share of the window's cap. The session
+    /// calls this before it waits; a caller may call it earlier.
+    pub fn enable_opened(&mut self) -> Result<(), DriverError> {
+        let Some(first) = self.unenabled_from.take() else {
+            return Ok(());
+        };
+        let limit = self.limit();
+        self.events
+            .iter()
+            .skip(first)
+            .filter(|e| e.limited)
+            .try_for_each(|e| sys::refresh(&e.fd, limit))
+    }
+
+    /// Opens the window's events on every thread of the target.
+    fn open_listed(&mut self) -> Result<(), DriverError> {
         // A thread created while this runs is listed again (or announced by its creation
         // record): list until a round finds nothing new.
         for round in 0..64 {
@@ -849,12 +896,13 @@ impl Watcher {
     }
 
     /// Opens one event, limits it to its share of the window's cap (see the module doc) and points
-    /// it at its ring. Opened enabled and limited at once, rather than opened disabled and
-    /// enabled by the limit: the enable of an event whose thread runs is one more interrupt
-    /// of its CPU (measured with `scripts/watch-cost`: +0.2 % of the wall time in 5 of 5
-    /// pairs), against the few microseconds between the two calls in which a hit would not
-    /// count towards the limit. An inherited window's events have no limit (the kernel
-    /// allows none).
+    /// it at its ring. Outside a window's opening (a thread created while it counts) it is
+    /// opened enabled and limited at once: the enable of an event whose thread runs is one more
+    /// interrupt of its CPU (measured with `scripts/watch-cost`: +0.2 % of the wall time in 5
+    /// of 5 pairs), against the few microseconds between the two calls in which a hit would
+    /// not count towards the limit. While a window opens it is opened disabled, and
+    /// [`Watcher::open_window`] enables it with the others. An inherited window's events have
+    /// no limit (the kernel allows none).
     fn open_slot(&self, tid: i32, leader: usize, slot: usize) -> Result<WatchEvent, DriverError> {
         let RingLeader { cpu, fd: out, wake } = &self.leaders[leader];
         // Set when the window opened (`open_window`); the limit before any window did.
@@ -866,10 +914,10 @@ impl Watcher {
         let mut base = attr::watch(Binding::Launch, wake);
         base.set_inherit(u64::from(self.inherit));
         let s = self.specs[slot];
-        let a = attr::repoint(&base, s.addr, s.len, s.kind, false);
+        let a = attr::repoint(&base, s.addr, s.len, s.kind, self.opening);
         let what = format!("watchpoint slot {slot}");
         let fd = sys::open(&a, tid, *cpu, &what)?;
-        if !self.inherit {
+        if !self.inherit && !self.opening {
             sys::refresh(&fd, self.limit())?;
         }
         sys::set_output(&fd, out.as_raw_fd())?;

@@ -1038,6 +1038,8 @@ fn launch_armed_on_hot_word(t: &Target, secs: &str, duty: laser_driver::DutyCycl
         .unwrap()
         .arm(&[shared_word_writes(t)])
         .unwrap();
+    // Now, not at the next poll (which would read the first hits).
+    s.watch_mut().unwrap().enable_opened().unwrap();
     s
 }
 
