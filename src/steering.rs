@@ -15,10 +15,11 @@
 //! at the report threshold, little enough to fit many lines into the budget.
 //!
 //! Two views a single kind of window lacks:
-//! - a store-only survey turn whose last window one thread filled with its stores is followed
-//!   by one read+write *probe* window at the edges of those stores
-//!   (`Detector::edge_probe`): a neighbour that only reads there is invisible to store-only
-//!   windows;
+//! - a store-only survey window that one thread filled with its stores is followed by one
+//!   read+write *probe* window at the edges of those stores (`Detector::edge_probe`), and
+//!   the survey turn resumes after it: a neighbour that only reads there is invisible to
+//!   store-only windows. A probe that did not see two threads is tried again (the neighbour
+//!   may have been off its CPU, waiting on a page fault, for that window);
 //! - a candidate line whose read+write windows are filled by reads (trap time over half the
 //!   armed time) alternates between read+write and store-only turns: stores that come a few
 //!   times a millisecond fall between read-filled windows.
@@ -62,6 +63,11 @@ const ARMED_COST_SHARE: f64 = 0.75;
 /// A line whose edges were probed ([`Detector::edge_probe`]) is probed again after this
 /// long at the earliest.
 const PROBE_REFRESH: Duration = Duration::from_secs(1);
+/// Probes a line may have within one [`PROBE_REFRESH`] while none of them has seen two
+/// threads, each [`SURVEY_REFRESH`] after the last at the earliest. Phoenix histogram -O0's
+/// reading thread filled a probe alone while the storing one waited 24 ms on page faults of
+/// its mmapped input, and with one probe per second that run (0.7 s) never saw the pair.
+const PROBE_TRIES: u32 = 3;
 /// How often the globals are read again for heap pointers (programs allocate as they go).
 const POINTERS_EVERY: Duration = Duration::from_millis(200);
 /// An instruction given a code turn gets the next one this long after at the earliest: a few
@@ -147,10 +153,41 @@ pub struct Steering {
     following: Option<(Vec<u64>, u32)>,
     /// Whether the watchpoints were counting at the last step (not cooling down).
     counting: bool,
-    /// The line the armed store-only survey turn watches, and lines whose edges were
-    /// probed, with when.
-    surveying: Option<u64>,
-    probed: HashMap<u64, Instant>,
+    /// What the armed store-only survey turn watches (a target from the plan).
+    surveying: Option<WatchCandidate>,
+    /// A survey turn set aside for a probe, resumed when the probe ends.
+    paused: Option<Paused>,
+    /// The line the armed probe watches, and the lines probed so far.
+    probing: Option<u64>,
+    probed: HashMap<u64, Probed>,
+}
+
+/// A survey turn set aside for a probe: its words and what it had used of its turn.
+#[derive(Clone, Debug)]
+struct Paused {
+    watch: WatchCandidate,
+    counted: Duration,
+    hits_used: u64,
+}
+
+/// A line's probes within the current [`PROBE_REFRESH`].
+#[derive(Clone, Copy, Debug)]
+struct Probed {
+    first: Instant,
+    last: Instant,
+    tries: u32,
+    /// Whether a probe saw two threads trap.
+    saw_two: bool,
+}
+
+impl Probed {
+    /// Whether the line may be probed again at `now`.
+    fn due(&self, now: Instant) -> bool {
+        now.duration_since(self.first) >= PROBE_REFRESH
+            || (!self.saw_two
+                && self.tries < PROBE_TRIES
+                && now.duration_since(self.last) >= SURVEY_REFRESH)
+    }
 }
 
 impl Steering {
@@ -168,6 +205,8 @@ impl Steering {
     pub fn suspend(&mut self) {
         self.turn = None;
         self.surveying = None;
+        self.paused = None;
+        self.probing = None;
         self.idle = false;
         self.last_step = None;
     }
@@ -220,6 +259,8 @@ impl Steering {
                 }
                 self.turn = None;
                 self.surveying = None;
+                self.paused = None;
+                self.probing = None;
                 return Ok(());
             }
         }
@@ -254,9 +295,10 @@ impl Steering {
                     || hits.saturating_sub(self.hits_at_start)
                         >= SURVEY_WINDOWS * watcher.duty_cycle().max_hits_per_window
             }
-            // One window: its edges are all it asks about.
+            // One window: its edges are all it asks about. (Armed in a cooldown, it waits
+            // for the cooldown's end before it counts.)
             Some((Turn::Probe, _)) => {
-                !counting
+                (!counting && self.counted > Duration::ZERO)
                     || self.counted >= SURVEY_TURN
                     || hits.saturating_sub(self.hits_at_start)
                         >= watcher.duty_cycle().max_hits_per_window
@@ -265,6 +307,7 @@ impl Steering {
                 self.counted >= SURVEY_TURN
                     || hits.saturating_sub(self.hits_at_start)
                         >= SURVEY_WINDOWS * watcher.duty_cycle().max_hits_per_window
+                    || self.probe_now(watcher, detector, counting, hits, now)
             }
             Some((Turn::Candidate, t)) => now.duration_since(t) >= TURN,
             None => true,
@@ -281,31 +324,76 @@ impl Steering {
             }
         }
         self.following = None;
-        // A store-only survey turn whose last window one thread filled with its stores: a
-        // read+write window at the edges of those stores next (`Detector::edge_probe`), for
-        // a neighbour that only reads, which store-only windows cannot see (Phoenix
-        // histogram -O0: one thread reads its header every pixel from the line where the
-        // other increments a counter on 4% of them). Once per line per PROBE_REFRESH.
+        // The probe is over: what it saw decides when the line is probed again; a survey turn
+        // it interrupted goes on with what was left of it.
+        if let Some(line) = self.probing.take() {
+            if let Some(p) = self.probed.get_mut(&line) {
+                p.saw_two |= hits > self.hits_at_start && watcher.last_hitters() >= 2;
+            }
+            if let Some(p) = self.paused.take() {
+                let specs = watch_specs(&p.watch, WatchKind::Write);
+                watcher
+                    .arm(&specs)
+                    .with_context(|| format!("arming watchpoints on line {line:#x}"))?;
+                self.begin_turn(Turn::Survey, now, hits.saturating_sub(p.hits_used));
+                self.counted = p.counted;
+                self.surveying = Some(p.watch);
+                return Ok(());
+            }
+        }
+        // A store-only survey window that one thread filled with its stores: a read+write
+        // window at the edges of those stores next (`Detector::edge_probe`), for a neighbour
+        // that only reads, which store-only windows cannot see (Phoenix histogram -O0: one
+        // thread reads its header every pixel from the line where the other increments a
+        // counter on 4% of them). A turn cut short for it resumes after it (`paused`).
         // (`surveying` is set only while a survey turn from the plan is armed.)
         let probe = self
             .surveying
             .take()
-            .filter(|_| hits > self.hits_at_start && watcher.last_hitters() == 1);
-        if let Some(line) = probe {
-            let due = self
-                .probed
-                .get(&line)
-                .is_none_or(|at| now.duration_since(*at) >= PROBE_REFRESH);
-            if let Some(c) = detector.edge_probe(line).filter(|_| due) {
-                self.probed.insert(line, now);
-                let specs = watch_specs(&c, WatchKind::ReadWrite);
-                watcher
-                    .arm(&specs)
-                    .with_context(|| format!("arming an edge probe on line {line:#x}"))?;
-                self.idle = false;
-                self.begin_turn(Turn::Probe, now, hits);
-                return Ok(());
+            .filter(|_| hits > self.hits_at_start && watcher.last_hitters() == 1)
+            .and_then(|w| {
+                let due = self.probed.get(&w.line_addr).is_none_or(|p| p.due(now));
+                detector
+                    .edge_probe(w.line_addr)
+                    .filter(|_| due)
+                    .map(|c| (w, c))
+            });
+        if let Some((w, c)) = probe {
+            let line = w.line_addr;
+            // A turn that still had time and windows left is resumed after the probe.
+            let cap = watcher.duty_cycle().max_hits_per_window;
+            let used = hits.saturating_sub(self.hits_at_start);
+            if self.counted < SURVEY_TURN && used < SURVEY_WINDOWS * cap {
+                self.paused = Some(Paused {
+                    watch: w,
+                    counted: self.counted,
+                    hits_used: used,
+                });
             }
+            let p = self.probed.entry(line).or_insert(Probed {
+                first: now,
+                last: now,
+                tries: 0,
+                saw_two: false,
+            });
+            if now.duration_since(p.first) >= PROBE_REFRESH {
+                *p = Probed {
+                    first: now,
+                    last: now,
+                    tries: 0,
+                    saw_two: false,
+                };
+            }
+            p.last = now;
+            p.tries += 1;
+            let specs = watch_specs(&c, WatchKind::ReadWrite);
+            watcher
+                .arm(&specs)
+                .with_context(|| format!("arming an edge probe on line {line:#x}"))?;
+            self.idle = false;
+            self.probing = Some(line);
+            self.begin_turn(Turn::Probe, now, hits);
+            return Ok(());
         }
         // Code turns take every other turn while an instruction is due for one.
         if !matches!(self.turn, Some((Turn::Code | Turn::Front, _))) {
@@ -412,9 +500,29 @@ impl Steering {
             .with_context(|| format!("arming watchpoints on line {:#x}", c.line_addr))?;
         self.begin_turn(turn, now, hits);
         if turn == Turn::Survey {
-            self.surveying = Some(c.line_addr);
+            self.surveying = Some(c);
         }
         Ok(())
+    }
+
+    /// Whether the armed survey turn should stop for a probe now: its last window has ended
+    /// (a cooldown), one thread filled it with stores, and a probe of the line is due.
+    fn probe_now(
+        &self,
+        watcher: &laser_driver::Watcher,
+        detector: &Detector<crate::analyze::Code>,
+        counting: bool,
+        hits: u64,
+        now: Instant,
+    ) -> bool {
+        let Some(w) = self.surveying.as_ref() else {
+            return false;
+        };
+        !counting
+            && hits > self.hits_at_start
+            && watcher.last_hitters() == 1
+            && self.probed.get(&w.line_addr).is_none_or(|p| p.due(now))
+            && detector.edge_probe(w.line_addr).is_some()
     }
 
     /// `turn` holds the watchpoints from `now`; its time and hits count from here.
@@ -610,5 +718,34 @@ mod tests {
         // 400 new transfers since the refresh began: settled again.
         let due = s.due(&[est(0x40, 860, 0.2)], vec![cand(0x40)], t2);
         assert!(due.is_empty());
+    }
+
+    #[test]
+    fn a_probe_that_saw_one_thread_is_tried_again_a_few_times() {
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        let mut p = Probed {
+            first: t,
+            last: t,
+            tries: 1,
+            saw_two: false,
+        };
+        // Not back to back: the next try waits for a survey refresh.
+        assert!(!p.due(t + ms(100)));
+        assert!(p.due(t + SURVEY_REFRESH));
+        // Up to PROBE_TRIES within a PROBE_REFRESH, then not until it has passed.
+        p.tries = PROBE_TRIES;
+        p.last = t + ms(600);
+        assert!(!p.due(t + ms(600) + SURVEY_REFRESH));
+        assert!(p.due(t + PROBE_REFRESH));
+        // One that saw two threads has told what a probe can: once per PROBE_REFRESH.
+        let seen = Probed {
+            first: t,
+            last: t,
+            tries: 1,
+            saw_two: true,
+        };
+        assert!(!seen.due(t + SURVEY_REFRESH));
+        assert!(seen.due(t + PROBE_REFRESH));
     }
 }
