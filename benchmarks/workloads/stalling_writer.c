@@ -44,7 +44,7 @@ static NOINLINE uint64_t count_chunk(struct targ *t, long from, long to)
 {
     uint64_t acc = 0;
     for (long i = from; i < to && i < t->pos + t->len; i++) { /* LASER-EXPECT: false_sharing heap */
-        unsigned v = t->data[i];
+        unsigned v = t->data[i]; /* LASER-EXPECT: false_sharing heap */
         t->counts[v]++; /* LASER-EXPECT: false_sharing heap */
         acc = acc * 0x9e3779b97f4a7c15ULL + v;
         acc ^= acc >> 29;
