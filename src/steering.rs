@@ -307,7 +307,8 @@ impl Steering {
                 self.counted >= SURVEY_TURN
                     || hits.saturating_sub(self.hits_at_start)
                         >= SURVEY_WINDOWS * watcher.duty_cycle().max_hits_per_window
-                    || self.probe_now(watcher, detector, counting, hits, now)
+                    // Its last window has ended (a cooldown) and calls for a probe now.
+                    || (!counting && self.edge_probe_due(watcher, detector, hits, now).is_some())
             }
             Some((Turn::Candidate, t)) => now.duration_since(t) >= TURN,
             None => true,
@@ -347,18 +348,10 @@ impl Steering {
         // thread reads its header every pixel from the line where the other increments a
         // counter on 4% of them). A turn cut short for it resumes after it (`paused`).
         // (`surveying` is set only while a survey turn from the plan is armed.)
-        let probe = self
-            .surveying
-            .take()
-            .filter(|_| hits > self.hits_at_start && watcher.last_hitters() == 1)
-            .and_then(|w| {
-                let due = self.probed.get(&w.line_addr).is_none_or(|p| p.due(now));
-                detector
-                    .edge_probe(w.line_addr)
-                    .filter(|_| due)
-                    .map(|c| (w, c))
-            });
-        if let Some((w, c)) = probe {
+        let probe = self.edge_probe_due(watcher, detector, hits, now);
+        let surveyed = self.surveying.take();
+        let probe = probe.zip(surveyed);
+        if let Some((c, w)) = probe {
             let line = w.line_addr;
             // A turn that still had time and windows left is resumed after the probe.
             let cap = watcher.duty_cycle().max_hits_per_window;
@@ -370,19 +363,15 @@ impl Steering {
                     hits_used: used,
                 });
             }
-            let p = self.probed.entry(line).or_insert(Probed {
+            let fresh = Probed {
                 first: now,
                 last: now,
                 tries: 0,
                 saw_two: false,
-            });
+            };
+            let p = self.probed.entry(line).or_insert(fresh);
             if now.duration_since(p.first) >= PROBE_REFRESH {
-                *p = Probed {
-                    first: now,
-                    last: now,
-                    tries: 0,
-                    saw_two: false,
-                };
+                *p = fresh;
             }
             p.last = now;
             p.tries += 1;
@@ -505,24 +494,21 @@ impl Steering {
         Ok(())
     }
 
-    /// Whether the armed survey turn should stop for a probe now: its last window has ended
-    /// (a cooldown), one thread filled it with stores, and a probe of the line is due.
-    fn probe_now(
+    /// The edge probe due after the armed survey turn's last window, if one thread filled it
+    /// with stores and the line may be probed now ([`Probed::due`]).
+    fn edge_probe_due(
         &self,
         watcher: &laser_driver::Watcher,
         detector: &Detector<crate::analyze::Code>,
-        counting: bool,
         hits: u64,
         now: Instant,
-    ) -> bool {
-        let Some(w) = self.surveying.as_ref() else {
-            return false;
-        };
-        !counting
-            && hits > self.hits_at_start
-            && watcher.last_hitters() == 1
-            && self.probed.get(&w.line_addr).is_none_or(|p| p.due(now))
-            && detector.edge_probe(w.line_addr).is_some()
+    ) -> Option<WatchCandidate> {
+        let line = self.surveying.as_ref()?.line_addr;
+        let one = hits > self.hits_at_start && watcher.last_hitters() == 1;
+        if !one || self.probed.get(&line).is_some_and(|p| !p.due(now)) {
+            return None;
+        }
+        detector.edge_probe(line)
     }
 
     /// `turn` holds the watchpoints from `now`; its time and hits count from here.
