@@ -304,9 +304,7 @@ impl Steering {
                         >= watcher.duty_cycle().max_hits_per_window
             }
             Some((Turn::Survey | Turn::Code, _)) => {
-                self.counted >= SURVEY_TURN
-                    || hits.saturating_sub(self.hits_at_start)
-                        >= SURVEY_WINDOWS * watcher.duty_cycle().max_hits_per_window
+                self.turn_spent(hits, watcher.duty_cycle().max_hits_per_window)
                     // Its last window has ended (a cooldown) and calls for a probe now.
                     || (!counting && self.edge_probe_due(watcher, detector, hits, now).is_some())
             }
@@ -354,13 +352,11 @@ impl Steering {
         if let Some((c, w)) = probe {
             let line = w.line_addr;
             // A turn that still had time and windows left is resumed after the probe.
-            let cap = watcher.duty_cycle().max_hits_per_window;
-            let used = hits.saturating_sub(self.hits_at_start);
-            if self.counted < SURVEY_TURN && used < SURVEY_WINDOWS * cap {
+            if !self.turn_spent(hits, watcher.duty_cycle().max_hits_per_window) {
                 self.paused = Some(Paused {
                     watch: w,
                     counted: self.counted,
-                    hits_used: used,
+                    hits_used: hits.saturating_sub(self.hits_at_start),
                 });
             }
             let fresh = Probed {
@@ -492,6 +488,13 @@ impl Steering {
             self.surveying = Some(c);
         }
         Ok(())
+    }
+
+    /// Whether a survey (or code) turn has used its counting time or its windows' worth of
+    /// hits (`cap` a window).
+    fn turn_spent(&self, hits: u64, cap: u64) -> bool {
+        self.counted >= SURVEY_TURN
+            || hits.saturating_sub(self.hits_at_start) >= SURVEY_WINDOWS * cap
     }
 
     /// The edge probe due after the armed survey turn's last window, if one thread filled it
