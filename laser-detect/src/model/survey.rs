@@ -209,20 +209,28 @@ fn turns(slots: &[u64], line_size: u32, source: SurveySource, out: &mut Vec<Surv
     }
 }
 
-/// A sampled line's turns: the half (quarter, with 128-byte lines) holding the sampled bytes
-/// first, then the rest, each a turn of 4 slots.
+/// A sampled line's turns, 4 slots each: the half (quarter, with 128-byte lines) holding the
+/// sampled bytes go to `first`, the rest to `rest`. A tier lists every line's `first` turns
+/// before any line's `rest`: which of two lines read equally hot is the shared one is a coin
+/// toss of the samples, and the other line's unsampled half must not come between (Phoenix
+/// histogram -O0: each thread reads its own argument line on every pixel, and one of the two
+/// also holds the other thread's counters; a survey that took both halves of the wrong line
+/// first reached the right one 400 ms later, at the end of the run).
 fn line_turns(
     line: u64,
     h: &HotLine,
     line_size: u32,
     source: SurveySource,
-    out: &mut Vec<SurveyTarget>,
+    first: &mut Vec<SurveyTarget>,
+    rest: &mut Vec<SurveyTarget>,
 ) {
     let all: Vec<u64> = slots(line, line_size).collect();
-    let mut chunks: Vec<&[u64]> = all.chunks(crate::model::candidates::MAX_WORDS).collect();
-    let touched = |c: &&[u64]| c.iter().any(|&a| h.bytes & (0xffu128 << (a - line)) != 0);
-    chunks.sort_by_key(|c| !touched(c)); // stable: sampled halves first, in address order
-    turns(&chunks.concat(), line_size, source, out);
+    let touched = |c: &[u64]| c.iter().any(|&a| h.bytes & (0xffu128 << (a - line)) != 0);
+    let (sampled, other): (Vec<&[u64]>, Vec<&[u64]>) = all
+        .chunks(crate::model::candidates::MAX_WORDS)
+        .partition(|c| touched(c));
+    turns(&sampled.concat(), line_size, source, first);
+    turns(&other.concat(), line_size, source, rest);
 }
 
 /// The 8-byte slots of `objects` worth a survey, best first, with the line each lies on:
@@ -339,13 +347,15 @@ pub fn plan(
 ) -> Vec<SurveyTarget> {
     let mut sampled: Vec<(u64, &HotLine)> = hot.iter().filter(|(l, _)| !skip(*l)).collect();
     sampled.sort_by(|a, b| b.1.samples.cmp(&a.1.samples).then(a.0.cmp(&b.0)));
-    let mut tier1 = Vec::new();
+    let (mut tier1, mut tier1_rest) = (Vec::new(), Vec::new());
     let shared = |h: &HotLine| h.threads() >= 2 && h.writes > 0;
     for &(line, h) in &sampled {
         if shared(h) {
-            line_turns(line, h, line_size, SurveySource::SampledShared, &mut tier1);
+            let source = SurveySource::SampledShared;
+            line_turns(line, h, line_size, source, &mut tier1, &mut tier1_rest);
         }
     }
+    tier1.append(&mut tier1_rest);
     let sampled_shared = |line: u64| hot.get(line).is_some_and(shared);
     let ls = u64::from(line_size);
     let keep = |s: &u64| !skip(s & !(ls - 1)) && !sampled_shared(s & !(ls - 1));
@@ -376,10 +386,12 @@ pub fn plan(
         .iter()
         .filter(|(l, h)| h.writes == 0 && h.samples >= MIN_HOT_SAMPLES && !covered(*l))
         .take(MAX_HOT_SURVEYED);
-    let mut tier4 = Vec::new();
+    let (mut tier4, mut tier4_rest) = (Vec::new(), Vec::new());
     for &(line, h) in hot_lines {
-        line_turns(line, h, line_size, SurveySource::SampledHot, &mut tier4);
+        let source = SurveySource::SampledHot;
+        line_turns(line, h, line_size, source, &mut tier4, &mut tier4_rest);
     }
+    tier4.append(&mut tier4_rest);
     interleave([tier1, tier2, tier3, tier4])
 }
 
@@ -432,9 +444,9 @@ mod tests {
                 (0x4000, Global),
                 (0x1000, SampledHot),
                 (0x2000, SampledShared),
-                (0x1000, SampledHot),
-                (0x3000, SampledShared),
                 (0x5000, SampledHot),
+                (0x3000, SampledShared),
+                (0x1000, SampledHot),
                 (0x3000, SampledShared),
                 (0x5000, SampledHot),
             ]
@@ -455,6 +467,22 @@ mod tests {
         let p = plan(&hot, &[], &[], 64, |_| false);
         assert_eq!(words(&p[0]), [0x1020, 0x1028, 0x1030, 0x1038]);
         assert_eq!(words(&p[1]), [0x1000, 0x1008, 0x1010, 0x1018]);
+    }
+
+    /// Two lines read hot, each in one half: both sampled halves are surveyed before either
+    /// line's other half, whichever line the samples favoured.
+    #[test]
+    fn every_lines_sampled_half_before_any_lines_other_half() {
+        let mut hot = HotLines::default();
+        for _ in 0..5 {
+            hot.note(0x1000, 1, false, byte_mask(8, 8));
+        }
+        for _ in 0..4 {
+            hot.note(0x2000, 2, false, byte_mask(40, 8));
+        }
+        let p = plan(&hot, &[], &[], 64, |_| false);
+        let w: Vec<u64> = p.iter().map(|t| t.watch.words[0].0).collect();
+        assert_eq!(w, [0x1000, 0x2020, 0x1020, 0x2000]);
     }
 
     #[test]
