@@ -155,19 +155,9 @@ pub struct Steering {
     counting: bool,
     /// What the armed store-only survey turn watches (a target from the plan).
     surveying: Option<WatchCandidate>,
-    /// A survey turn set aside for a probe, resumed when the probe ends.
-    paused: Option<Paused>,
     /// The line the armed probe watches, and the lines probed so far.
     probing: Option<u64>,
     probed: HashMap<u64, Probed>,
-}
-
-/// A survey turn set aside for a probe: its words and what it had used of its turn.
-#[derive(Clone, Debug)]
-struct Paused {
-    watch: WatchCandidate,
-    counted: Duration,
-    hits_used: u64,
 }
 
 /// A line's probes within the current [`PROBE_REFRESH`].
@@ -205,7 +195,6 @@ impl Steering {
     pub fn suspend(&mut self) {
         self.turn = None;
         self.surveying = None;
-        self.paused = None;
         self.probing = None;
         self.idle = false;
         self.last_step = None;
@@ -259,7 +248,6 @@ impl Steering {
                 }
                 self.turn = None;
                 self.surveying = None;
-                self.paused = None;
                 self.probing = None;
                 return Ok(());
             }
@@ -305,8 +293,13 @@ impl Steering {
             }
             Some((Turn::Survey | Turn::Code, _)) => {
                 self.turn_spent(hits, watcher.duty_cycle().max_hits_per_window)
-                    // Its last window has ended (a cooldown) and calls for a probe now.
-                    || (!counting && self.edge_probe_due(watcher, detector, hits, now).is_some())
+                    // A survey window has ended (a cooldown) with one thread alone trapped:
+                    // the turn's next windows would watch the same thread's stores to the
+                    // same words, each after a cooldown (Phoenix histogram -O0: four windows
+                    // filled by one thread's own counters took 500 ms of a 0.6 s run, and the
+                    // line the other thread shares was never surveyed). Its edge probe, if
+                    // due, comes next, then the plan's next target.
+                    || (!counting && self.one_thread_trapped(watcher, hits))
             }
             Some((Turn::Candidate, t)) => now.duration_since(t) >= TURN,
             None => true,
@@ -323,42 +316,23 @@ impl Steering {
             }
         }
         self.following = None;
-        // The probe is over: what it saw decides when the line is probed again; a survey turn
-        // it interrupted goes on with what was left of it.
+        // The probe is over: what it saw decides when the line is probed again.
         if let Some(line) = self.probing.take() {
             if let Some(p) = self.probed.get_mut(&line) {
                 p.saw_two |= hits > self.hits_at_start && watcher.last_hitters() >= 2;
-            }
-            if let Some(p) = self.paused.take() {
-                let specs = watch_specs(&p.watch, WatchKind::Write);
-                watcher
-                    .arm(&specs)
-                    .with_context(|| format!("arming watchpoints on line {line:#x}"))?;
-                self.begin_turn(Turn::Survey, now, hits.saturating_sub(p.hits_used));
-                self.counted = p.counted;
-                self.surveying = Some(p.watch);
-                return Ok(());
             }
         }
         // A store-only survey window that one thread filled with its stores: a read+write
         // window at the edges of those stores next (`Detector::edge_probe`), for a neighbour
         // that only reads, which store-only windows cannot see (Phoenix histogram -O0: one
         // thread reads its header every pixel from the line where the other increments a
-        // counter on 4% of them). A turn cut short for it resumes after it (`paused`).
+        // counter on 4% of them).
         // (`surveying` is set only while a survey turn from the plan is armed.)
         let probe = self.edge_probe_due(watcher, detector, hits, now);
         let surveyed = self.surveying.take();
         let probe = probe.zip(surveyed);
         if let Some((c, w)) = probe {
             let line = w.line_addr;
-            // A turn that still had time and windows left is resumed after the probe.
-            if !self.turn_spent(hits, watcher.duty_cycle().max_hits_per_window) {
-                self.paused = Some(Paused {
-                    watch: w,
-                    counted: self.counted,
-                    hits_used: hits.saturating_sub(self.hits_at_start),
-                });
-            }
             let fresh = Probed {
                 first: now,
                 last: now,
@@ -497,6 +471,11 @@ impl Steering {
             || hits.saturating_sub(self.hits_at_start) >= SURVEY_WINDOWS * cap
     }
 
+    /// Whether the armed survey turn's last window trapped one thread alone.
+    fn one_thread_trapped(&self, watcher: &laser_driver::Watcher, hits: u64) -> bool {
+        self.surveying.is_some() && hits > self.hits_at_start && watcher.last_hitters() == 1
+    }
+
     /// The edge probe due after the armed survey turn's last window, if one thread filled it
     /// with stores and the line may be probed now ([`Probed::due`]).
     fn edge_probe_due(
@@ -507,8 +486,9 @@ impl Steering {
         now: Instant,
     ) -> Option<WatchCandidate> {
         let line = self.surveying.as_ref()?.line_addr;
-        let one = hits > self.hits_at_start && watcher.last_hitters() == 1;
-        if !one || self.probed.get(&line).is_some_and(|p| !p.due(now)) {
+        if !self.one_thread_trapped(watcher, hits)
+            || self.probed.get(&line).is_some_and(|p| !p.due(now))
+        {
             return None;
         }
         detector.edge_probe(line)
