@@ -16,13 +16,15 @@
 //!
 //! Two views a single kind of window lacks:
 //! - a store-only survey window that one thread filled with its stores is followed by one
-//!   read+write *probe* window at the edges of those stores (`Detector::edge_probe`), and
-//!   the survey turn resumes after it: a neighbour that only reads there is invisible to
-//!   store-only windows. A probe that did not see two threads is tried again (the neighbour
-//!   may have been off its CPU, waiting on a page fault, for that window);
+//!   read+write *probe* window at the edges of those stores (`Detector::edge_probe`): a
+//!   neighbour that only reads there is invisible to store-only windows. The survey turn
+//!   ends at such a window (its next windows would see the same thread's stores). A probe
+//!   that did not see two threads is tried again (the neighbour may have been off its CPU,
+//!   waiting on a page fault, for that window);
 //! - a candidate line whose read+write windows are filled by reads (trap time over half the
-//!   armed time) alternates between read+write and store-only turns: stores that come a few
-//!   times a millisecond fall between read-filled windows.
+//!   armed time, or windows that end at their cap early: [`filled_at_cap`]) alternates
+//!   between read+write and store-only turns: stores that come a few times a millisecond
+//!   fall between read-filled windows.
 
 use std::time::{Duration, Instant};
 
