@@ -150,8 +150,17 @@ pub struct MonitorArgs {
     /// machine allows CPU-wide events (root, or perf_event_paranoid ≤ 0), instead of one timer
     /// per thread: a thread's own timer restarts at every context switch, which on a virtual
     /// machine costs a program meeting at barriers thousands of times a second several percent.
-    /// Ignored by attach.
-    #[arg(long = "sample-cpus")]
+    /// The default; `--sample-cpus=false` gives every thread its own timer. The report's
+    /// `sampling` note says which was used. Ignored by attach (always per thread).
+    #[arg(
+        long = "sample-cpus",
+        value_name = "BOOL",
+        default_value_t = true,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
     pub sample_cpus: bool,
     /// Refine soft-backend estimates with hardware watchpoints on candidate lines.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -549,6 +558,25 @@ mod tests {
         assert!(parse_watch_addr("0x10:x")
             .unwrap_err()
             .contains("not a number"));
+    }
+
+    #[test]
+    fn whole_cpu_sampling_is_the_default_and_takes_an_attached_value_only() {
+        let run = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
+            Command::Run(r) => (r.monitor.sample_cpus, r.command),
+            _ => panic!("not a run"),
+        };
+        assert_eq!(
+            run(&["laser", "run", "./app"]),
+            (true, vec!["./app".into()])
+        );
+        assert!(!run(&["laser", "run", "--sample-cpus=false", "./app"]).0);
+        // A bare flag before the program: the program is not taken for its value.
+        assert_eq!(
+            run(&["laser", "run", "--sample-cpus", "./app", "x"]),
+            (true, vec!["./app".into(), "x".into()])
+        );
+        assert!(Cli::try_parse_from(["laser", "run", "--sample-cpus=maybe", "./app"]).is_err());
     }
 
     #[test]

@@ -75,6 +75,30 @@ fn session_config(m: &MonitorArgs) -> Result<Config> {
     Ok(config)
 }
 
+/// How a launch's timer samples were taken (soft backend): the report says so, since the two
+/// ways differ in what they cost (`--sample-cpus`) and in what they need.
+fn sampling_note(session: &Session, config: &Config) -> Option<String> {
+    if config.backend != laser_driver::BackendKind::Soft {
+        return None;
+    }
+    let hz = config.frequency;
+    Some(if session.samples_whole_cpus() {
+        format!(
+            "sampling: whole CPUs at {hz} Hz, other processes' samples dropped as read ({} \
+             dropped); `--sample-cpus=false` gives every thread its own timer",
+            session.stats().foreign
+        )
+    } else if config.sample_cpus {
+        format!(
+            "sampling: one timer per thread at {hz} Hz (whole-CPU events need root or \
+             perf_event_paranoid <= 0; a thread's own timer restarts at every context switch, \
+             which costs programs that switch often)"
+        )
+    } else {
+        format!("sampling: one timer per thread at {hz} Hz (--sample-cpus=false)")
+    })
+}
+
 /// `laser run`: launch, monitor, report; exit with the program's status. With `--repair`,
 /// the monitoring pauses every `--repair-after` to check the rates, until one check finds
 /// false sharing at or above the threshold and repairs it (once; `repair::online`).
@@ -212,6 +236,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     }
     let mut analysis = detector.finish();
     analysis.duration_s = elapsed.as_secs_f64();
+    analysis.notes.extend(sampling_note(&session, &config));
     if let Some(o) = &online {
         analysis.notes.push(o.note());
     }
