@@ -181,13 +181,46 @@ pub fn run(args: RunArgs) -> Result<i32> {
         let (mut checks, mut last) = (0, Duration::ZERO);
         // Set when a line crossed but the trial did not fit its budget yet (`budget.rs`).
         let mut deferred: Option<(Duration, Option<Duration>)> = None;
+        // The placement trial tried alone meanwhile, when it lost (its cost is charged to
+        // the later trial's budget).
+        let mut early: Option<Online> = None;
+        let settings = repair::Settings {
+            dry_run: false,
+            min_stores_per_flush: args.repair_opts.min_stores_per_flush,
+            trial: args.repair_opts.trial.settings(),
+            ..repair::Settings::default()
+        };
         while outcome.exit.is_none() {
             checks += 1;
             let at = start.elapsed();
             last = at;
             let mut so_far = detector.finish();
             let crossed = repair::online::crossed(&so_far, args.analysis.threshold);
-            if crossed && !repair::online::trial_fits(session.pid(), &args.repair_opts.trial) {
+            let pid = session.pid();
+            let trial = &args.repair_opts.trial;
+            if crossed
+                && early.is_none()
+                && !repair::online::trial_fits(pid, trial, Duration::ZERO)
+                && repair::online::placement_fits(pid, trial)
+            {
+                // The store buffer's trial must wait; placement alone may go now.
+                so_far.duration_s = at.as_secs_f64();
+                let report = analyze::build(&so_far, &args.analysis, None);
+                let alone = repair::Settings {
+                    placement_only: true,
+                    ..settings
+                };
+                let o = repair::online::repair_now(pid, &report, at, &alone);
+                if o.kept_any() {
+                    online = Some(o);
+                    break;
+                }
+                // Its count-only copy ran in a code cache, now gone.
+                opts.skip_pcs = o.caches();
+                early = Some(o);
+            }
+            let spent = early.as_ref().map_or(Duration::ZERO, Online::spent);
+            if crossed && !repair::online::trial_fits(pid, trial, spent) {
                 if deferred.is_none() {
                     let until =
                         repair::online::trial_fits_from(session.pid(), &args.repair_opts.trial);
@@ -198,16 +231,10 @@ pub fn run(args: RunArgs) -> Result<i32> {
                 so_far.duration_s = at.as_secs_f64();
                 let report = analyze::build(&so_far, &args.analysis, None);
                 let settings = repair::Settings {
-                    dry_run: false,
-                    min_stores_per_flush: args.repair_opts.min_stores_per_flush,
-                    trial: args.repair_opts.trial.settings(),
+                    spent_before: spent,
+                    ..settings
                 };
-                online = Some(repair::online::repair_now(
-                    session.pid(),
-                    &report,
-                    at,
-                    &settings,
-                ));
+                online = Some(repair::online::repair_now(pid, &report, at, &settings));
                 break;
             }
             outcome = monitor(&mut session, &mut detector, &opts)?;
@@ -221,6 +248,8 @@ pub fn run(args: RunArgs) -> Result<i32> {
                 (0, _) => Online::ExitedFirst {
                     after: start.elapsed(),
                 },
+                // What was done (placement tried alone, undone) over what was not.
+                (_, Some(_)) if early.is_some() => early.take().expect("checked"),
                 (_, Some((at, until))) => Online::Deferred {
                     at,
                     until,
@@ -487,6 +516,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
         dry_run: false,
         min_stores_per_flush: args.repair_opts.min_stores_per_flush,
         trial: args.repair_opts.trial.settings(),
+        ..repair::Settings::default()
     };
     let summary = repair::repair_report(pid, &report, &settings, &mut |l| println!("{l}"))?;
     if summary.functions > 0 {

@@ -70,6 +70,12 @@ pub struct Settings {
     /// Measure the repair against native speed and keep it only if it is faster
     /// (`trial.rs`); `None` (`--no-trial`) keeps it unmeasured.
     pub trial: Option<TrialSettings>,
+    /// Try placement alone (`placement.rs`), no store buffer: `run --repair` does so while
+    /// the store buffer's trial does not fit its budget yet but the placement trial's does.
+    pub placement_only: bool,
+    /// Budget this run's trials have spent already (an early placement trial): charged
+    /// before the pass, so all trials of a run together stay within one budget.
+    pub spent_before: Duration,
 }
 
 impl Default for Settings {
@@ -78,6 +84,8 @@ impl Default for Settings {
             dry_run: false,
             min_stores_per_flush: 4.0,
             trial: Some(TrialSettings::default()),
+            placement_only: false,
+            spent_before: Duration::ZERO,
         }
     }
 }
@@ -136,6 +144,9 @@ pub struct Summary {
     pub undone: Vec<Repaired>,
     /// `(function, reason)`: left untouched.
     pub refused: Vec<(String, String)>,
+    /// What the pass's trials charged to their budget (holds and losing windows), with
+    /// `Settings::spent_before`.
+    pub spent: Duration,
 }
 
 impl Summary {
@@ -174,6 +185,7 @@ pub fn run(a: RepairArgs) -> Result<i32> {
         dry_run: a.dry_run,
         min_stores_per_flush: a.min_stores_per_flush,
         trial: a.trial.settings(),
+        ..Settings::default()
     };
     let mut say = |l: &str| println!("{l}");
     let summary = if let Some(path) = &a.from {
@@ -218,7 +230,7 @@ fn repair_groups(
     say: &mut Say<'_>,
 ) -> Result<Summary> {
     let pid = space.pid;
-    let mut summary = Summary {
+    let summary = Summary {
         functions: groups.len(),
         ..Summary::default()
     };
@@ -229,8 +241,25 @@ fn repair_groups(
     say(&ssb_mode_line(None));
     // One budget for the pass: every group's trial is charged to it.
     let mut budget = budget::Budget::for_pid(pid, settings.trial.and_then(|t| t.budget));
+    budget.charge_earlier(settings.spent_before);
+    let summary = repair_each(pid, space, groups, settings, &mut budget, summary, say);
+    summary.map(|mut s| {
+        s.spent = budget.spent();
+        s
+    })
+}
+
+fn repair_each(
+    pid: i32,
+    space: &Space,
+    groups: &[Group],
+    settings: &Settings,
+    budget: &mut budget::Budget,
+    mut summary: Summary,
+    say: &mut Say<'_>,
+) -> Result<Summary> {
     for g in groups {
-        match repair_group(pid, space, g, settings, &mut budget, say) {
+        match repair_group(pid, space, g, settings, budget, say) {
             Ok(Some(r)) if r.trial.as_ref().is_some_and(|t| !t.kept()) => summary.undone.push(r),
             Ok(Some(r)) => summary.repaired.push(r),
             Ok(None) => {}

@@ -121,6 +121,16 @@ impl Budget {
         self.fraction.map(|f| self.age.mul_f64(f))
     }
 
+    /// Charges what earlier trials of the same run spent (`Settings::spent_before`).
+    pub fn charge_earlier(&mut self, d: Duration) {
+        self.spent += d;
+    }
+
+    /// What was charged so far.
+    pub fn spent(&self) -> Duration {
+        self.spent
+    }
+
     /// What is left (`Duration::MAX` without a limit).
     pub fn left(&self) -> Duration {
         self.allowed()
@@ -306,6 +316,19 @@ mod tests {
         assert_eq!(loss(&w(1000, 50), &w(1200, 50)), Duration::ZERO);
         assert_eq!(loss(&w(0, 50), &w(10, 50)), Duration::ZERO);
         assert_eq!(loss(&w(1000, 50), &w(0, 10)), Duration::from_millis(10));
+    }
+
+    #[test]
+    fn an_earlier_trial_of_the_run_is_charged_to_the_later_one() {
+        // 2 s old at 1.5%: 30 ms. Placement alone first (2 holds, 4 ms loss at most), then
+        // the full gate (3 + 3 holds and two losses) must fit what is left.
+        let mut b = Budget::with_priors(Duration::from_secs(2), Some(0.015), REALTIME_HOLDS);
+        assert!(b.affords_first_round());
+        b.charge_earlier(Duration::from_millis(20));
+        assert_eq!(b.spent(), Duration::from_millis(20));
+        assert_eq!(b.left(), Duration::from_millis(10));
+        assert!(!b.affords_first_round());
+        assert!(b.affords(1, 1, MIN_LOSS));
     }
 
     #[test]

@@ -159,7 +159,7 @@ pub fn repair_group(
         ));
     }
     let n_rounds = settings.trial.map_or(1, |t| t.rounds.max(1));
-    if settings.trial.is_some() && !budget.affords_first_round() {
+    if settings.trial.is_some() && !settings.placement_only && !budget.affords_first_round() {
         return Err(Outcome::Refused(budget_refusal(budget)));
     }
     let sizes = CacheSizes {
@@ -174,6 +174,10 @@ pub fn repair_group(
         sizes,
     };
     let mem = tracee::ProcMem::open(pid).map_err(|e| Outcome::Failed(e.into()))?;
+    if settings.placement_only {
+        let region = p.region.ranges.first().map_or(0, |r| r.0);
+        return placement_alone(&put, opts, &mem, settings, budget, label, region, say);
+    }
     // The trial: rounds of (count-only window, repaired window), alternating, so that a
     // scheduler placement that lasts a window (both threads on one CPU, a neighbour's burst)
     // falls on both plans; every round must show the gain (`trial::decide_rounds`). Each
@@ -439,6 +443,64 @@ pub fn repair_group(
         threads_held: applied.pause.threads,
         mode,
         trial,
+        placement: None,
+        trial_caches,
+    }))
+}
+
+/// The placement trial alone (`Settings::placement_only`): `run --repair` tries it while the
+/// store buffer's trial (six holds and two losing windows) does not fit its budget yet, and
+/// this one (two holds and one losing window) does. Phoenix linear_regression -O0 here: the
+/// full trial fits from a process age of ~1 s of a ~1.8 s run, placement is the repair that
+/// pays (1.3–1.6x), and waiting for the full trial left it ~14% of the padding gain.
+#[allow(clippy::too_many_arguments)]
+fn placement_alone(
+    put: &Put<'_>,
+    opts: PlanOptions,
+    mem: &tracee::ProcMem,
+    settings: &Settings,
+    budget: &mut Budget,
+    label: String,
+    region: u64,
+    say: &mut Say<'_>,
+) -> Result<Option<Repaired>, Outcome> {
+    let Some(t) = settings.trial else {
+        return Err(Outcome::Refused(
+            "placement alone is decided by a trial; --no-trial has none".to_string(),
+        ));
+    };
+    if online_cpus() < 2 {
+        return Err(Outcome::Refused(
+            "one CPU online: there is no placement to try".to_string(),
+        ));
+    }
+    if !budget.affords(1, 1, MIN_LOSS) {
+        return Err(Outcome::Refused(format!(
+            "the placement trial's holds (~{:.0} ms) and a losing window do not fit its budget \
+             ({:.1} ms left)",
+            budget.estimate(1, 1, Duration::ZERO).as_secs_f64() * 1e3,
+            budget.left().as_secs_f64() * 1e3
+        )));
+    }
+    let mut trial_caches = Vec::new();
+    let (pout, pin) = put.placement_trial(opts, mem, &t, budget, say, &mut trial_caches)?;
+    say(&format!(
+        "  placement (alone: the store buffer's trial does not fit its budget yet) {}",
+        pout.line(region)
+    ));
+    if let Some(pin) = pin {
+        let why = "the store buffer's trial did not fit its budget yet";
+        let what = placement::describe(&pin, &pout, why);
+        say(&format!("  {what}"));
+        return Ok(Some(Repaired::pinned(label, pout, what, trial_caches)));
+    }
+    Ok(Some(Repaired {
+        label,
+        cache: 0..0,
+        pause: Duration::ZERO,
+        threads_held: 0,
+        mode: None,
+        trial: Some(pout),
         placement: None,
         trial_caches,
     }))

@@ -48,13 +48,26 @@ pub enum Online {
 }
 
 /// Whether a trial (`trial` args) of process `pid` may start now: its first round's holds
-/// and a losing window fit its budget (`budget.rs`). Without a trial, or without a limit, it
-/// may.
-pub fn trial_fits(pid: i32, trial: &crate::cli::TrialArgs) -> bool {
+/// and a losing window fit its budget (`budget.rs`) less what this run's earlier trials
+/// `spent`. Without a trial, or without a limit, it may.
+pub fn trial_fits(pid: i32, trial: &crate::cli::TrialArgs, spent: Duration) -> bool {
     let Some(t) = trial.settings() else {
         return true;
     };
-    Budget::for_pid(pid, t.budget).affords_first_round()
+    let mut b = Budget::for_pid(pid, t.budget);
+    b.charge_earlier(spent);
+    b.affords_first_round()
+}
+
+/// Whether the placement trial alone (`Settings::placement_only`: two holds and a losing
+/// window) fits the budget of process `pid` now, on a machine with a CPU to take a thread
+/// from.
+pub fn placement_fits(pid: i32, trial: &crate::cli::TrialArgs) -> bool {
+    let Some(t) = trial.settings() else {
+        return false;
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cpus >= 2 && Budget::for_pid(pid, t.budget).affords(1, 1, super::budget::MIN_LOSS)
 }
 
 /// The process age from which [`trial_fits`] holds, by the budget's prior estimates.
@@ -122,6 +135,19 @@ pub fn repair_now(pid: i32, report: &Report, at: Duration, settings: &Settings) 
 }
 
 impl Online {
+    /// Whether the pass kept a repair in the process.
+    pub fn kept_any(&self) -> bool {
+        matches!(self, Online::Ran { summary, .. } if !summary.repaired.is_empty())
+    }
+
+    /// What the pass's trials charged to their budget.
+    pub fn spent(&self) -> Duration {
+        match self {
+            Online::Ran { summary, .. } => summary.spent,
+            _ => Duration::ZERO,
+        }
+    }
+
     /// The code caches now in the process (their samples are not in any ELF file).
     pub fn caches(&self) -> Vec<std::ops::Range<u64>> {
         match self {
@@ -289,8 +315,11 @@ mod tests {
                 repaired: vec![repaired("bump [0x10..0x40]")],
                 undone: Vec::new(),
                 refused: vec![("avx_loop".into(), "vmovdqu".into())],
+                spent: Duration::from_millis(3),
             },
         };
+        assert!(o.kept_any());
+        assert_eq!(o.spent(), Duration::from_millis(3));
         let s = o.section(Duration::from_secs(1), 7);
         assert!(
             s.starts_with("repaired: 1 of 2 function(s) at 1.00 s"),
