@@ -240,6 +240,15 @@ pub fn run(args: RunArgs) -> Result<i32> {
                 online = Some(repair::online::repair_now(pid, &report, at, &settings));
                 break;
             }
+            // A line has crossed and placement alone will fit at a known age: check then,
+            // not at the next --repair-after tick (up to 250 ms of the repair's gain).
+            opts.duration = Some(args.repair_after);
+            if crossed && early.is_none() {
+                if let Some(wait) = repair::online::placement_wait(pid, trial) {
+                    let soonest = Duration::from_millis(5);
+                    opts.duration = Some(wait.clamp(soonest, args.repair_after.max(soonest)));
+                }
+            }
             outcome = monitor(&mut session, &mut detector, &opts)?;
         }
         if let Some(o) = &online {

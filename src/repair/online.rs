@@ -70,6 +70,19 @@ pub fn placement_fits(pid: i32, trial: &crate::cli::TrialArgs) -> bool {
     cpus >= 2 && Budget::for_pid(pid, t.budget).affords(1, 1, super::budget::MIN_LOSS)
 }
 
+/// How long until [`placement_fits`] holds for process `pid` (its budget grows with its
+/// age); `None` when it holds now, or never will (no trial, no limit, one CPU).
+pub fn placement_wait(pid: i32, trial: &crate::cli::TrialArgs) -> Option<Duration> {
+    let t = trial.settings()?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let b = Budget::for_pid(pid, t.budget);
+    if cpus < 2 || b.affords(1, 1, super::budget::MIN_LOSS) {
+        return None;
+    }
+    let at = b.needed_age(1, 1, super::budget::MIN_LOSS)?;
+    Some(at.saturating_sub(b.age))
+}
+
 /// The process age from which [`trial_fits`] holds, by the budget's prior estimates.
 pub fn trial_fits_from(pid: i32, trial: &crate::cli::TrialArgs) -> Option<Duration> {
     let t = trial.settings()?;
