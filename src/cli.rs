@@ -334,6 +334,17 @@ pub struct TrialArgs {
     pub trial_budget: f64,
 }
 
+impl RepairTuning {
+    /// The repair settings of `run --repair` and `attach --repair`.
+    pub fn settings(&self) -> crate::repair::Settings {
+        crate::repair::Settings {
+            min_stores_per_flush: self.min_stores_per_flush,
+            trial: self.trial.settings(),
+            ..crate::repair::Settings::default()
+        }
+    }
+}
+
 impl TrialArgs {
     pub fn settings(&self) -> Option<crate::repair::TrialSettings> {
         (!self.no_trial).then(|| crate::repair::TrialSettings {

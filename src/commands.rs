@@ -187,12 +187,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         // The placement trial tried alone meanwhile, when it lost (its cost is charged to
         // the later trial's budget).
         let mut early: Option<Online> = None;
-        let settings = repair::Settings {
-            dry_run: false,
-            min_stores_per_flush: args.repair_opts.min_stores_per_flush,
-            trial: args.repair_opts.trial.settings(),
-            ..repair::Settings::default()
-        };
+        let settings = args.repair_opts.settings();
         while outcome.exit.is_none() {
             checks += 1;
             let at = start.elapsed();
@@ -201,11 +196,13 @@ pub fn run(args: RunArgs) -> Result<i32> {
             let crossed = repair::online::crossed(&so_far, args.analysis.threshold);
             let pid = session.pid();
             let trial = &args.repair_opts.trial;
-            if crossed
-                && early.is_none()
-                && !repair::online::trial_fits(pid, trial, Duration::ZERO)
-                && repair::online::placement_fits(pid, trial)
-            {
+            // (An early placement trial that loses only lowers what is left: `fits` stays.)
+            let spent = early.as_ref().map_or(Duration::ZERO, Online::spent);
+            let fits = repair::online::trial_fits(pid, trial, spent);
+            let placement = (crossed && !fits && early.is_none())
+                .then(|| repair::online::placement_wait(pid, trial))
+                .flatten();
+            if placement == Some(Duration::ZERO) {
                 // The store buffer's trial must wait; placement alone may go now.
                 so_far.duration_s = at.as_secs_f64();
                 let report = analyze::build(&so_far, &args.analysis, None);
@@ -222,11 +219,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
                 opts.skip_pcs = o.caches();
                 early = Some(o);
             }
-            let spent = early.as_ref().map_or(Duration::ZERO, Online::spent);
-            if crossed && !repair::online::trial_fits(pid, trial, spent) {
+            if crossed && !fits {
                 if deferred.is_none() {
-                    let until =
-                        repair::online::trial_fits_from(session.pid(), &args.repair_opts.trial);
+                    let until = repair::online::trial_fits_from(pid, trial);
                     eprintln!("{}", repair::online::deferral_line(at, until));
                     deferred = Some((at, until));
                 }
@@ -243,11 +238,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
             // A line has crossed and placement alone will fit at a known age: check then,
             // not at the next --repair-after tick (up to 250 ms of the repair's gain).
             opts.duration = Some(args.repair_after);
-            if crossed && early.is_none() {
-                if let Some(wait) = repair::online::placement_wait(pid, trial) {
-                    let soonest = Duration::from_millis(5);
-                    opts.duration = Some(wait.clamp(soonest, args.repair_after.max(soonest)));
-                }
+            if let Some(wait) = placement.filter(|w| !w.is_zero()) {
+                let soonest = Duration::from_millis(5);
+                opts.duration = Some(wait.clamp(soonest, args.repair_after.max(soonest)));
             }
             outcome = monitor(&mut session, &mut detector, &opts)?;
         }
@@ -524,12 +517,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
         println!("repair: interrupted; process {pid} not repaired");
         return Ok(gate::exit_code(exit::OK, tripped));
     }
-    let settings = repair::Settings {
-        dry_run: false,
-        min_stores_per_flush: args.repair_opts.min_stores_per_flush,
-        trial: args.repair_opts.trial.settings(),
-        ..repair::Settings::default()
-    };
+    let settings = args.repair_opts.settings();
     let summary = repair::repair_report(pid, &report, &settings, &mut |l| println!("{l}"))?;
     if summary.functions > 0 {
         println!(

@@ -230,7 +230,7 @@ fn repair_groups(
     say: &mut Say<'_>,
 ) -> Result<Summary> {
     let pid = space.pid;
-    let summary = Summary {
+    let mut summary = Summary {
         functions: groups.len(),
         ..Summary::default()
     };
@@ -242,24 +242,8 @@ fn repair_groups(
     // One budget for the pass: every group's trial is charged to it.
     let mut budget = budget::Budget::for_pid(pid, settings.trial.and_then(|t| t.budget));
     budget.charge_earlier(settings.spent_before);
-    let summary = repair_each(pid, space, groups, settings, &mut budget, summary, say);
-    summary.map(|mut s| {
-        s.spent = budget.spent();
-        s
-    })
-}
-
-fn repair_each(
-    pid: i32,
-    space: &Space,
-    groups: &[Group],
-    settings: &Settings,
-    budget: &mut budget::Budget,
-    mut summary: Summary,
-    say: &mut Say<'_>,
-) -> Result<Summary> {
     for g in groups {
-        match repair_group(pid, space, g, settings, budget, say) {
+        match repair_group(pid, space, g, settings, &mut budget, say) {
             Ok(Some(r)) if r.trial.as_ref().is_some_and(|t| !t.kept()) => summary.undone.push(r),
             Ok(Some(r)) => summary.repaired.push(r),
             Ok(None) => {}
@@ -286,6 +270,7 @@ fn repair_each(
             groups.len()
         );
     }
+    summary.spent = budget.spent();
     Ok(summary)
 }
 

@@ -437,8 +437,8 @@ impl Steering {
         let demote = !watcher.caps_windows();
         let duty = watcher.duty_cycle();
         for e in &estimates {
-            // (`clamped` is about the rated kind's windows; `filled` counts every window of
-            // the line, and short windows with few hits were cut short by a turn's end.)
+            // (`clamped` is about the rated kind's windows; `filled_at_cap` counts every
+            // window of the line.)
             let read_filled = e.clamped && !e.stores_only;
             if demote && read_filled && !self.read_hot.contains(&e.line_addr) {
                 self.read_hot.push(e.line_addr);

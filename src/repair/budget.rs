@@ -189,6 +189,27 @@ impl Budget {
         self.estimate(3, 3, 2 * MIN_LOSS)
     }
 
+    /// Whether the placement trial fits what is left: the count-only plan in and out and a
+    /// losing pinned window (`placement.rs`).
+    pub fn affords_placement_trial(&self) -> bool {
+        self.affords(1, 1, MIN_LOSS)
+    }
+
+    /// The process age from which a fresh budget affords the placement trial.
+    pub fn placement_trial_age(&self) -> Option<Duration> {
+        self.needed_age(1, 1, MIN_LOSS)
+    }
+
+    /// Why the placement trial is not tried: what it needs against what is left.
+    pub fn placement_trial_short(&self) -> String {
+        format!(
+            "its holds (~{:.0} ms) and a losing window do not fit what is left of the budget \
+             ({:.1} ms)",
+            self.estimate(1, 1, Duration::ZERO).as_secs_f64() * 1e3,
+            self.left().as_secs_f64() * 1e3
+        )
+    }
+
     /// A hold (or an undo's holds) happened: charge it, keep its phases for the summary,
     /// and let it inform the next estimates.
     pub fn charge_hold(&mut self, p: &PauseStats, apply: bool) {

@@ -24,7 +24,7 @@ use laser_repair::tracee::{
 };
 
 use super::budget::{Budget, MIN_LOSS};
-use super::placement;
+use super::placement::{self, online_cpus};
 use super::targets::{Group, Live, Space};
 use super::trial::{self, TrialOutcome, Verdict};
 use super::{Repaired, Say, Settings};
@@ -318,13 +318,11 @@ pub fn repair_group(
         // Undone by its trial: nothing of it is left in the process. The other repair that
         // keeps TSO trivially, one CPU for the threads, gets its own trial.
         if let (Some(t), Some(out)) = (settings.trial, &trial) {
-            let afford = budget.affords(1, 1, MIN_LOSS);
+            let afford = budget.affords_placement_trial();
             if out.verdict == Verdict::Undone && online_cpus() >= 2 && !afford {
                 say(&format!(
-                    "  placement trial not tried: its holds (~{:.0} ms) and a losing window do \
-                     not fit what is left of the budget ({:.1} ms)",
-                    budget.estimate(1, 1, Duration::ZERO).as_secs_f64() * 1e3,
-                    budget.left().as_secs_f64() * 1e3
+                    "  placement trial not tried: {}",
+                    budget.placement_trial_short()
                 ));
             }
             if out.verdict == Verdict::Undone && online_cpus() >= 2 && afford {
@@ -474,12 +472,10 @@ fn placement_alone(
             "one CPU online: there is no placement to try".to_string(),
         ));
     }
-    if !budget.affords(1, 1, MIN_LOSS) {
+    if !budget.affords_placement_trial() {
         return Err(Outcome::Refused(format!(
-            "the placement trial's holds (~{:.0} ms) and a losing window do not fit its budget \
-             ({:.1} ms left)",
-            budget.estimate(1, 1, Duration::ZERO).as_secs_f64() * 1e3,
-            budget.left().as_secs_f64() * 1e3
+            "the placement trial: {}",
+            budget.placement_trial_short()
         )));
     }
     let mut trial_caches = Vec::new();
@@ -523,12 +519,6 @@ fn budget_refusal(b: &Budget) -> String {
             None => String::new(),
         },
     )
-}
-
-/// CPUs online (the placement repair needs a second one to take a thread from).
-fn online_cpus() -> usize {
-    // SAFETY: sysconf takes an integer.
-    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize
 }
 
 /// What `tracee::apply` needs besides the plan options, so the trial's count-only plan and

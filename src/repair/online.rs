@@ -59,28 +59,19 @@ pub fn trial_fits(pid: i32, trial: &crate::cli::TrialArgs, spent: Duration) -> b
     b.affords_first_round()
 }
 
-/// Whether the placement trial alone (`Settings::placement_only`: two holds and a losing
-/// window) fits the budget of process `pid` now, on a machine with a CPU to take a thread
-/// from.
-pub fn placement_fits(pid: i32, trial: &crate::cli::TrialArgs) -> bool {
-    let Some(t) = trial.settings() else {
-        return false;
-    };
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    cpus >= 2 && Budget::for_pid(pid, t.budget).affords(1, 1, super::budget::MIN_LOSS)
-}
-
-/// How long until [`placement_fits`] holds for process `pid` (its budget grows with its
-/// age); `None` when it holds now, or never will (no trial, no limit, one CPU).
+/// How long until the placement trial alone (`Settings::placement_only`: two holds and a
+/// losing window) fits the budget of process `pid`, which grows with its age: zero when it
+/// fits now; `None` when it never will (no trial, one CPU online).
 pub fn placement_wait(pid: i32, trial: &crate::cli::TrialArgs) -> Option<Duration> {
     let t = trial.settings()?;
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let b = Budget::for_pid(pid, t.budget);
-    if cpus < 2 || b.affords(1, 1, super::budget::MIN_LOSS) {
+    if super::placement::online_cpus() < 2 {
         return None;
     }
-    let at = b.needed_age(1, 1, super::budget::MIN_LOSS)?;
-    Some(at.saturating_sub(b.age))
+    let b = Budget::for_pid(pid, t.budget);
+    if b.affords_placement_trial() {
+        return Some(Duration::ZERO);
+    }
+    Some(b.placement_trial_age()?.saturating_sub(b.age))
 }
 
 /// The process age from which [`trial_fits`] holds, by the budget's prior estimates.

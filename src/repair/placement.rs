@@ -125,17 +125,18 @@ pub fn pinned_cpu(pid: i32) -> Option<usize> {
         cpu = c;
     }
     // One CPU on a one-CPU machine is no placement.
-    (online() >= 2).then_some(cpu).flatten()
+    (online_cpus() >= 2).then_some(cpu).flatten()
 }
 
-fn online() -> usize {
+/// CPUs online (a placement needs a second one to take a thread from).
+pub fn online_cpus() -> usize {
     // SAFETY: sysconf takes an integer.
     unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize
 }
 
 /// Gives every thread of `pid` every online CPU (`laser repair --undo` of a placement).
 pub fn unpin_all(pid: i32) -> usize {
-    let n = online();
+    let n = online_cpus();
     // SAFETY: as `only`.
     let all = unsafe {
         let mut s: libc::cpu_set_t = std::mem::zeroed();
