@@ -169,6 +169,36 @@ fn o0_loop_is_a_fixed_region_with_its_frame_bypassed() {
     check(&sums, &pts);
 }
 
+/// Each buffered store of this single-block loop writes three words of the thread's log
+/// (address, size, value) and nothing else: its loads find the youngest value at a fixed
+/// distance back in the log, so no per-location shadow is written (one store in four fewer).
+#[test]
+fn o0_loop_appends_write_three_words_each() {
+    use iced_x86::{Decoder, InstructionInfoFactory, OpAccess, Register};
+    let t = twin(&build, &pcs, strict()).unwrap();
+    let rt = &t.plan.runtime;
+    let region = (rt.code_addr + rt.code_len).div_ceil(16) * 16;
+    let code = &t.plan.cache.code;
+    let off = (region - t.plan.cache.code_addr) as usize;
+    let mut info = InstructionInfoFactory::new();
+    let mut writes = 0;
+    // The hot path of one iteration: from the loop head to its own `jl` (the condition).
+    for i in Decoder::with_ip(64, &code[off..], region, 0) {
+        if i.mnemonic() == iced_x86::Mnemonic::Jl {
+            break;
+        }
+        // (Frame accesses run verbatim; a spill's push writes the stack.)
+        writes += info
+            .info(&i)
+            .used_memory()
+            .iter()
+            .filter(|m| matches!(m.access(), OpAccess::Write | OpAccess::ReadWrite))
+            .filter(|m| !matches!(m.base(), Register::RBP | Register::RSP))
+            .count();
+    }
+    assert_eq!(writes, 5 * 3, "five appends of (address, size, value)");
+}
+
 /// A store into the frame slot `args` is reloaded from makes its value move: not fixed.
 #[test]
 fn a_stored_slot_is_not_a_fixed_base() {

@@ -28,7 +28,9 @@
 //! Forwarding from the slot's entry is right because no other location of the group
 //! overlaps it (checked statically; otherwise such loads always take the helper) and no
 //! other group overlaps it (checked at run time by the range tests). In a single-block
-//! loop the slot test becomes `cmp rc,d` (see `single_block_distances`). Code generation:
+//! loop the slot test becomes `cmp rc,d` (see `single_block_distances`) and the value is read
+//! from the entry itself, `d` appends back: such a region's stores write neither slot nor
+//! shadow, three words per buffered store (address, size, value). Code generation:
 //! `fixed_emit.rs`.
 
 use super::cfg::Cfg;

@@ -42,11 +42,12 @@ fn nop_at(l: u64) -> Instruction {
 }
 
 impl Emitter<'_> {
-    /// The fixed-region sequence of one access (layouts in the module doc). Hot path of a
-    /// load that forwards: `mov c,[slot]; cmp c,32; jb cold; mov v,[entry]`; of a load that
-    /// cannot overlap its own group: the range tests of the other groups and the original
-    /// instruction; of a store: `lea a; mov c,[count]; shl c,5; 3 entry writes; add c,32;
-    /// mov [slot],c; add [count],1`.
+    /// The fixed-region sequence of one access (layouts in `fixed.rs`). Hot path of a load
+    /// that forwards: `cmp [slot],8; jb memory; mov v,[shadow]`, or in a slotless region
+    /// `cmp rc,d; jb memory; lea c,[rc*8+8]; mov v,[entry d back]`; of a load that cannot
+    /// overlap its own group: the range tests of the other groups and the original
+    /// instruction; of a store: `lea a; lea c,[rc*8+8]; 3 entry writes; (mov [slot],c;
+    /// mov [shadow],v, unless slotless); lea rc,[rc+1]`.
     pub(super) fn emit_fixed(&mut self, s: FixedSeq) -> Result<bool, RefusalReason> {
         let (Some(rs), Some(fixed), Some(rc)) = (self.rs, self.fixed.as_ref(), self.count_reg)
         else {
@@ -80,6 +81,8 @@ impl Emitter<'_> {
                 Register::None,
             )
         };
+        // `lea c, [rc*8 + 8]`: c for the entry the next append writes (entry `rc`).
+        let count_next = MemoryOperand::new(Register::None, rc, 8, 8, 1, false, Register::None);
         let (back_load, back_store, helper_load) = (self.label(), self.label(), self.label());
         let mut hot = s.prologue;
         let mut cold: Vec<Instruction> = Vec::new();
@@ -180,14 +183,27 @@ impl Emitter<'_> {
             } else if let (true, Some(slot)) = (acc.forward, acc.slot) {
                 let direct = self.label();
                 hot.extend(tests);
-                match acc.distance {
-                    Some(d) => hot.push(ri(Code::Cmp_rm64_imm32, rc, d as i32)?),
-                    None => hot.push(mi(Code::Cmp_rm64_imm8, slot_mem(slot), 8)?),
+                match (acc.distance, slotless) {
+                    // The location's youngest entry is `d` appends back (every store of a
+                    // slotless region appends): read its value there, so stores need not
+                    // write a shadow (one store fewer per buffered store).
+                    (Some(d), true) => hot.extend([
+                        ri(Code::Cmp_rm64_imm32, rc, d as i32)?,
+                        br(Code::Jb_rel32_64, direct)?,
+                        rm(Code::Lea_r64_m, c, count_next)?,
+                        rm(Code::Mov_r64_rm64, v, entry(c, -16 - 32 * d as i32))?,
+                    ]),
+                    (d, _) => {
+                        match d {
+                            Some(d) => hot.push(ri(Code::Cmp_rm64_imm32, rc, d as i32)?),
+                            None => hot.push(mi(Code::Cmp_rm64_imm8, slot_mem(slot), 8)?),
+                        }
+                        hot.extend([
+                            br(Code::Jb_rel32_64, direct)?,
+                            rm(Code::Mov_r64_rm64, v, shadow(slot))?,
+                        ]);
+                    }
                 }
-                hot.extend([
-                    br(Code::Jb_rel32_64, direct)?,
-                    rm(Code::Mov_r64_rm64, v, shadow(slot))?,
-                ]);
                 match original {
                     Some(o) => {
                         let mut part = restore_in.clone();
@@ -252,18 +268,16 @@ impl Emitter<'_> {
                 cold.extend(part);
             }
             let mut append = vec![
-                rm(
-                    Code::Lea_r64_m,
-                    c,
-                    MemoryOperand::new(Register::None, rc, 8, 8, 1, false, Register::None),
-                )?,
+                rm(Code::Lea_r64_m, c, count_next)?,
                 mr(Code::Mov_rm64_r64, entry(c, -32), a)?,
                 mi(Code::Mov_rm64_imm32, entry(c, -24), s.size as i32)?,
                 mr(Code::Mov_rm64_r64, entry(c, -16), v)?,
-                mr(Code::Mov_rm64_r64, shadow(slot), v)?,
                 rm(Code::Lea_r64_m, rc, mem(rc, Register::None, 1))?,
             ];
             if !slotless {
+                // Loads of a slotted location read its slot and its shadow; a slotless
+                // region's loads read the entry itself (above).
+                append.insert(4, mr(Code::Mov_rm64_r64, shadow(slot), v)?);
                 append.insert(4, mr(Code::Mov_rm64_r64, slot_mem(slot), c)?);
             }
             let mut body: Vec<Instruction> = tests;
