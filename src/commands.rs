@@ -82,10 +82,11 @@ fn sampling_note(session: &Session, config: &Config) -> Option<String> {
         return None;
     }
     let hz = config.frequency;
-    Some(if session.samples_whole_cpus() {
+    Some(if let Some((lo, hi)) = session.whole_cpu_hz() {
         format!(
-            "sampling: whole CPUs at {hz} Hz, other processes' samples dropped as read ({} \
-             dropped); `--sample-cpus=false` gives every thread its own timer",
+            "sampling: whole CPUs at {lo}-{hi} Hz (each CPU at its own rate, so their timers \
+             keep no common phase), other processes' samples dropped as read ({} dropped); \
+             `--sample-cpus=false` gives every thread its own timer",
             session.stats().foreign
         )
     } else if config.sample_cpus {

@@ -137,6 +137,22 @@ pub fn soft_cpu_wide(freq: u64) -> b::perf_event_attr {
     a
 }
 
+/// The frequency CPU `cpu`'s whole-CPU sampler runs at: `freq` on CPU 0, up to 10% lower on
+/// the others (the golden-ratio fraction of `cpu` picks where in that range), so no two
+/// CPUs' timers keep one phase. Opened together at one frequency, the CPUs' hrtimers fired
+/// within 0.1 ms of each other for a whole run (every sample of a recorded Phoenix
+/// linear_regression -O0 run, both CPUs): each sample caught both threads at the same
+/// instant, the same few instructions of the loop came up run after run, and in some runs
+/// never the reading thread's loads of the contended line (7 of 30 runs missed it where one
+/// timer per thread, whose phases are the threads' own, missed 0 of 20). With periods
+/// that differ by ~6%, the CPUs' relative phase sweeps the whole period every ~16 samples.
+pub fn cpu_wide_frequency(freq: u64, cpu: u32) -> u64 {
+    // frac(cpu * 0.618…) in thousandths, scaled to 0–100 (permille of extra period).
+    let golden = (u64::from(cpu) * 618_034) % 1_000_000;
+    let extra_permille = golden / 10_000;
+    (freq * 1000 / (1000 + extra_permille)).max(1)
+}
+
 /// A counting (never sampling) cpu-clock event that carries the tracking records and owns
 /// the ring buffer when the session does not sample (watch-only sessions). (The watchpoint
 /// duty cycle reads the target's CPU time from its process clock, not from this count:
@@ -313,6 +329,23 @@ pub fn describe(a: &b::perf_event_attr) -> String {
 mod tests {
     use super::*;
     use linux_perf_event_reader::SampleFormat;
+
+    #[test]
+    fn whole_cpu_samplers_run_at_frequencies_that_keep_no_common_phase() {
+        assert_eq!(cpu_wide_frequency(500, 0), 500);
+        let f: Vec<u64> = (0..16).map(|c| cpu_wide_frequency(500, c)).collect();
+        // Never above the requested rate (the kernel's maximum), at most 10% below it.
+        assert!(f.iter().all(|&x| (450..=500).contains(&x)), "{f:?}");
+        // The two CPUs of a small machine differ by several percent: their relative phase
+        // moves by that share of a period every sample.
+        assert!(f[0] - f[1] >= 20, "{f:?}");
+        // Eight CPUs: eight different periods.
+        let mut eight = f[..8].to_vec();
+        eight.sort_unstable();
+        eight.dedup();
+        assert_eq!(eight.len(), 8, "{f:?}");
+        assert_eq!(cpu_wide_frequency(1, 3), 1);
+    }
 
     #[test]
     fn soft_attr_round_trips_through_the_parser() {

@@ -174,6 +174,8 @@ pub struct Session {
     /// writing into that CPU's leader ring; the leaders only track. Empty: the leaders
     /// sample (per task).
     samplers: Vec<OwnedFd>,
+    /// Each sampler's frequency ([`attr::cpu_wide_frequency`]: one per CPU).
+    sampler_hz: Vec<u64>,
     /// With CPU-wide samplers: the target's processes (the launched one and those it forked),
     /// whose samples are kept; every other process's are dropped as they are read.
     target_pids: BTreeSet<u32>,
@@ -302,6 +304,7 @@ impl Session {
             start_perf_ns: clock_ns(libc::CLOCK_MONOTONIC),
             pidfd: pidfd_open(pid),
             samplers: Vec::new(),
+            sampler_hz: Vec::new(),
             target_pids: BTreeSet::from([pid as u32]),
         })
     }
@@ -343,12 +346,14 @@ impl Session {
     /// Launch with CPU-wide sampling: the sampler for `cpu`, writing into the leader just
     /// opened for it, disabled until the exec.
     fn open_sampler(&mut self, cpu: i32) -> Result<(), DriverError> {
-        let a = attr::soft_cpu_wide(self.config.frequency);
+        let freq = attr::cpu_wide_frequency(self.config.frequency, cpu.unsigned_abs());
+        let a = attr::soft_cpu_wide(freq);
         let fd = sys::open(&a, -1, cpu, &format!("cpu-clock sampling of cpu {cpu}"))?;
         let leader = self.leaders.last().expect("the leader is opened first");
         sys::set_output(&fd, leader.fd.as_raw_fd())?;
         self.decoder.add_source(sys::event_id(&fd)?, Source::Soft);
         self.samplers.push(fd);
+        self.sampler_hz.push(freq);
         Ok(())
     }
 
@@ -678,6 +683,14 @@ impl Session {
     /// ([`attr::soft_cpu_wide`]), rather than the target's threads each by its own timer.
     pub fn samples_whole_cpus(&self) -> bool {
         !self.samplers.is_empty()
+    }
+
+    /// The lowest and highest frequency of the whole-CPU samplers (None: none open).
+    pub fn whole_cpu_hz(&self) -> Option<(u64, u64)> {
+        Some((
+            *self.sampler_hz.iter().min()?,
+            *self.sampler_hz.iter().max()?,
+        ))
     }
 
     pub fn pid(&self) -> i32 {
