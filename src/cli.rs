@@ -150,13 +150,14 @@ pub struct MonitorArgs {
     /// machine allows CPU-wide events (root, or perf_event_paranoid ≤ 0), instead of one timer
     /// per thread: a thread's own timer restarts at every context switch, which on a virtual
     /// machine costs a program meeting at barriers thousands of times a second several percent.
-    /// Not the default: the real-program suite missed a line more often with it in a noisy
-    /// phase of this VM (benchmarks/RESULTS.md, nineteenth session). The report's `sampling`
-    /// note says which was used. Ignored by attach (always per thread).
+    /// The default; `--sample-cpus=false` gives every thread its own timer. Each CPU's timer
+    /// runs at its own rate (up to 10% under --freq) so the CPUs' samples never line up
+    /// (benchmarks/RESULTS.md, twentieth session). The report's `sampling` note says which
+    /// was used. Ignored by attach (always per thread).
     #[arg(
         long = "sample-cpus",
         value_name = "BOOL",
-        default_value_t = false,
+        default_value_t = true,
         num_args = 0..=1,
         require_equals = true,
         default_missing_value = "true",
@@ -573,14 +574,14 @@ mod tests {
     }
 
     #[test]
-    fn whole_cpu_sampling_is_opt_in_and_takes_an_attached_value_only() {
+    fn whole_cpu_sampling_is_the_default_and_takes_an_attached_value_only() {
         let run = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
             Command::Run(r) => (r.monitor.sample_cpus, r.command),
             _ => panic!("not a run"),
         };
         assert_eq!(
             run(&["laser", "run", "./app"]),
-            (false, vec!["./app".into()])
+            (true, vec!["./app".into()])
         );
         assert!(!run(&["laser", "run", "--sample-cpus=false", "./app"]).0);
         assert!(run(&["laser", "run", "--sample-cpus=true", "./app"]).0);

@@ -96,10 +96,7 @@ fn sampling_note(session: &Session, config: &Config) -> Option<String> {
              which costs programs that switch often)"
         )
     } else {
-        format!(
-            "sampling: one timer per thread at {hz} Hz; `--sample-cpus` samples whole CPUs \
-             instead, which costs programs that switch threads often less"
-        )
+        format!("sampling: one timer per thread at {hz} Hz (--sample-cpus=false)")
     })
 }
 
