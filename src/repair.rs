@@ -113,12 +113,13 @@ pub struct Repaired {
 }
 
 impl Repaired {
-    /// A function repaired by placement alone: no code cache is left in the target (the
-    /// trials' count-only copies are gone), its threads are pinned as `what` says.
-    pub fn pinned(
+    /// A function whose repair in the end is placement's trial alone: no code cache is left
+    /// in the target (the trials' count-only copies are gone); its threads are pinned as
+    /// `placement` says, or (`None`, the trial lost) left as they were.
+    pub fn by_placement(
         label: String,
         trial: TrialOutcome,
-        what: String,
+        placement: Option<String>,
         trial_caches: Vec<Range<u64>>,
     ) -> Repaired {
         Repaired {
@@ -128,7 +129,7 @@ impl Repaired {
             threads_held: 0,
             mode: None,
             trial: Some(trial),
-            placement: Some(what),
+            placement,
             trial_caches,
         }
     }

@@ -333,7 +333,12 @@ pub fn repair_group(
                 if let Some(pin) = pin {
                     let what = placement::describe(&pin, &pout, "the store buffer lost its trial");
                     say(&format!("  {what}"));
-                    return Ok(Some(Repaired::pinned(label, pout, what, trial_caches)));
+                    return Ok(Some(Repaired::by_placement(
+                        label,
+                        pout,
+                        Some(what),
+                        trial_caches,
+                    )));
                 }
             }
         }
@@ -386,7 +391,12 @@ pub fn repair_group(
                     &format!("faster than the store buffer's {:.2}x", out.speedup()),
                 );
                 say(&format!("  {what}"));
-                return Ok(Some(Repaired::pinned(label, pout, what, trial_caches)));
+                return Ok(Some(Repaired::by_placement(
+                    label,
+                    pout,
+                    Some(what),
+                    trial_caches,
+                )));
             }
             // Placement lost (or won by less): the store buffer goes back in, as measured.
             let (again, _, _) = put.apply(opts, say)?;
@@ -484,22 +494,18 @@ fn placement_alone(
         "  placement (alone: the store buffer's trial does not fit its budget yet) {}",
         pout.line(region)
     ));
-    if let Some(pin) = pin {
+    let pinned = pin.map(|pin| {
         let why = "the store buffer's trial did not fit its budget yet";
         let what = placement::describe(&pin, &pout, why);
         say(&format!("  {what}"));
-        return Ok(Some(Repaired::pinned(label, pout, what, trial_caches)));
-    }
-    Ok(Some(Repaired {
+        what
+    });
+    Ok(Some(Repaired::by_placement(
         label,
-        cache: 0..0,
-        pause: Duration::ZERO,
-        threads_held: 0,
-        mode: None,
-        trial: Some(pout),
-        placement: None,
+        pout,
+        pinned,
         trial_caches,
-    }))
+    )))
 }
 
 /// Why a trial does not start: its first round's holds do not fit the budget (`budget.rs`).

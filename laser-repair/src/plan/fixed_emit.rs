@@ -183,26 +183,20 @@ impl Emitter<'_> {
             } else if let (true, Some(slot)) = (acc.forward, acc.slot) {
                 let direct = self.label();
                 hot.extend(tests);
+                hot.push(match acc.distance {
+                    Some(d) => ri(Code::Cmp_rm64_imm32, rc, d as i32)?,
+                    None => mi(Code::Cmp_rm64_imm8, slot_mem(slot), 8)?,
+                });
+                hot.push(br(Code::Jb_rel32_64, direct)?);
                 match (acc.distance, slotless) {
                     // The location's youngest entry is `d` appends back (every store of a
                     // slotless region appends): read its value there, so stores need not
                     // write a shadow (one store fewer per buffered store).
                     (Some(d), true) => hot.extend([
-                        ri(Code::Cmp_rm64_imm32, rc, d as i32)?,
-                        br(Code::Jb_rel32_64, direct)?,
                         rm(Code::Lea_r64_m, c, count_next)?,
                         rm(Code::Mov_r64_rm64, v, entry(c, -16 - 32 * d as i32))?,
                     ]),
-                    (d, _) => {
-                        match d {
-                            Some(d) => hot.push(ri(Code::Cmp_rm64_imm32, rc, d as i32)?),
-                            None => hot.push(mi(Code::Cmp_rm64_imm8, slot_mem(slot), 8)?),
-                        }
-                        hot.extend([
-                            br(Code::Jb_rel32_64, direct)?,
-                            rm(Code::Mov_r64_rm64, v, shadow(slot))?,
-                        ]);
-                    }
+                    _ => hot.push(rm(Code::Mov_r64_rm64, v, shadow(slot))?),
                 }
                 match original {
                     Some(o) => {
@@ -272,14 +266,16 @@ impl Emitter<'_> {
                 mr(Code::Mov_rm64_r64, entry(c, -32), a)?,
                 mi(Code::Mov_rm64_imm32, entry(c, -24), s.size as i32)?,
                 mr(Code::Mov_rm64_r64, entry(c, -16), v)?,
-                rm(Code::Lea_r64_m, rc, mem(rc, Register::None, 1))?,
             ];
             if !slotless {
                 // Loads of a slotted location read its slot and its shadow; a slotless
                 // region's loads read the entry itself (above).
-                append.insert(4, mr(Code::Mov_rm64_r64, shadow(slot), v)?);
-                append.insert(4, mr(Code::Mov_rm64_r64, slot_mem(slot), c)?);
+                append.extend([
+                    mr(Code::Mov_rm64_r64, slot_mem(slot), c)?,
+                    mr(Code::Mov_rm64_r64, shadow(slot), v)?,
+                ]);
             }
+            append.push(rm(Code::Lea_r64_m, rc, mem(rc, Register::None, 1))?);
             let mut body: Vec<Instruction> = tests;
             body.append(&mut append);
             body[0].set_ip(retry);
