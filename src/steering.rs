@@ -26,6 +26,7 @@
 //!   between read+write and store-only turns: stores that come a few times a millisecond
 //!   fall between read-filled windows.
 
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -273,7 +274,7 @@ impl Steering {
             watcher
                 .arm_front(&specs)
                 .with_context(|| format!("arming a front window on line {:#x}", front.line_addr))?;
-            self.begin_turn(Turn::Front, now, hits);
+            self.begin_turn(Turn::Front, now, hits, &specs);
             return Ok(());
         }
         let over = match self.turn {
@@ -353,7 +354,7 @@ impl Steering {
                 .with_context(|| format!("arming an edge probe on line {line:#x}"))?;
             self.idle = false;
             self.probing = Some(line);
-            self.begin_turn(Turn::Probe, now, hits);
+            self.begin_turn(Turn::Probe, now, hits, &specs);
             return Ok(());
         }
         // Code turns take every other turn while an instruction is due for one.
@@ -465,7 +466,7 @@ impl Steering {
         watcher
             .arm(&specs)
             .with_context(|| format!("arming watchpoints on line {:#x}", c.line_addr))?;
-        self.begin_turn(turn, now, hits);
+        self.begin_turn(turn, now, hits, &specs);
         if turn == Turn::Survey {
             self.surveying = Some(c);
         }
@@ -502,11 +503,34 @@ impl Steering {
         detector.edge_probe(line)
     }
 
-    /// `turn` holds the watchpoints from `now`; its time and hits count from here.
-    fn begin_turn(&mut self, turn: Turn, now: Instant, hits: u64) {
+    /// `turn` holds the watchpoints (`specs`) from `now`; its time and hits count from here.
+    fn begin_turn(&mut self, turn: Turn, now: Instant, hits: u64, specs: &[WatchSpec]) {
         self.turn = Some((turn, now));
         self.counted = Duration::ZERO;
         self.hits_at_start = hits;
+        self.trace(now, turn, specs);
+    }
+
+    /// With `LASER_TRACE_STEERING` set in laser's environment: one line on stderr per turn
+    /// (time since steering began, the turn, the kind and words watched), to see which lines
+    /// a live run watched when (a recording has the windows, not why they were chosen).
+    fn trace(&self, now: Instant, turn: Turn, specs: &[WatchSpec]) {
+        static ON: OnceLock<bool> = OnceLock::new();
+        if !*ON.get_or_init(|| std::env::var_os("LASER_TRACE_STEERING").is_some()) {
+            return;
+        }
+        let ms = self
+            .started
+            .map_or(0.0, |s| now.duration_since(s).as_secs_f64() * 1e3);
+        let kind = specs.first().map(|s| s.kind);
+        let words: Vec<String> = specs
+            .iter()
+            .map(|s| format!("{:#x}/{}", s.addr, s.len))
+            .collect();
+        eprintln!(
+            "laser steering: {ms:9.1} ms {turn:?} {kind:?} [{}]",
+            words.join(" ")
+        );
     }
 
     /// A code turn: instruction breakpoints on `pcs`.
@@ -530,7 +554,7 @@ impl Steering {
             .with_context(|| format!("arming code watchpoints on {pcs:#x?}"))?;
         self.counting = watcher.is_counting();
         self.idle = false;
-        self.begin_turn(Turn::Code, now, hits);
+        self.begin_turn(Turn::Code, now, hits, &specs);
         Ok(())
     }
 
