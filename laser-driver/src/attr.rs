@@ -166,6 +166,22 @@ pub fn tracking(binding: Binding, wakeup_bytes: u32) -> b::perf_event_attr {
     a
 }
 
+/// The owner of one thread's watch ring (launch): a dummy software event on that thread
+/// alone (`cpu = -1`), which counts nothing and writes no record of its own; the thread's
+/// window events (`cpu = -1` too) write into its ring. The kernel lets an event write into
+/// another's ring only on the same CPU, or, for `cpu = -1`, of the same thread: without a
+/// ring per thread, a window needs one event per slot *and CPU* on every thread, each of
+/// them an open, an enable and a close that interrupt the thread's CPU. Same sample layout
+/// as [`watch`], so one parser reads every record (lost-record trailers included).
+pub fn watch_ring() -> b::perf_event_attr {
+    let mut a = base(Binding::Attach);
+    a.type_ = b::PERF_TYPE_SOFTWARE;
+    a.config = b::PERF_COUNT_SW_DUMMY as u64;
+    a.__bindgen_anon_1.sample_period = 0;
+    a.sample_stack_user = 0;
+    a
+}
+
 /// A hardware data watchpoint. Opened disabled (and, for launch, without enable_on_exec) at
 /// [`PARKED_ADDR`]; `arm` re-points it with `PERF_EVENT_IOC_MODIFY_ATTRIBUTES`, which demands
 /// that every field except bp_addr/bp_type/bp_len/disabled equal the opened attr — so

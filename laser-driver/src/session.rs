@@ -14,6 +14,9 @@
 //!  cpu1: leader ◀─ watch slot 0..3     tid B: …   │
 //!   └ ring ──┴─▶ poll: drain all rings, decode, sort batch by time ─▶ sink(Event)
 //! ```
+//!
+//! Launch windows write into a ring per watched thread instead (`watch::ThreadRing`, owned
+//! by a dummy event on that thread), drained after the leaders'.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ffi::OsString;
@@ -505,6 +508,14 @@ impl Session {
                 revents: 0,
             });
         }
+        let rings_from = pfds.len();
+        if let Some(w) = &self.watcher {
+            pfds.extend(w.thread_ring_fds().into_iter().map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            }));
+        }
         if pfds.is_empty() {
             std::thread::sleep(timeout);
             return Ok(());
@@ -533,6 +544,13 @@ impl Session {
         for (p, &i) in pfds.iter().zip(&live) {
             if p.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
                 self.leaders[i].hup = true;
+            }
+        }
+        if let Some(w) = &mut self.watcher {
+            for p in &pfds[rings_from..] {
+                if p.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+                    w.thread_ring_hung_up(p.fd);
+                }
             }
         }
         Ok(())
@@ -592,6 +610,20 @@ impl Session {
                 w.ring_samples(l.key, hits);
             }
         }
+        // Launch: each watched thread's own ring (`watch::ThreadRing`), after the leaders:
+        // an exit record read there is later than everything its thread wrote here.
+        if let Some(w) = watcher.as_mut() {
+            w.drain_thread_rings(|ring| {
+                let before = batch.len();
+                if ring::drain(ring, scratch, |raw| batch.extend(decoder.decode(raw))).is_err() {
+                    *ring_errors += 1;
+                }
+                batch[before..]
+                    .iter()
+                    .filter(|e| matches!(e, Event::Sample(s) if s.watch_slot.is_some()))
+                    .count() as u64
+            });
+        }
         closed.iter().for_each(|&id| decoder.remove_source(id));
         // Watch markers queued since the last drain (arm/disarm between polls, duty-cycle
         // transitions at the last tick) are later than everything drained before and are
@@ -644,8 +676,11 @@ impl Session {
                         open_error.get_or_insert(err);
                     }
                 }
-                (Event::Exit { pid, tid, .. }, Some(w)) if pid == tid => {
-                    w.retire_process(*pid as libc::pid_t)
+                (Event::Exit { pid, tid, .. }, Some(w)) => {
+                    w.thread_exited(*tid as i32);
+                    if pid == tid {
+                        w.retire_process(*pid as libc::pid_t)
+                    }
                 }
                 _ => {}
             }

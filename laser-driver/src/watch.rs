@@ -9,9 +9,13 @@
 //! events (below): the limit outlives a window, so an event that trapped is replaced by a
 //! fresh one before it counts again ([`Watcher::enable_attached`]).
 //!
-//! **Launch** (per thread and CPU, never `inherit`): events exist only while a window counts.
+//! **Launch** (per thread, never `inherit`): events exist only while a window counts.
 //! A window opens the armed set on every thread of the target then alive, one event per slot
-//! and CPU (writing into that CPU's leader ring), and closes them when it ends. A thread
+//! writing into the thread's own watch ring ([`ThreadRing`], made at the thread's first
+//! window and kept until it exits), and closes them when it ends. (The kernel lets a
+//! `cpu = -1` event write only into a ring of the same thread; into the per-CPU leader rings
+//! it takes one event per slot *and CPU*, which is what a thread whose ring could not be
+//! made, and every inherited window, still gets.) A thread
 //! created while a window counts gets its events when its creation record is read (the
 //! reader wakes at least every 50 ms); one created between windows costs nothing, and the next
 //! window opens events on it.
@@ -139,6 +143,36 @@ struct RingLeader {
     wake: RingWake,
 }
 
+/// Data pages of a thread's watch ring ([`ThreadRing`]): 32 KiB, about 130 hits with their
+/// registers, where the reader wakes at a window event's limit (tens of hits).
+const THREAD_RING_PAGES: usize = 8;
+
+/// Launch: the ring one thread's window events write into ([`attr::watch_ring`]), made at
+/// the first window that opens events on the thread and kept until it exits. With it a
+/// window opens one event per slot on a thread, not one per slot and CPU: on this 2-CPU VM
+/// half the opens, enables and closes (each one interrupts the thread's CPU), on a 64-CPU
+/// machine a 64th.
+struct ThreadRing {
+    fd: OwnedFd,
+    ring: MmapRing,
+    wake: RingWake,
+    /// Its thread exited (the owner hung up): dropped once drained.
+    hup: bool,
+}
+
+impl ThreadRing {
+    fn open(tid: i32) -> Result<Self, DriverError> {
+        let fd = sys::open(&attr::watch_ring(), tid, -1, "watch ring")?;
+        let ring = MmapRing::new(&fd, THREAD_RING_PAGES)?;
+        Ok(ThreadRing {
+            fd,
+            ring,
+            wake: RingWake::default(),
+            hup: false,
+        })
+    }
+}
+
 /// The kernel's wake-up counter of one leader ring, followed from the samples read.
 ///
 /// Wake-ups are counted per ring, not per event: every watch sample written into a CPU's
@@ -234,6 +268,9 @@ struct WatchEvent {
     /// Attach: the thread's leader key; launch: the thread the event was opened on.
     key: i64,
     slot: u8,
+    /// The CPU it counts on, -1 for all (attach, and launch events writing into their
+    /// thread's own ring).
+    cpu: i32,
     fd: OwnedFd,
     /// As opened: `MODIFY_ATTRIBUTES` wants every other field unchanged ([`attr::repoint`]).
     attr: perf_event_attr,
@@ -267,6 +304,10 @@ pub struct Watcher {
     cpus: u32,
     /// Launch: each CPU's leader and its ring's wake-up counter ([`RingLeader`]).
     leaders: Vec<RingLeader>,
+    /// Launch: each thread's watch ring once a window opened events on it ([`ThreadRing`]);
+    /// `None` where one could not be made (the mlock limit, descriptors): that thread's
+    /// events go per CPU into the leaders' rings, as every inherited window's do.
+    thread_rings: BTreeMap<i32, Option<ThreadRing>>,
     /// Launch: ids of events opened since the session last asked (for its decoder)…
     opened_ids: Vec<(u64, u8)>,
     /// …and of events closed since: forgotten once the records written before are read.
@@ -358,6 +399,7 @@ impl Watcher {
             front: false,
             cpus: crate::sys::online_cpus().map_or(1, |c| c.len().max(1) as u32),
             leaders: Vec::new(),
+            thread_rings: BTreeMap::new(),
             opened_ids: Vec::new(),
             closed_ids: Vec::new(),
             nofile_raised: false,
@@ -465,6 +507,7 @@ impl Watcher {
             self.events.push(WatchEvent {
                 key,
                 slot,
+                cpu,
                 fd,
                 attr: a,
                 id,
@@ -670,7 +713,7 @@ impl Watcher {
     /// rollover if they are paid for (a new counting window starts once the spent events are
     /// renewed).
     pub(crate) fn note_hit(&mut self, tid: u32, cpu: u32, slot: u8, time: u64) -> Option<Event> {
-        let cpu = if self.binding == Binding::Attach {
+        let cpu = if self.per_thread_events(tid as i32) {
             u32::MAX
         } else {
             cpu
@@ -726,24 +769,39 @@ impl Watcher {
             .partition(|e| hot.contains(&(e.key, e.slot)));
         self.events = keep;
         self.closed_ids.extend(spent.iter().map(|e| e.id));
+        // Each is replaced where it counted: on its CPU, or on its thread's own ring.
+        let places: BTreeSet<(i64, u8, i32)> =
+            spent.iter().map(|e| (e.key, e.slot, e.cpu)).collect();
         // Closed before the new ones open: a thread has 4 debug registers per CPU.
         drop(spent);
         let now = now_ns();
         for &(key, slot) in &hot {
             self.renewed_since.insert((key, slot), now);
         }
-        for (key, slot) in hot {
-            if slot as usize >= self.specs.len() {
-                continue; // a straggler of a set armed before
+        let mut gone = BTreeSet::new();
+        for (key, slot, cpu) in places {
+            let tid = key as i32;
+            if slot as usize >= self.specs.len() || gone.contains(&tid) {
+                continue; // a straggler of a set armed before, or a thread that exited
             }
-            for leader in 0..self.leaders.len() {
-                let r = open_replacing(|| self.open_slot(key as i32, leader, slot as usize));
-                let Some(ev) = self.opened_or_passed_over(key as i32, r)? else {
-                    break;
+            let r = if cpu < 0 {
+                let Some(Some(ring)) = self.thread_rings.get(&tid) else {
+                    continue; // its thread exited and its ring went
                 };
-                self.opened_ids.push((ev.id, ev.slot));
-                self.events.push(ev);
-            }
+                let (out, wake) = (ring.fd.as_raw_fd(), ring.wake);
+                open_replacing(|| self.open_slot_to(tid, -1, out, wake, slot as usize))
+            } else {
+                let Some(leader) = self.leaders.iter().position(|l| l.cpu == cpu) else {
+                    continue;
+                };
+                open_replacing(|| self.open_slot(tid, leader, slot as usize))
+            };
+            let Some(ev) = self.opened_or_passed_over(tid, r)? else {
+                gone.insert(tid);
+                continue;
+            };
+            self.opened_ids.push((ev.id, ev.slot));
+            self.events.push(ev);
         }
         Ok(())
     }
@@ -756,6 +814,9 @@ impl Watcher {
         let limit = self.limit();
         for l in &mut self.leaders {
             l.wake.rearm(limit);
+        }
+        for r in self.thread_rings.values_mut().flatten() {
+            r.wake.rearm(limit);
         }
         if !self.nofile_raised {
             // A window holds armed slots × CPUs descriptors per thread: 8 per thread here,
@@ -882,9 +943,21 @@ impl Watcher {
         }
     }
 
-    /// Opens the armed set on thread `tid`, one event per slot and CPU, for the leaders from
-    /// index `from` on.
+    /// Opens the armed set on thread `tid`: one event per slot into the thread's own ring
+    /// ([`ThreadRing`]), or, where it has none (inherited windows, or a ring that could not be
+    /// made), one per slot and CPU into the leaders' rings, for the leaders from index `from`
+    /// on.
     fn open_thread(&mut self, tid: i32, from: usize) -> Result<(), DriverError> {
+        if from == 0 {
+            if let Some((out, wake)) = self.thread_ring(tid)? {
+                for slot in 0..self.specs.len() {
+                    let ev = self.open_slot_to(tid, -1, out, wake, slot)?;
+                    self.opened_ids.push((ev.id, ev.slot));
+                    self.events.push(ev);
+                }
+                return Ok(());
+            }
+        }
         for i in from..self.leaders.len() {
             for slot in 0..self.specs.len() {
                 let ev = self.open_slot(tid, i, slot)?;
@@ -905,6 +978,19 @@ impl Watcher {
     /// no limit (the kernel allows none).
     fn open_slot(&self, tid: i32, leader: usize, slot: usize) -> Result<WatchEvent, DriverError> {
         let RingLeader { cpu, fd: out, wake } = &self.leaders[leader];
+        self.open_slot_to(tid, *cpu, out.as_raw_fd(), *wake, slot)
+    }
+
+    /// [`Watcher::open_slot`] on `cpu` (-1: wherever the thread runs) into the ring of `out`,
+    /// whose wake-up counter is `wake`.
+    fn open_slot_to(
+        &self,
+        tid: i32,
+        cpu: i32,
+        out: RawFd,
+        wake: RingWake,
+        slot: usize,
+    ) -> Result<WatchEvent, DriverError> {
         // Set when the window opened (`open_window`); the limit before any window did.
         let wake = if wake.wake == 0 {
             self.limit()
@@ -916,20 +1002,97 @@ impl Watcher {
         let s = self.specs[slot];
         let a = attr::repoint(&base, s.addr, s.len, s.kind, self.opening);
         let what = format!("watchpoint slot {slot}");
-        let fd = sys::open(&a, tid, *cpu, &what)?;
+        let fd = sys::open(&a, tid, cpu, &what)?;
         if !self.inherit && !self.opening {
             sys::refresh(&fd, self.limit())?;
         }
-        sys::set_output(&fd, out.as_raw_fd())?;
+        sys::set_output(&fd, out)?;
         let id = sys::event_id(&fd)?;
         Ok(WatchEvent {
             key: tid as i64,
             slot: slot as u8,
+            cpu,
             id,
             fd,
             attr: base,
             limited: !self.inherit,
         })
+    }
+
+    /// The descriptor and wake-up counter of `tid`'s watch ring, made at its first window
+    /// ([`ThreadRing`]). `None`: its events go per CPU into the leaders' rings (attach, an
+    /// inherited window, whose events the kernel copies into new threads, or a ring that
+    /// could not be made: the reason is the per-CPU events' to report if they fail too). A
+    /// thread that exited (`ESRCH`) is the caller's to pass over.
+    fn thread_ring(&mut self, tid: i32) -> Result<Option<(RawFd, RingWake)>, DriverError> {
+        if self.inherit || self.binding != Binding::Launch {
+            return Ok(None);
+        }
+        if let Some(r) = self.thread_rings.get(&tid) {
+            return Ok(r.as_ref().map(|r| (r.fd.as_raw_fd(), r.wake)));
+        }
+        match ThreadRing::open(tid) {
+            Ok(mut r) => {
+                r.wake.rearm(self.limit());
+                let got = (r.fd.as_raw_fd(), r.wake);
+                self.thread_rings.insert(tid, Some(r));
+                Ok(Some(got))
+            }
+            Err(e @ DriverError::Open { .. }) if is_esrch(&e) => Err(e),
+            Err(_) => {
+                self.thread_rings.insert(tid, None);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Whether `tid`'s window events are one per slot (its own ring, or attach), so its hits
+    /// count toward one limit per slot whichever CPU took them.
+    fn per_thread_events(&self, tid: i32) -> bool {
+        self.binding == Binding::Attach
+            || (!self.inherit && matches!(self.thread_rings.get(&tid), Some(Some(_))))
+    }
+
+    /// Launch: drains every thread's watch ring with `drain` (which returns how many watch
+    /// samples it read there), following each ring's wake-up counter. A ring whose thread
+    /// has exited is dropped once drained: nothing more can come into it.
+    pub(crate) fn drain_thread_rings(&mut self, mut drain: impl FnMut(&mut MmapRing) -> u64) {
+        for r in self.thread_rings.values_mut().flatten() {
+            let n = drain(&mut r.ring);
+            r.wake.follow(n);
+        }
+        self.thread_rings
+            .retain(|_, r| !r.as_ref().is_some_and(|r| r.hup));
+    }
+
+    /// Launch: the descriptors of the thread rings, for the reader's poll (a window's events
+    /// wake it through their ring's owner).
+    pub(crate) fn thread_ring_fds(&self) -> Vec<RawFd> {
+        self.thread_rings
+            .values()
+            .flatten()
+            .map(|r| r.fd.as_raw_fd())
+            .collect()
+    }
+
+    /// Launch: the ring owned by `fd` hung up (its thread exited); dropped after the next
+    /// drain.
+    pub(crate) fn thread_ring_hung_up(&mut self, fd: RawFd) {
+        if let Some(r) = self
+            .thread_rings
+            .values_mut()
+            .flatten()
+            .find(|r| r.fd.as_raw_fd() == fd)
+        {
+            r.hup = true;
+        }
+    }
+
+    /// Launch: thread `tid` exited (its exit record was read, after every ring was drained:
+    /// whatever it wrote is read). Its ring goes; a later thread given the same id gets its
+    /// own.
+    pub(crate) fn thread_exited(&mut self, tid: i32) {
+        self.thread_rings.remove(&tid);
     }
 
     /// Opens the armed set on a thread an inherited window found after its first listing,
@@ -975,6 +1138,15 @@ impl Watcher {
     /// disabled.
     pub fn caps_windows(&self) -> bool {
         !self.inherit
+    }
+
+    /// The open window events as (thread, slot, CPU; -1 for wherever the thread runs): what
+    /// a window costs in events, each an open, an enable and a close (tests, diagnostics).
+    pub fn window_events(&self) -> Vec<(i32, u8, i32)> {
+        self.events
+            .iter()
+            .map(|e| (e.key as i32, e.slot, e.cpu))
+            .collect()
     }
 
     /// Launch: (id, slot) of the events opened since the last call, for the decoder.
@@ -1364,6 +1536,7 @@ impl Watcher {
                 self.events.push(WatchEvent {
                     key,
                     slot,
+                    cpu: -1,
                     fd,
                     attr: base,
                     id,
@@ -1415,6 +1588,10 @@ fn open_replacing<T>(mut open: impl FnMut() -> Result<T, DriverError>) -> Result
         }
     }
     open()
+}
+
+fn is_esrch(e: &DriverError) -> bool {
+    matches!(e, DriverError::Open { source, .. } if source.raw_os_error() == Some(libc::ESRCH))
 }
 
 fn is_enospc(e: &DriverError) -> bool {

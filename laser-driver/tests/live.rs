@@ -502,6 +502,72 @@ fn watchpoints_hit_in_both_threads_at_the_watched_address() {
     assert!(outside.len() * 4 <= hits.len(), "{outside:?} {marks:?}");
 }
 
+/// A launch window opens one event per slot on each thread, writing into the thread's own
+/// ring, however many CPUs the machine has: per CPU, a window on a 64-CPU machine opened,
+/// enabled and closed 64 events per slot and thread, each an interrupt of the thread's CPU.
+/// Hits still arrive, from both workers.
+#[test]
+fn launch_windows_open_one_event_per_slot_and_thread() {
+    let _serial = exclusive();
+    let t = target();
+    let cfg = Config {
+        backend: BackendKind::Watch,
+        duty_cycle: generous_duty(Duration::from_millis(50)),
+        ..Config::default()
+    };
+    let mut s = Session::launch(&argv(t, &["0.6", "0"]), &cfg).unwrap();
+    let pid = s.pid();
+    let quiet = WatchSpec {
+        addr: t.shared_word + 8,
+        len: 8,
+        kind: WatchKind::ReadWrite,
+    };
+    s.watch_mut()
+        .unwrap()
+        .arm(&[quiet, shared_word_writes(t)])
+        .unwrap();
+    let mut events = Vec::new();
+    let t0 = Instant::now();
+    let mut seen = None;
+    while t0.elapsed() < Duration::from_millis(500) {
+        s.poll(Duration::from_millis(10), &mut |e| events.push(e))
+            .unwrap();
+        let tids: BTreeSet<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|d| d.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        let open = s.watch_mut().unwrap().window_events();
+        if tids.len() == 3 && !open.is_empty() {
+            seen = Some((tids, open));
+            break;
+        }
+    }
+    let (tids, open) = seen.expect("a window open on the main thread and both workers");
+    assert!(open.iter().all(|&(_, _, cpu)| cpu == -1), "{open:?}");
+    // Every (thread, slot) at most once: a slot whose event spent its limit is replaced, not
+    // doubled. Threads of the window: those alive when it opened (all of them here).
+    let pairs: BTreeSet<(i32, u8)> = open.iter().map(|&(tid, slot, _)| (tid, slot)).collect();
+    assert_eq!(pairs.len(), open.len(), "{open:?}");
+    assert!(
+        pairs
+            .iter()
+            .all(|(tid, slot)| tids.contains(tid) && *slot < 2),
+        "{open:?} {tids:?}"
+    );
+    let (rest, status) = run_to_exit(&mut s);
+    events.extend(rest);
+    assert_eq!(status, ExitStatus::Code(0));
+    let hitters: BTreeSet<u32> = samples(&events)
+        .filter(|x| x.watch_slot == Some(1))
+        .map(|x| x.tid)
+        .collect();
+    assert_eq!(
+        hitters.len(),
+        2,
+        "both workers' stores trapped: {hitters:?}"
+    );
+}
+
 /// A code window: an instruction breakpoint on the instruction after the fixture's store (it
 /// runs once per inner loop in both workers) traps before it runs, reports its own address as
 /// both IP and watched address, and is announced as an instruction (`exec`), not data.
