@@ -107,6 +107,27 @@ fn shared_word_writes(t: &Target) -> WatchSpec {
     }
 }
 
+/// A word of the fixture next to its shared word that no thread touches.
+fn quiet_word(t: &Target) -> WatchSpec {
+    WatchSpec {
+        addr: t.shared_word + 8,
+        len: 8,
+        kind: WatchKind::ReadWrite,
+    }
+}
+
+/// The fixture launched for watching alone, with a generous budget: the tests using it are
+/// about every thread being armed, not the duty cycle (which has its own tests); a loaded
+/// machine must not starve one thread.
+fn launch_watched(t: &Target, args: &[&str]) -> Session {
+    let cfg = Config {
+        backend: BackendKind::Watch,
+        duty_cycle: generous_duty(Duration::from_millis(50)),
+        ..Config::default()
+    };
+    Session::launch(&argv(t, args), &cfg).unwrap()
+}
+
 fn argv(t: &Target, args: &[&str]) -> Vec<OsString> {
     std::iter::once(t.path.clone().into_os_string())
         .chain(args.iter().map(OsString::from))
@@ -407,14 +428,7 @@ fn attach_sees_existing_threads_and_one_created_later() {
 fn watchpoints_hit_in_both_threads_at_the_watched_address() {
     let _serial = exclusive();
     let t = target();
-    let cfg = Config {
-        backend: BackendKind::Watch,
-        // Generous budget: this test is about every thread being armed, not the duty
-        // cycle (which has its own test); a loaded machine must not starve one thread.
-        duty_cycle: generous_duty(Duration::from_millis(50)),
-        ..Config::default()
-    };
-    let mut s = Session::launch(&argv(t, &["0.6", "0"]), &cfg).unwrap();
+    let mut s = launch_watched(t, &["0.6", "0"]);
     let pid = s.pid() as u32;
     let spec = shared_word_writes(t);
     s.watch_mut().unwrap().arm(&[spec]).unwrap();
@@ -510,21 +524,11 @@ fn watchpoints_hit_in_both_threads_at_the_watched_address() {
 fn launch_windows_open_one_event_per_slot_and_thread() {
     let _serial = exclusive();
     let t = target();
-    let cfg = Config {
-        backend: BackendKind::Watch,
-        duty_cycle: generous_duty(Duration::from_millis(50)),
-        ..Config::default()
-    };
-    let mut s = Session::launch(&argv(t, &["0.6", "0"]), &cfg).unwrap();
+    let mut s = launch_watched(t, &["0.6", "0"]);
     let pid = s.pid();
-    let quiet = WatchSpec {
-        addr: t.shared_word + 8,
-        len: 8,
-        kind: WatchKind::ReadWrite,
-    };
     s.watch_mut()
         .unwrap()
-        .arm(&[quiet, shared_word_writes(t)])
+        .arm(&[quiet_word(t), shared_word_writes(t)])
         .unwrap();
     let mut events = Vec::new();
     let t0 = Instant::now();
@@ -575,12 +579,7 @@ fn launch_windows_open_one_event_per_slot_and_thread() {
 fn code_watchpoints_trap_before_the_instruction_in_both_threads() {
     let _serial = exclusive();
     let t = target();
-    let cfg = Config {
-        backend: BackendKind::Watch,
-        duty_cycle: generous_duty(Duration::from_millis(50)),
-        ..Config::default()
-    };
-    let mut s = Session::launch(&argv(t, &["0.6", "0"]), &cfg).unwrap();
+    let mut s = launch_watched(t, &["0.6", "0"]);
     let pid = s.pid() as u32;
     let spec = WatchSpec {
         addr: t.store_insn_end,
@@ -637,11 +636,7 @@ fn watchpoints_rearm_and_disarm_while_running() {
     let pid = s.pid() as u32;
     let mut events = Vec::new();
     // Armed on a word nobody touches first, then on shared_word, then disarmed.
-    let quiet = WatchSpec {
-        addr: t.shared_word + 8,
-        len: 8,
-        kind: WatchKind::ReadWrite,
-    };
+    let quiet = quiet_word(t);
     s.watch_mut().unwrap().arm(&[quiet]).unwrap();
     for _ in 0..4 {
         s.poll(Duration::from_millis(25), &mut |e| events.push(e))
