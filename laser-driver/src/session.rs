@@ -594,18 +594,7 @@ impl Session {
             ..
         } = self;
         for l in leaders.iter_mut() {
-            let before = batch.len();
-            let r = ring::drain(&mut l.ring, scratch, |raw| {
-                batch.extend(decoder.decode(raw));
-            });
-            if r.is_err() {
-                *ring_errors += 1;
-            }
-            // The kernel counts wake-ups per ring (`watch::RingWake`).
-            let hits = batch[before..]
-                .iter()
-                .filter(|e| matches!(e, Event::Sample(s) if s.watch_slot.is_some()))
-                .count() as u64;
+            let hits = drain_ring(&mut l.ring, scratch, decoder, batch, ring_errors);
             if let (Some(w), true) = (watcher.as_mut(), hits > 0) {
                 w.ring_samples(l.key, hits);
             }
@@ -613,16 +602,7 @@ impl Session {
         // Launch: each watched thread's own ring (`watch::ThreadRing`), after the leaders:
         // an exit record read there is later than everything its thread wrote here.
         if let Some(w) = watcher.as_mut() {
-            w.drain_thread_rings(|ring| {
-                let before = batch.len();
-                if ring::drain(ring, scratch, |raw| batch.extend(decoder.decode(raw))).is_err() {
-                    *ring_errors += 1;
-                }
-                batch[before..]
-                    .iter()
-                    .filter(|e| matches!(e, Event::Sample(s) if s.watch_slot.is_some()))
-                    .count() as u64
-            });
+            w.drain_thread_rings(|ring| drain_ring(ring, scratch, decoder, batch, ring_errors));
         }
         closed.iter().for_each(|&id| decoder.remove_source(id));
         // Watch markers queued since the last drain (arm/disarm between polls, duty-cycle
@@ -868,6 +848,26 @@ fn read_maps(pid: i32) -> io::Result<String> {
 }
 
 /// A pidfd for `pid`, or `None` where the kernel has no `pidfd_open` (before 5.3).
+/// Reads every record of `ring` into `batch`, decoded (a ring that cannot be framed any more
+/// counts in `errors`), and returns how many watch samples were among them: the kernel counts
+/// wake-ups per ring (`watch::RingWake`).
+fn drain_ring(
+    ring: &mut MmapRing,
+    scratch: &mut Vec<u8>,
+    decoder: &mut Decoder,
+    batch: &mut Vec<Event>,
+    errors: &mut u64,
+) -> u64 {
+    let before = batch.len();
+    if ring::drain(ring, scratch, |raw| batch.extend(decoder.decode(raw))).is_err() {
+        *errors += 1;
+    }
+    batch[before..]
+        .iter()
+        .filter(|e| matches!(e, Event::Sample(s) if s.watch_slot.is_some()))
+        .count() as u64
+}
+
 fn pidfd_open(pid: i32) -> Option<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; nothing
     // else is read or written.
