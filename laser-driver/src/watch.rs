@@ -800,8 +800,7 @@ impl Watcher {
                 gone.insert(tid);
                 continue;
             };
-            self.opened_ids.push((ev.id, ev.slot));
-            self.events.push(ev);
+            self.adopt(ev);
         }
         Ok(())
     }
@@ -952,8 +951,7 @@ impl Watcher {
             if let Some((out, wake)) = self.thread_ring(tid)? {
                 for slot in 0..self.specs.len() {
                     let ev = self.open_slot_to(tid, -1, out, wake, slot)?;
-                    self.opened_ids.push((ev.id, ev.slot));
-                    self.events.push(ev);
+                    self.adopt(ev);
                 }
                 return Ok(());
             }
@@ -961,8 +959,7 @@ impl Watcher {
         for i in from..self.leaders.len() {
             for slot in 0..self.specs.len() {
                 let ev = self.open_slot(tid, i, slot)?;
-                self.opened_ids.push((ev.id, ev.slot));
-                self.events.push(ev);
+                self.adopt(ev);
             }
         }
         Ok(())
@@ -1038,12 +1035,18 @@ impl Watcher {
                 self.thread_rings.insert(tid, Some(r));
                 Ok(Some(got))
             }
-            Err(e @ DriverError::Open { .. }) if is_esrch(&e) => Err(e),
+            Err(e) if is_esrch(&e) => Err(e),
             Err(_) => {
                 self.thread_rings.insert(tid, None);
                 Ok(None)
             }
         }
+    }
+
+    /// An event just opened joins the window; its id goes to the decoder.
+    fn adopt(&mut self, ev: WatchEvent) {
+        self.opened_ids.push((ev.id, ev.slot));
+        self.events.push(ev);
     }
 
     /// Whether `tid`'s window events are one per slot (its own ring, or attach), so its hits
@@ -1115,8 +1118,7 @@ impl Watcher {
             return Ok(());
         }
         for ev in mine {
-            self.opened_ids.push((ev.id, ev.slot));
-            self.events.push(ev);
+            self.adopt(ev);
         }
         self.open_thread(tid, 1)
     }
