@@ -278,28 +278,47 @@ fn false_sharing_global(f: &Finding, align: u32, prefetch: &str, attr: &str, who
 /// A line with one variable, or with no per-source field names, gets [`true_sharing`].
 fn true_sharing_per_variable(f: &Finding, line_size: u32) -> String {
     if f.data.kind != "global" || f.data.fields.len() < 2 {
-        return true_sharing(f);
+        return true_sharing(f, None);
     }
     let mut sentences: Vec<String> = Vec::new();
     let mut shared: Vec<String> = Vec::new();
     let mut neighbours: Vec<String> = Vec::new();
-    for field in &f.data.fields {
-        let mut p = f.clone();
-        p.sources.retain(|s| s.fields.contains(field));
-        if p.sources.is_empty() {
-            continue;
-        }
-        p.data.name = field.clone();
-        p.data.fields = vec![field.clone()];
+    let parts: Vec<Finding> = f
+        .data
+        .fields
+        .iter()
+        .filter_map(|field| {
+            let mut p = f.clone();
+            p.sources.retain(|s| s.fields.contains(field));
+            p.data.name = field.clone();
+            p.data.fields = vec![field.clone()];
+            (!p.sources.is_empty()).then_some(p)
+        })
+        .collect();
+    // A lock word on the line that the same threads take: the line's other shared variables
+    // may well be what it guards (a work index `next++` under `lock`), so their sentences
+    // neither call a plain update a data race nor offer per-thread counters as the only way.
+    let locks: Vec<(&str, BTreeSet<u32>)> = parts
+        .iter()
+        .filter(|p| true_shared_mask(&p.sources) != 0 && is_lock_word(p))
+        .map(|p| (p.data.name.as_str(), writer_threads(p)))
+        .filter(|(_, t)| !t.is_empty())
+        .collect();
+    for p in &parts {
         if true_shared_mask(&p.sources) != 0 {
-            sentences.push(true_sharing(&p));
-            shared.push(field.clone());
+            let writers = writer_threads(p);
+            let guard = locks
+                .iter()
+                .find(|(name, t)| *name != p.data.name && t.intersection(&writers).count() >= 2)
+                .map(|(name, _)| *name);
+            sentences.push(true_sharing(p, guard));
+            shared.push(p.data.name.clone());
         } else {
-            neighbours.push(field.clone());
+            neighbours.push(p.data.name.clone());
         }
     }
     if sentences.is_empty() {
-        return true_sharing(f);
+        return true_sharing(f, None);
     }
     if !neighbours.is_empty() {
         let (align, prefetch) = align_words(line_size);
@@ -356,7 +375,40 @@ fn taken_at(f: &Finding) -> String {
     }
 }
 
-fn true_sharing(f: &Finding) -> String {
+/// Whether `f`'s data is a lock word: its name, or a function that touches it (the library
+/// frames too: a header-only spinlock's `spin_mutex::lock()` inlined into the program's
+/// function is headlined at the program's line), says lock, mutex, spin, sem or futex.
+fn is_lock_word(f: &Finding) -> bool {
+    f.sources
+        .iter()
+        .flat_map(|s| {
+            [s.function.as_deref(), s.symbol.as_deref()]
+                .into_iter()
+                .chain(s.library_frames.iter().map(|l| l.function.as_deref()))
+        })
+        .flatten()
+        .chain(std::iter::once(f.data.name.as_str()))
+        .chain(f.data.fields.iter().map(String::as_str))
+        .map(str::to_ascii_lowercase)
+        .any(|h| {
+            ["lock", "mutex", "spin", "sem", "futex"]
+                .iter()
+                .any(|k| h.contains(k))
+        })
+}
+
+/// The threads that store to or read-modify-write `f`'s data.
+fn writer_threads(f: &Finding) -> BTreeSet<u32> {
+    f.sources
+        .iter()
+        .filter(|s| s.op.writes())
+        .flat_map(|s| s.threads.iter().copied())
+        .collect()
+}
+
+/// `guard`: a lock word on the same line taken by the same threads (see
+/// [`true_sharing_per_variable`]).
+fn true_sharing(f: &Finding, guard: Option<&str>) -> String {
     // `label` reads in a sentence; `var` stands for the data in a code snippet.
     let (label, var) = if f.data.kind == "heap" && !f.data.blocks.is_empty() {
         let label = format!("The heap data at {}", f.data.fields.join(", "));
@@ -418,29 +470,7 @@ fn true_sharing(f: &Finding) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let lockish = {
-        // The library frames too: a header-only spinlock's `spin_mutex::lock()` inlined
-        // into the program's function is headlined at the program's line.
-        let hay = f
-            .sources
-            .iter()
-            .flat_map(|s| {
-                [s.function.as_deref(), s.symbol.as_deref()]
-                    .into_iter()
-                    .chain(s.library_frames.iter().map(|l| l.function.as_deref()))
-            })
-            .flatten()
-            .chain(std::iter::once(f.data.name.as_str()))
-            .chain(f.data.fields.iter().map(String::as_str))
-            .map(str::to_ascii_lowercase)
-            .collect::<Vec<_>>();
-        hay.iter().any(|h| {
-            ["lock", "mutex", "spin", "sem", "futex"]
-                .iter()
-                .any(|k| h.contains(k))
-        })
-    };
-    if lockish && !writers.is_empty() {
+    if is_lock_word(f) && !writers.is_empty() {
         return format!(
             "{label} is a lock word contended by {}{}: reduce lock contention — finer-grained \
              locks (one per data item), per-thread batching of the protected updates, or \
@@ -448,6 +478,17 @@ fn true_sharing(f: &Finding) -> String {
              does not add false sharing.",
             list(&all),
             taken_at(f)
+        );
+    }
+    if let (Some(lock), true) = (guard, writers.len() >= 2) {
+        // Whether the samples saw its load too (`x++`) or only its store is luck here: the
+        // remedy is the same either way.
+        return format!(
+            "{label} is written by every thread ({}) next to the lock `{lock}` they take, most \
+             likely under it: if it hands out work, take several items per acquisition (chunks) \
+             or replace lock and counter with one atomic fetch-and-add; if it counts, keep a \
+             per-thread count (each on its own cache line) and combine them at the end.",
+            list(&writers)
         );
     }
     if rmw.len() >= 2 || (plain_update && writers.len() >= 2) {
@@ -789,6 +830,72 @@ mod tests {
         assert!(
             fix.contains("The line's data (`modified` and `num_points`) is re-written")
                 && fix.contains("`if (x != v) x = v;`"),
+            "{fix}"
+        );
+    }
+
+    #[test]
+    fn a_counter_next_to_the_lock_its_threads_take_is_not_called_a_race() {
+        let field = |mut s: Source, name: &str, func: &str| {
+            s.fields = vec![name.to_string()];
+            s.function = Some(func.into());
+            s
+        };
+        // Phoenix-style work distribution: `i = row_num++` between lock and unlock.
+        let mut f = finding(
+            Kind::TrueSharing,
+            "row_lock, row_num",
+            vec![
+                obj("row_lock", "pthread_mutex_t", None),
+                obj("row_num", "int", None),
+            ],
+            vec![
+                field(
+                    src(Op::Rmw, 0..4, 1, 48),
+                    "row_lock",
+                    "___pthread_mutex_lock",
+                ),
+                field(
+                    src(Op::Rmw, 0..4, 2, 48),
+                    "row_lock",
+                    "___pthread_mutex_lock",
+                ),
+                field(src(Op::Load, 40..44, 1, 25), "row_num", "calc"),
+                field(src(Op::Store, 40..44, 1, 25), "row_num", "calc"),
+                field(src(Op::Store, 40..44, 2, 25), "row_num", "calc"),
+            ],
+        );
+        f.data.fields = vec!["row_lock".into(), "row_num".into()];
+        let fix = suggest(&f, 64);
+        assert!(
+            fix.contains("`row_lock` is a lock word contended by T1, T2"),
+            "{fix}"
+        );
+        assert!(
+            fix.contains(
+                "`row_num` is written by every thread (T1, T2) next to the lock `row_lock`"
+            ) && fix.contains("atomic fetch-and-add")
+                && !fix.contains("data race"),
+            "{fix}"
+        );
+        // Its load unsampled (only the stores seen): the same sentence, not "test before set".
+        let lock_and_stores = {
+            let mut g = f.clone();
+            g.sources.remove(2);
+            g
+        };
+        let fix = suggest(&lock_and_stores, 64);
+        assert!(
+            fix.contains("next to the lock `row_lock`") && !fix.contains("test before set"),
+            "{fix}"
+        );
+        // The lock taken by other threads than the counter's writers guards nothing here.
+        for s in &mut f.sources[..2] {
+            s.threads = vec![s.threads[0] + 10];
+        }
+        let fix = suggest(&f, 64);
+        assert!(
+            fix.contains("data race") && !fix.contains("next to the lock"),
             "{fix}"
         );
     }
