@@ -35,6 +35,7 @@ pub use event::{
 };
 pub use launch::ExitStatus;
 pub use session::{
-    AttrInfo, Config, HeaderInfo, Session, Status, DEFAULT_BUFFER_PAGES, DEFAULT_SOFT_FREQ,
+    AttrInfo, Config, HeaderInfo, Session, Status, CHURN_MEMORY, CHURN_POLL, DEFAULT_BUFFER_PAGES,
+    DEFAULT_SOFT_FREQ,
 };
 pub use watch::{Unwatched, WatchSpec, Watcher, MAX_WATCHES};

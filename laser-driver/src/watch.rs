@@ -1294,6 +1294,16 @@ impl Watcher {
         self.state.is_armed()
     }
 
+    /// Whether a window counts now that gives a thread created meanwhile its events only when
+    /// its creation record is read ([`Watcher::thread_created`]): a launch window that is not
+    /// inherited.
+    pub fn covers_new_threads_when_read(&self) -> bool {
+        self.binding == Binding::Launch
+            && !self.inherit
+            && self.state.is_armed()
+            && !self.specs.is_empty()
+    }
+
     pub fn duty_cycle(&self) -> DutyCycle {
         self.duty
     }
