@@ -640,3 +640,22 @@ fn library_samples_name_the_programs_call_sites() {
         .unwrap();
     assert!(app_line.sources.iter().all(|s| s.called_from.is_empty()));
 }
+
+#[test]
+fn a_contended_line_stays_in_the_survey_until_a_window_watches_it() {
+    // Samples show the counters' line contended: the candidates' to watch. Until a window
+    // has watched it, the survey keeps its turns (a candidate ranked behind busier lines
+    // would otherwise be watched by neither); after, the survey leaves it to them.
+    let (code, c, r) = program();
+    let mut d = Detector::new(Config::default(), code);
+    d.add_maps(PID, MAPS);
+    for e in &stream(&c, &r, 200) {
+        d.feed(e);
+    }
+    let surveyed =
+        |d: &Detector<MemoryCode>| d.survey_plan(&[]).iter().any(|t| t.watch.line_addr == LINE);
+    assert!(surveyed(&d));
+    d.watch_window_begin(LINE, 2_000_000_000);
+    d.watch_window_end(LINE, 2_010_000_000);
+    assert!(!surveyed(&d));
+}

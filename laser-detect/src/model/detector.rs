@@ -845,7 +845,15 @@ impl<C: CodeSource> Detector<C> {
             &self.program_globals(),
             pointed,
             self.model.line_size(),
-            |l| self.model.is_contended(l) && !self.surveyed.contains_key(&l),
+            // A line samples showed contended is the candidates' to watch, once they do: one
+            // never watched yet keeps its survey turns, or a candidate ranked behind busier
+            // lines is watched by neither (Phoenix kmeans: the line of `modified`, contended
+            // by its samples, behind four heap lines for the whole run).
+            |l| {
+                self.model.is_contended(l)
+                    && !self.surveyed.contains_key(&l)
+                    && self.estimator.was_watched(l)
+            },
         );
         // A forked copy's lines are not addresses to watch (see `candidates`).
         plan.retain(|t| split_copy(t.watch.line_addr).0 == 0);

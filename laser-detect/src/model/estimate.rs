@@ -369,6 +369,13 @@ impl Estimator {
         }
     }
 
+    /// Whether a data window has watched (part of) `line_addr`'s line.
+    pub fn was_watched(&self, line_addr: u64) -> bool {
+        self.lines
+            .get(&self.line_of(line_addr))
+            .is_some_and(|l| !l.windows.is_empty() || l.implicit.is_some())
+    }
+
     /// The watchpoints on the line were disarmed at `time`.
     pub fn end_window(&mut self, line_addr: u64, time: u64) {
         if let Some(l) = self.lines.get_mut(&self.line_of(line_addr)) {
