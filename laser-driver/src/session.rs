@@ -51,10 +51,11 @@ pub const DEFAULT_SOFT_FREQ: u64 = 500;
 /// Longest wait between polls while a launch window counts and the target has created a
 /// thread within [`CHURN_MEMORY`]. Such a window watches a new thread from when laser reads
 /// its Fork record, and a program that starts its workers afresh for every phase (Phoenix
-/// kmeans: two threads per ~6 ms iteration) would otherwise run them unwatched for up to the
-/// 50 ms the reader sleeps: 34 of 36 workers created during one quiet 100 ms window of a
-/// kmeans run were never watched, and the window's armed time with no transfers in it
-/// diluted the `modified` line under the threshold (twenty-second session).
+/// kmeans: two threads per phase, two phases per ~13 ms iteration) would otherwise run them
+/// unwatched for up to the 50 ms the reader sleeps: of the 18 threads that store `modified`
+/// created during one quiet 100 ms window of a kmeans run, 1 trapped, and the window's armed
+/// time with no transfers in it diluted the line under the threshold (twenty-second
+/// session).
 pub const CHURN_POLL: Duration = Duration::from_micros(500);
 
 /// How long after the target's last thread creation the reader keeps polling every
