@@ -397,6 +397,32 @@ fn is_lock_word(f: &Finding) -> bool {
         })
 }
 
+/// Whether the source line `text` updates the variable `var` in place (`v++`, `++v`, `v--`,
+/// `v += …`, `v -= …`; `var`'s last name component, so `q->head++` updates `work_queue.head`).
+fn updates(text: &str, var: &str) -> bool {
+    let v = var
+        .rsplit(['.', '>', ']'])
+        .next()
+        .unwrap_or(var)
+        .trim_end_matches("[*]");
+    if v.is_empty() || !v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return false;
+    }
+    let t: String = text.split_whitespace().collect();
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    t.match_indices(v).any(|(i, _)| {
+        let before = t[..i].chars().next_back();
+        let after = &t[i + v.len()..];
+        before.is_none_or(|c| !ident(c))
+            && (after.starts_with("++")
+                || after.starts_with("--")
+                || after.starts_with("+=")
+                || after.starts_with("-=")
+                || t[..i].ends_with("++")
+                || t[..i].ends_with("--"))
+    })
+}
+
 /// The threads that store to or read-modify-write `f`'s data.
 fn writer_threads(f: &Finding) -> BTreeSet<u32> {
     f.sources
@@ -461,9 +487,15 @@ fn true_sharing(f: &Finding, guard: Option<&str>) -> String {
             Op::Rmw => {}
         }
     }
+    // The load of an `x++` is not always seen (store-only windows see the store alone, and
+    // a timer sample may land on either): the stored line's own text says it too.
     let plain_update = by_line
         .values()
-        .any(|(loaded, stored)| loaded & stored != 0);
+        .any(|(loaded, stored)| loaded & stored != 0)
+        || f.sources
+            .iter()
+            .filter(|s| s.op == Op::Store)
+            .any(|s| var != "x" && s.text.as_deref().is_some_and(|t| updates(t, &var)));
     let list = |set: &BTreeSet<u32>| {
         set.iter()
             .map(|t| format!("T{t}"))
@@ -493,14 +525,16 @@ fn true_sharing(f: &Finding, guard: Option<&str>) -> String {
     }
     if rmw.len() >= 2 || (plain_update && writers.len() >= 2) {
         let race = if rmw.len() < 2 {
-            " (as a plain load and store it also loses updates: a data race)"
+            " (a plain load and store: unless a lock serializes them, updates are lost, a data \
+             race)"
         } else {
             ""
         };
         return format!(
             "{label} is a counter updated by every thread ({}){race}: keep a per-thread counter \
              (each on its own cache line) and combine them at the end, or add locally and \
-             publish once every N updates.",
+             publish once every N updates; if its value hands out work, take several items at \
+             a time.",
             list(&writers)
         );
     }
@@ -898,6 +932,28 @@ mod tests {
             fix.contains("data race") && !fix.contains("next to the lock"),
             "{fix}"
         );
+    }
+
+    #[test]
+    fn an_increment_seen_by_its_store_alone_is_a_counter() {
+        // `int d = next_doc++;` under a lock on another line: only its stores were seen.
+        let mut a = src(Op::Store, 8..12, 1, 18);
+        a.text = Some("    int d = next_doc++;".into());
+        let mut b = a.clone();
+        b.threads = vec![2];
+        let f = finding(Kind::TrueSharing, "next_doc", vec![], vec![a, b]);
+        let fix = suggest(&f, 64);
+        assert!(
+            fix.contains("`next_doc` is a counter updated by every thread (T1, T2)")
+                && fix.contains("unless a lock serializes them")
+                && !fix.contains("test before set"),
+            "{fix}"
+        );
+        assert!(updates("q->head++;", "work_queue.head"));
+        assert!(updates("++count;", "count"));
+        assert!(updates("total += n;", "total"));
+        assert!(!updates("flag = 1; other++;", "flag"));
+        assert!(!updates("my_count++;", "count"));
     }
 
     #[test]
