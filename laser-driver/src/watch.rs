@@ -886,12 +886,7 @@ impl Watcher {
     /// the armed set now, unless the window has it already.
     /// (An inherited window's events were copied into it at its creation.)
     pub(crate) fn thread_created(&mut self, tid: i32) -> Result<(), DriverError> {
-        if self.binding != Binding::Launch
-            || self.inherit
-            || !self.state.is_armed()
-            || self.specs.is_empty()
-            || self.window_tids.contains(&tid)
-        {
+        if !self.covers_new_threads_when_read() || self.window_tids.contains(&tid) {
             return Ok(());
         }
         self.open_in_window(tid, false)

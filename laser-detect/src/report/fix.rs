@@ -473,7 +473,7 @@ fn true_sharing(f: &Finding, guard: Option<&str>) -> String {
         .collect();
     let rmw = threads_with(&|s| s.op == Op::Rmw);
     let stores = threads_with(&|s| s.op == Op::Store);
-    let writers: BTreeSet<u32> = rmw.union(&stores).copied().collect();
+    let writers = writer_threads(f);
     let loads = threads_with(&|s| s.op == Op::Load);
     // A plain `x += 1` is a load and a store of the same bytes on the same source line.
     // (loaded bytes, stored bytes) per (file, line).
