@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -129,7 +130,19 @@ pub struct ElfImage {
 
 impl ElfImage {
     pub fn open(path: &Path) -> Option<Self> {
+        // Only regular files that begin as ELF files do: a program maps data files too
+        // (Phoenix histogram its 600 MB input, glibc the locale archive), and each mapping
+        // here costs an mmap and a munmap for nothing; opening a device node the target
+        // mapped could even act on the device. The path is looked at before it is opened.
+        if !std::fs::metadata(path).ok()?.is_file() {
+            return None;
+        }
         let file = File::open(path).ok()?;
+        let mut magic = [0u8; 4];
+        file.read_exact_at(&mut magic, 0).ok()?;
+        if magic != *b"\x7fELF" {
+            return None;
+        }
         // SAFETY: the file is mapped read-only and only read through slices. Another process
         // truncating it while mapped would fault; every profiler reading a target's binaries
         // accepts that, and the target itself has the same file mapped.
@@ -397,7 +410,6 @@ impl ProcessCode {
 
 impl CodeSource for ProcessCode {
     fn read_code(&self, addr: u64, buf: &mut [u8]) -> usize {
-        use std::os::unix::fs::FileExt;
         // A range crossing into an unmapped page fails as a whole: retry the part up to the
         // page boundary, which is where instructions near a mapping's end live.
         self.mem.read_at(buf, addr).unwrap_or_else(|_| {
@@ -561,6 +573,38 @@ mod tests {
     fn parse_elf_rejects_garbage() {
         assert!(parse_elf(b"not an elf").is_none());
         assert!(parse_elf(&[]).is_none());
+    }
+
+    #[test]
+    fn only_regular_elf_files_are_opened() {
+        // A data file the target maps (an input, the locale archive), a device node and a
+        // FIFO are passed over without being mapped (the FIFO without being opened: opening
+        // it would wait for a writer forever).
+        let dir = std::env::temp_dir().join(format!("laser-code-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let data = dir.join("input.bmp");
+        std::fs::write(&data, vec![0x42u8; 8192]).unwrap();
+        assert!(ElfImage::open(&data).is_none());
+        let short = dir.join("short");
+        std::fs::write(&short, b"\x7fE").unwrap();
+        assert!(ElfImage::open(&short).is_none());
+        assert!(ElfImage::open(Path::new("/dev/zero")).is_none());
+        assert!(ElfImage::open(&dir).is_none());
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo reads a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(ElfImage::open(&fifo).is_none());
+        let mut code = ElfCode::new();
+        let mapping = |path| FileMapping {
+            path,
+            start: 0x10000,
+            end: 0x12000,
+            pgoff: 0,
+            exec: false,
+        };
+        assert!(code.map_file(&mapping(data.to_str().unwrap())).is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
