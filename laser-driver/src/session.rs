@@ -48,8 +48,9 @@ use crate::watch::{DutyCycle, Watcher};
 /// Re-measure on a quiet host: if a sample costs ≤ 10 µs there, 1–2 kHz fits the goal.
 pub const DEFAULT_SOFT_FREQ: u64 = 500;
 
-/// Longest wait between polls while a launch window counts and the target has created a
-/// thread within [`CHURN_MEMORY`]. Such a window watches a new thread from when laser reads
+/// Longest wait between polls while a launch window counts and the target has been making
+/// threads as it runs (a creation [`CHURN_GAP`] or more after the one before it, read within
+/// [`CHURN_MEMORY`]). Such a window watches a new thread from when laser reads
 /// its Fork record, and a program that starts its workers afresh for every phase (Phoenix
 /// kmeans: two threads per phase, two phases per ~13 ms iteration) would otherwise run them
 /// unwatched for up to the 50 ms the reader sleeps: of the 18 threads that store `modified`
@@ -58,9 +59,18 @@ pub const DEFAULT_SOFT_FREQ: u64 = 500;
 /// session).
 pub const CHURN_POLL: Duration = Duration::from_micros(500);
 
-/// How long after the target's last thread creation the reader keeps polling every
-/// [`CHURN_POLL`] while a window counts.
+/// How long after reading the target's last thread creation that came [`CHURN_GAP`] after
+/// the one before it the reader keeps polling every [`CHURN_POLL`] while a window counts.
 pub const CHURN_MEMORY: Duration = Duration::from_millis(100);
+
+/// A thread creation this long (perf clock, ns) after the target's previous one means the
+/// target makes threads as it runs, not only a pool at its start. Phoenix histogram starts
+/// its two workers 0.6 ms apart, ~50 ms before its first window, and polling every 0.5 ms
+/// through that window woke laser (real-time while a window counts) 36 times on the
+/// target's CPUs for nothing; kmeans starts two every ~6.5 ms. (Counting only creations made
+/// while a window counted missed kmeans' `modified` in 1 run of 20: its windows end at their
+/// cap within milliseconds, so few creation records are read while one counts.)
+pub const CHURN_GAP: u64 = 2_000_000;
 
 /// Default data pages per ring: 128 (512 KiB), perf's own default — with the control page it
 /// is exactly the 516 KiB `perf_event_mlock_kb` lets an unprivileged user lock per CPU. Even
@@ -196,8 +206,11 @@ pub struct Session {
     /// With CPU-wide samplers: the target's processes (the launched one and those it forked),
     /// whose samples are kept; every other process's are dropped as they are read.
     target_pids: BTreeSet<u32>,
-    /// When the last Fork record of the target was read (launch): see [`CHURN_POLL`].
+    /// When the last Fork record of the target that came [`CHURN_GAP`] after the one before
+    /// it was read (launch): see [`CHURN_POLL`].
     last_fork: Option<Instant>,
+    /// Perf time of the latest thread creation read.
+    last_fork_time: Option<u64>,
 }
 
 impl Session {
@@ -326,6 +339,7 @@ impl Session {
             sampler_hz: Vec::new(),
             target_pids: BTreeSet::from([pid as u32]),
             last_fork: None,
+            last_fork_time: None,
         })
     }
 
@@ -672,8 +686,23 @@ impl Session {
                     }
                 }
                 (Event::Lost { .. }, Some(w)) => w.note_lost(),
-                (Event::Fork { pid, ppid, tid, .. }, Some(w)) if follow_forks => {
-                    self.last_fork = Some(Instant::now());
+                (
+                    Event::Fork {
+                        pid,
+                        ppid,
+                        tid,
+                        time,
+                        ..
+                    },
+                    Some(w),
+                ) if follow_forks => {
+                    if self
+                        .last_fork_time
+                        .is_some_and(|t| time.saturating_sub(t) >= CHURN_GAP)
+                    {
+                        self.last_fork = Some(Instant::now());
+                    }
+                    self.last_fork_time = Some(self.last_fork_time.map_or(*time, |t| t.max(*time)));
                     if pid != ppid {
                         w.add_process(*pid as libc::pid_t);
                     }
