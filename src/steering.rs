@@ -63,6 +63,16 @@ const SURVEY_REFRESH: Duration = Duration::from_millis(300);
 /// whole run stays within the 2–3% goal on programs that copy with `rep movs`. As a share of
 /// the trap budget (`--watch-budget`): 1.5% at the default 2%.
 const ARMED_COST_SHARE: f64 = 0.75;
+/// A survey target whose turn ended early with one thread alone trapped (a window it filled
+/// with its stores) is surveyed again after this long at the earliest, ahead of the plan's
+/// order: the threads that share it may have been off their CPUs for that window. In round_threads (2 150) the
+/// flag's line had one 1.2 ms window a run, filled by one assign thread's 47 stores while
+/// its twin waited 3 ms for a CPU, and the line was due again only after the run had ended
+/// (2 misses in 20 runs, 3 in 15).
+const SURVEY_RETRY_AFTER: Duration = SURVEY_TURN;
+/// Such retries of one target within a [`SURVEY_REFRESH`]: a line one thread alone stores to
+/// (its own counters) costs a few more windows, not a turn in every round.
+const SURVEY_RETRIES: u32 = 2;
 /// A line whose edges were probed ([`Detector::edge_probe`]) is probed again after this
 /// long at the earliest.
 const PROBE_REFRESH: Duration = Duration::from_secs(1);
@@ -161,6 +171,39 @@ pub struct Steering {
     /// The line the armed probe watches, and the lines probed so far.
     probing: Option<u64>,
     probed: HashMap<u64, Probed>,
+    /// Survey targets (by key) whose turns one thread alone filled ([`SURVEY_RETRIES`]).
+    alone: HashMap<(u64, u64), Alone>,
+}
+
+/// A survey target's turns that one thread alone filled with its stores, in a row.
+#[derive(Clone, Copy, Debug)]
+struct Alone {
+    /// When the first of them ended.
+    first: Instant,
+    turns: u32,
+}
+
+impl Alone {
+    /// One more such turn ended at `now` (the count starts again each [`SURVEY_REFRESH`]).
+    fn note(entry: Option<Alone>, now: Instant) -> Alone {
+        match entry {
+            Some(a) if now.duration_since(a.first) < SURVEY_REFRESH => Alone {
+                turns: a.turns + 1,
+                ..a
+            },
+            _ => Alone {
+                first: now,
+                turns: 1,
+            },
+        }
+    }
+
+    /// Whether the target is due for a retry at `now`, last surveyed at `last`.
+    fn retry_due(&self, last: Option<Instant>, now: Instant) -> bool {
+        self.turns <= SURVEY_RETRIES
+            && now.duration_since(self.first) < SURVEY_REFRESH
+            && last.is_none_or(|at| now.duration_since(at) >= SURVEY_RETRY_AFTER)
+    }
 }
 
 /// A line's probes within the current [`PROBE_REFRESH`].
@@ -316,6 +359,18 @@ impl Steering {
         if let Some(line) = self.probing.take() {
             if let Some(p) = self.probed.get_mut(&line) {
                 p.saw_two |= hits > self.hits_at_start && watcher.last_hitters() >= 2;
+            }
+        }
+        if let Some(w) = &self.surveying {
+            let key = (w.line_addr, w.words.first().map_or(0, |x| x.0));
+            // Only a window the thread filled before the turn's time was up: one that
+            // counted its whole turn had the other threads' chance too (the main thread's
+            // few stores of a round counter in 20 ms took the retries from the flag's line).
+            if self.one_thread_trapped(watcher, hits) && self.counted < SURVEY_TURN {
+                let a = Alone::note(self.alone.get(&key).copied(), now);
+                self.alone.insert(key, a);
+            } else {
+                self.alone.remove(&key);
             }
         }
         // A store-only survey window that one thread filled with its stores: a read+write
@@ -589,6 +644,20 @@ impl Steering {
             }
         }
         let plan = detector.survey_plan(&self.pointed);
+        // A target whose last turn saw one thread alone is tried again first, the longest
+        // waiting first (see SURVEY_RETRY_AFTER).
+        let retry = plan
+            .iter()
+            .filter(|t| {
+                self.alone
+                    .get(&t.key())
+                    .is_some_and(|a| a.retry_due(self.surveyed.get(&t.key()).copied(), now))
+            })
+            .min_by_key(|t| self.surveyed.get(&t.key()).copied());
+        if let Some(t) = retry {
+            self.surveyed.insert(t.key(), now);
+            return Some(t.watch.clone());
+        }
         // The tiers take turns (a tier whose lines change as samples come in, the hot lines,
         // must not starve the globals); within a tier, least recently surveyed first (never
         // surveyed before all), then plan order.
@@ -775,6 +844,31 @@ mod tests {
         assert!(!filled_at_cap(&e, &duty));
         e.windows = 0;
         assert!(!filled_at_cap(&e, &duty));
+    }
+
+    #[test]
+    fn a_survey_turn_one_thread_filled_is_retried_soon_a_few_times() {
+        let t = Instant::now();
+        let ms = Duration::from_millis;
+        let a = Alone::note(None, t);
+        assert_eq!(a.turns, 1);
+        // Not in the turn right after, but after SURVEY_RETRY_AFTER, not SURVEY_REFRESH.
+        assert!(!a.retry_due(Some(t), t + ms(5)));
+        assert!(a.retry_due(Some(t), t + SURVEY_RETRY_AFTER));
+        assert!(SURVEY_RETRY_AFTER < SURVEY_REFRESH);
+        // Up to SURVEY_RETRIES retries that one thread fills too, then none until the
+        // refresh, when the count starts again.
+        let mut a = a;
+        for k in 1..=SURVEY_RETRIES {
+            let at = t + ms(30 * u64::from(k));
+            a = Alone::note(Some(a), at);
+            assert_eq!(a.retry_due(Some(at), at + ms(25)), k < SURVEY_RETRIES);
+        }
+        let later = t + SURVEY_REFRESH;
+        assert!(!a.retry_due(Some(t + ms(60)), later));
+        let a = Alone::note(Some(a), later);
+        assert_eq!(a.turns, 1);
+        assert!(a.retry_due(Some(later), later + SURVEY_RETRY_AFTER));
     }
 
     #[test]
