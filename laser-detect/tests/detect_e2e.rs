@@ -204,6 +204,63 @@ fn stack_data_and_kernel_samples_are_filtered() {
     assert_eq!(a.filtered, 1);
 }
 
+/// A results array local to thread 1 (the main thread, its rsp in `[stack]`) that thread 2,
+/// whose stack is elsewhere, updates through a pointer: thread 1 counts on word 0, thread 2 on
+/// word 8 of one line of thread 1's stack. Another thread reaching it makes the line shared
+/// data, thread 1's own accesses included; a line of thread 1's stack no other thread
+/// reaches stays private.
+#[test]
+fn another_threads_stack_is_shared_data_where_a_thread_reaches_it() {
+    let (code, c, _) = program();
+    let mut d = Detector::new(Config::default(), code);
+    d.add_maps(PID, MAPS);
+    d.feed(&Event::Mmap(Mmap {
+        pid: PID,
+        tid: 2,
+        time: 1,
+        addr: 0x7f00_0000_0000,
+        len: 0x80_0000,
+        pgoff: 0,
+        prot: 3,
+        flags: 0x22,
+        path: String::new(),
+        build_id: None,
+    }));
+    let results = 0x7ffd_0001_0400; // in [stack], below thread 1's rsp
+    let private = 0x7ffd_0001_0800;
+    let mut t = 1_000_000_000u64;
+    for i in 0..200u64 {
+        let ip = if i % 2 == 0 { c[1] } else { c[3] };
+        for (tid, sp, addr) in [
+            (2, 0x7f00_007f_e000, results + 8),
+            (1, 0x7ffd_0001_0000, results),
+            (1, 0x7ffd_0001_0000, private),
+        ] {
+            t += 100_000;
+            let Event::Sample(mut s) = soft(tid, t, ip, addr) else {
+                unreachable!()
+            };
+            s.regs.as_mut().unwrap().set(Reg::Sp, sp);
+            d.feed(&Event::Sample(s));
+        }
+    }
+    let a = d.finish();
+    assert_eq!(a.findings.len(), 1, "{:#?}", a.findings);
+    let f = &a.findings[0];
+    assert_eq!(f.line_addr, results);
+    assert_eq!(f.kind, Kind::FalseSharing);
+    assert_eq!(f.threads, vec![1, 2]);
+    assert_eq!(
+        f.data,
+        Location::Stack {
+            owner: Some(1),
+            shared: true
+        }
+    );
+    // Thread 1's accesses to the line no one else reaches are dropped as its own.
+    assert_eq!(d.filter_stats().stack_data, 200);
+}
+
 fn watch(tid: u32, time: u64, ip_after: u64, addr: u64) -> Event {
     Event::Sample(Sample {
         backend: BackendKind::Watch,

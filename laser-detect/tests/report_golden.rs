@@ -412,7 +412,10 @@ fn analysis(b: &Built) -> (Analysis, Addrs) {
     findings.push(line(
         &mut a,
         "stack",
-        Location::Stack,
+        Location::Stack {
+            owner: None,
+            shared: false,
+        },
         Kind::TrueSharing,
         1_050.0,
         0.0112,

@@ -62,8 +62,9 @@ pub enum Location {
     Module { path: String, vaddr: u64 },
     /// `[heap]` or anonymous memory (malloc arenas, mmap'd heap objects).
     Heap,
-    /// `[stack]` or a thread stack.
-    Stack,
+    /// `[stack]` or a thread stack, with the thread whose stack pointer was last seen in it
+    /// (when one was), and whether threads other than its owner reached the line.
+    Stack { owner: Option<u32>, shared: bool },
     /// Not in any known mapping.
     Unknown,
 }

@@ -458,7 +458,19 @@ fn data(
             (data, line_data)
         }
         Location::Heap => (plain("heap"), None),
-        Location::Stack => (plain("stack"), None),
+        // Another thread's stack is named by its owner: the threads reached it through a
+        // pointer (OpenMP's shared locals, a results array that is a local of main).
+        Location::Stack {
+            owner,
+            shared: true,
+        } => (
+            Data {
+                name: owner.map_or("shared stack".into(), |t| format!("stack of T{t}")),
+                ..plain("stack")
+            },
+            None,
+        ),
+        Location::Stack { .. } => (plain("stack"), None),
         Location::Unknown => (plain("unknown"), None),
     }
 }

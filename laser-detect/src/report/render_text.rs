@@ -262,6 +262,13 @@ fn data_line(f: &Finding) -> String {
             list.join("\n             ")
         }
         "heap" => "heap object (allocation site not tracked)".into(),
+        "stack" if d.name.starts_with("stack of ") => format!(
+            "{}'s stack, reached by other threads (a local shared through a pointer)",
+            &d.name["stack of ".len()..]
+        ),
+        "stack" if d.name == "shared stack" => {
+            "a thread's stack, reached by other threads (a local shared through a pointer)".into()
+        }
         "stack" => "stack".into(),
         _ => "unknown (not in any mapping)".into(),
     }
