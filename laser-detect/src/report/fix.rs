@@ -112,7 +112,9 @@ pub fn byte_ranges(mask: u128) -> String {
 
 /// Which bytes each thread touched, `T11 [0..8), T12 [24..32)`.
 /// Sources run by several threads (an analysis may merge them) would smear every thread
-/// over the union of their bytes, so they count only when no single-thread source exists.
+/// over the union of their bytes, so they count only when no single-thread source exists;
+/// where none does (every thread runs the same code, `sum[id] += …`), the threads are named
+/// with the bytes they touch between them (`T11, T12 within [32..48)`), not each with all.
 fn per_thread_bytes(sources: &[Source]) -> String {
     let mut by_thread: BTreeMap<u32, u128> = BTreeMap::new();
     let single = sources.iter().any(|s| s.threads.len() == 1);
@@ -120,6 +122,11 @@ fn per_thread_bytes(sources: &[Source]) -> String {
         for &t in &s.threads {
             *by_thread.entry(t).or_default() |= s.mask();
         }
+    }
+    if !single && by_thread.len() > 1 {
+        let all = by_thread.values().fold(0u128, |a, m| a | m);
+        let who: Vec<String> = by_thread.keys().map(|t| format!("T{t}")).collect();
+        return format!("{} within {}", who.join(", "), byte_ranges(all));
     }
     by_thread
         .iter()
@@ -689,6 +696,18 @@ mod tests {
         let fix = suggest(&f, 64);
         assert!(fix.contains("aligned_alloc(64"), "{fix}");
         assert!(fix.contains("T1 [0..8), T2 [8..16)"), "{fix}");
+    }
+
+    #[test]
+    fn code_every_thread_runs_does_not_smear_each_thread_over_all_bytes() {
+        // `sum[id] += …` from two threads: one source with both threads on [32..48).
+        let mut s = src(Op::Store, 32..48, 1, 13);
+        s.threads = vec![1, 2];
+        let mut f = finding(Kind::FalseSharing, "stack", vec![], vec![s]);
+        f.data.kind = "stack".into();
+        let fix = suggest(&f, 64);
+        assert!(fix.contains("(T1, T2 within [32..48))"), "{fix}");
+        assert!(!fix.contains("T1 [32..48)"), "{fix}");
     }
 
     #[test]
