@@ -162,16 +162,12 @@ fn false_sharing_found_and_read_only_control_is_not() {
     assert_eq!(cand[0].words, vec![(LINE, 8), (LINE + 8, 8)]);
 }
 
-#[test]
-fn stack_data_and_kernel_samples_are_filtered() {
-    let (code, c, _) = program();
-    let mut d = Detector::new(Config::default(), code);
-    d.add_maps(PID, MAPS);
-    // A thread stack in an anonymous mapping announced by an Mmap event: the sampled rsp
-    // falls in it, so accesses there are stack data.
-    d.feed(&Event::Mmap(Mmap {
+/// An anonymous 8 MiB mapping at 0x7f00_0000_0000 (a thread stack glibc made) announced by
+/// thread `tid`.
+fn thread_stack_mmap(tid: u32) -> Event {
+    Event::Mmap(Mmap {
         pid: PID,
-        tid: 5,
+        tid,
         time: 1,
         addr: 0x7f00_0000_0000,
         len: 0x80_0000,
@@ -180,7 +176,17 @@ fn stack_data_and_kernel_samples_are_filtered() {
         flags: 0x22,
         path: String::new(),
         build_id: None,
-    }));
+    })
+}
+
+#[test]
+fn stack_data_and_kernel_samples_are_filtered() {
+    let (code, c, _) = program();
+    let mut d = Detector::new(Config::default(), code);
+    d.add_maps(PID, MAPS);
+    // A thread stack in an anonymous mapping announced by an Mmap event: the sampled rsp
+    // falls in it, so accesses there are stack data.
+    d.feed(&thread_stack_mmap(5));
     let stack_var = 0x7f00_007f_f000;
     for i in 0..50u64 {
         for tid in [5, 6] {
@@ -214,18 +220,7 @@ fn another_threads_stack_is_shared_data_where_a_thread_reaches_it() {
     let (code, c, _) = program();
     let mut d = Detector::new(Config::default(), code);
     d.add_maps(PID, MAPS);
-    d.feed(&Event::Mmap(Mmap {
-        pid: PID,
-        tid: 2,
-        time: 1,
-        addr: 0x7f00_0000_0000,
-        len: 0x80_0000,
-        pgoff: 0,
-        prot: 3,
-        flags: 0x22,
-        path: String::new(),
-        build_id: None,
-    }));
+    d.feed(&thread_stack_mmap(2));
     let results = 0x7ffd_0001_0400; // in [stack], below thread 1's rsp
     let private = 0x7ffd_0001_0800;
     let mut t = 1_000_000_000u64;
