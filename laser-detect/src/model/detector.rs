@@ -23,10 +23,10 @@
 //! found even when the run's threads happened to share a core (then the reported rate is
 //! higher than the hardware's transfers).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashSet};
 use laser_driver::{BackendKind, Event, Mmap, Sample, StreamStats};
 
 use crate::decode::access::{resolve, Access, Accesses, DropReason};
@@ -555,7 +555,9 @@ impl<C: CodeSource> Detector<C> {
                     let line = a.addr & line_mask;
                     if !own {
                         self.shared_stack_lines.insert(line);
-                    } else if !self.shared_stack_lines.contains(&line) {
+                    } else if self.shared_stack_lines.is_empty()
+                        || !self.shared_stack_lines.contains(&line)
+                    {
                         self.filter.stack_data += 1;
                         continue;
                     }
