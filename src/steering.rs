@@ -65,10 +65,10 @@ const SURVEY_REFRESH: Duration = Duration::from_millis(300);
 const ARMED_COST_SHARE: f64 = 0.75;
 /// A survey target whose turn ended early with one thread alone trapped (a window it filled
 /// with its stores) is surveyed again after this long at the earliest, ahead of the plan's
-/// order: the threads that share it may have been off their CPUs for that window. In round_threads (2 150) the
-/// flag's line had one 1.2 ms window a run, filled by one assign thread's 47 stores while
-/// its twin waited 3 ms for a CPU, and the line was due again only after the run had ended
-/// (2 misses in 20 runs, 3 in 15).
+/// order: the threads that share it may have been off their CPUs for that window. In
+/// round_threads (2 150) the flag's line had one 1.2 ms window a run, filled by one assign
+/// thread's 47 stores while its twin waited 3 ms for a CPU, and the line was due again only
+/// after the run had ended (2 misses in 20 runs, 3 in 15).
 const SURVEY_RETRY_AFTER: Duration = SURVEY_TURN;
 /// Such retries of one target within a [`SURVEY_REFRESH`]: a line one thread alone stores to
 /// (its own counters) costs a few more windows, not a turn in every round.
@@ -362,7 +362,7 @@ impl Steering {
             }
         }
         if let Some(w) = &self.surveying {
-            let key = (w.line_addr, w.words.first().map_or(0, |x| x.0));
+            let key = w.key();
             // Only a window the thread filled before the turn's time was up: one that
             // counted its whole turn had the other threads' chance too (the main thread's
             // few stores of a round counter in 20 ms took the retries from the flag's line).

@@ -20,6 +20,14 @@ pub struct WatchCandidate {
     pub words: Vec<(u64, u32)>,
 }
 
+impl WatchCandidate {
+    /// Identity of a set of words on a line across calls: the line and its first word (a
+    /// line watched in several turns has one key per turn).
+    pub fn key(&self) -> (u64, u64) {
+        (self.line_addr, self.words.first().map_or(0, |w| w.0))
+    }
+}
+
 /// Maximum watchpoints per line (x86 has 4 debug address registers).
 pub const MAX_WORDS: usize = 4;
 

@@ -178,10 +178,7 @@ pub struct SurveyTarget {
 impl SurveyTarget {
     /// Identity across calls (a line surveyed in several turns has one key per turn).
     pub fn key(&self) -> (u64, u64) {
-        (
-            self.watch.line_addr,
-            self.watch.words.first().map_or(0, |w| w.0),
-        )
+        self.watch.key()
     }
 }
 
