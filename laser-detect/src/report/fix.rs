@@ -136,6 +136,28 @@ fn per_thread_bytes(sources: &[Source]) -> String {
 }
 
 fn false_sharing(f: &Finding, line_size: u32) -> String {
+    let layout = false_sharing_layout(f, line_size);
+    match openmp_region(f) {
+        Some(region) => format!(
+            "{layout} In the OpenMP region `{region}`: accumulate in a private variable and \
+             combine once with a `reduction(…)` clause or after the loop; for an array the \
+             threads split, `schedule(static)` gives each thread contiguous chunks (its own \
+             lines), where `schedule(static, 1)` interleaves their elements on every line."
+        ),
+        None => layout,
+    }
+}
+
+/// The OpenMP region a contending source runs in: gcc outlines a parallel region's body
+/// into `FN._omp_fn.N`, clang into `.omp_outlined.` functions.
+fn openmp_region(f: &Finding) -> Option<&str> {
+    f.sources
+        .iter()
+        .filter_map(|s| s.function.as_deref())
+        .find(|func| func.contains("._omp_fn.") || func.contains(".omp_outlined."))
+}
+
+fn false_sharing_layout(f: &Finding, line_size: u32) -> String {
     let (align, prefetch) = align_words(line_size);
     let attr = format!(
         "`__attribute__((aligned({align})))` (C11 `_Alignas({align})`, C++ `alignas({align})`)"
@@ -696,6 +718,28 @@ mod tests {
         let fix = suggest(&f, 64);
         assert!(fix.contains("aligned_alloc(64"), "{fix}");
         assert!(fix.contains("T1 [0..8), T2 [8..16)"), "{fix}");
+    }
+
+    #[test]
+    fn false_sharing_in_an_openmp_region_suggests_a_reduction_or_chunks() {
+        let mut s = src(Op::Store, 16..32, 1, 13);
+        s.threads = vec![1, 2];
+        s.function = Some("main._omp_fn.0".into());
+        let mut f = finding(Kind::FalseSharing, "stack", vec![], vec![s]);
+        f.data.kind = "stack".into();
+        let fix = suggest(&f, 64);
+        assert!(
+            fix.starts_with("Threads touch different parts of a stack object"),
+            "{fix}"
+        );
+        assert!(fix.contains("OpenMP region `main._omp_fn.0`"), "{fix}");
+        assert!(
+            fix.contains("`reduction(…)`") && fix.contains("`schedule(static)`"),
+            "{fix}"
+        );
+        // Code outside OpenMP regions gets no such sentence.
+        f.sources[0].function = Some("worker".into());
+        assert!(!suggest(&f, 64).contains("OpenMP"));
     }
 
     #[test]
