@@ -472,6 +472,28 @@ fn pointer_at(types: &TypeTable, t: TypeId, off: u64, depth: u32) -> Option<(Typ
     }
 }
 
+/// An expression without the libstdc++ and gcc closure plumbing its reader did not write:
+/// the callable `std::thread` stores (`this->_M_func._M_t._M_head_impl.`), the member a
+/// lambda keeps a capture in (gcc names it `__hist` for `hist`), and `std::vector`'s element
+/// pointer (`->_M_impl._M_start[*]`). `this->_M_func._M_t._M_head_impl.__hist->_M_impl.
+/// _M_start[*]` in a thread's lambda reads `hist[*]`.
+fn readable_cxx(expr: &str) -> String {
+    let (deref, path) = match expr.find("this->") {
+        Some(at) if expr[..at].chars().all(|c| c == '*' || c == '(') => expr.split_at(at),
+        _ => ("", expr),
+    };
+    let mut out = deref.to_string();
+    let rest = ["this->_M_func._M_t._M_head_impl.__", "this->__"]
+        .iter()
+        .find_map(|closure| {
+            path.strip_prefix(closure)
+                .filter(|r| r.starts_with(|c: char| c.is_ascii_alphabetic()))
+        });
+    out.push_str(rest.unwrap_or(path));
+    out.replace("->_M_impl._M_start[", "[")
+        .replace("._M_impl._M_start[", "[")
+}
+
 /// The report's view of a place: element type of arrays, offset inside one element, member
 /// path and the expression as written.
 fn describe(types: &TypeTable, p: &Place) -> Option<TypedAccess> {
@@ -542,6 +564,7 @@ fn describe(types: &TypeTable, p: &Place) -> Option<TypedAccess> {
         PlaceName::Deref(ptr) if member.starts_with('[') => format!("(*{ptr}){member}"),
         PlaceName::Deref(ptr) => format!("{ptr}->{member}"),
     };
+    let expr = readable_cxx(&expr);
     let how = match p.how {
         How::Variable => "variable",
         How::Tracked => "tracked",
@@ -692,5 +715,21 @@ mod tests {
         // A scalar through a pointer.
         let a = describe(&t, &place(0, PlaceName::Deref("c".into()), 0, false)).unwrap();
         assert_eq!((a.type_name.as_str(), a.expr.as_str()), ("long int", "*c"));
+    }
+
+    #[test]
+    fn closure_and_library_plumbing_is_left_out_of_expressions() {
+        let thread_lambda = "this->_M_func._M_t._M_head_impl.__hist->_M_impl._M_start[*]";
+        assert_eq!(readable_cxx(thread_lambda), "hist[*]");
+        assert_eq!(
+            readable_cxx("*this->_M_func._M_t._M_head_impl.__counts"),
+            "*counts"
+        );
+        assert_eq!(readable_cxx("this->__total"), "total");
+        assert_eq!(readable_cxx("v._M_impl._M_start[*]"), "v[*]");
+        // What a program wrote stays as it is.
+        for e in ["h->counts[*]", "this->count", "__libc_lock", "s[*].n", "*c"] {
+            assert_eq!(readable_cxx(e), e);
+        }
     }
 }
