@@ -158,6 +158,11 @@ pub struct Detector<C: CodeSource> {
 
 const STACK_SLOTS: usize = 64;
 
+/// The mask that clears an address's offset in a `line_size`-byte line.
+fn line_mask(line_size: u32) -> u64 {
+    !(u64::from(line_size.max(1)) - 1)
+}
+
 /// A program module's load bias and writable data objects (ELF vaddr, size).
 type ModuleGlobals = (u64, Arc<[(u64, u64)]>);
 
@@ -532,7 +537,7 @@ impl<C: CodeSource> Detector<C> {
             }
             _ => None,
         };
-        let line_mask = !(u64::from(self.model.line_size().max(1)) - 1);
+        let line_mask = line_mask(self.model.line_size());
         let code_hit = crate::decode::access::is_code_hit(s);
         // The stack this thread's stack pointer is in (noted above from this very sample).
         let own_stack = Some(self.stacks[s.tid as usize % STACK_SLOTS])
@@ -555,9 +560,7 @@ impl<C: CodeSource> Detector<C> {
                     let line = a.addr & line_mask;
                     if !own {
                         self.shared_stack_lines.insert(line);
-                    } else if self.shared_stack_lines.is_empty()
-                        || !self.shared_stack_lines.contains(&line)
-                    {
+                    } else if !self.shared_stack_lines.contains(&line) {
                         self.filter.stack_data += 1;
                         continue;
                     }
@@ -648,7 +651,7 @@ impl<C: CodeSource> Detector<C> {
                     .map(|s| s.0),
                 shared: self
                     .shared_stack_lines
-                    .contains(&(addr & !(u64::from(self.model.line_size().max(1)) - 1))),
+                    .contains(&(addr & line_mask(self.model.line_size()))),
             },
             Class::Special | Class::Unknown => Location::Unknown,
         }
