@@ -9,9 +9,12 @@
  * into the debug registers whenever the thread is switched in and clears DR7 when it is
  * switched out, and that is all they do. With KIND `clock`, the events are cpu-clock
  * samplers at 500 Hz with no ring (their timer is started at every switch-in and cancelled
- * at every switch-out). Prints the wall time per round.
+ * at every switch-out). With KIND `bpcpu`, main opens the EVENTS breakpoints once per CPU for
+ * the whole CPU (pid -1, as laser's launch windows do where CPU-wide events are allowed):
+ * they stay in the debug registers whatever task runs, so no switch reloads them. Prints the
+ * wall time per round.
  *
- * usage: switch_rounds ROUNDS WORK EVENTS [bp|clock]   (scripts/switch-cost runs it)
+ * usage: switch_rounds ROUNDS WORK EVENTS [bp|clock|bpcpu]   (scripts/switch-cost runs it)
  */
 #define _GNU_SOURCE
 #include <linux/hw_breakpoint.h>
@@ -29,7 +32,7 @@ static volatile long count[2] __attribute__((aligned(64)));
 static volatile long never_written[4] __attribute__((aligned(64)));
 static pthread_barrier_t barrier;
 static long rounds, work;
-static int events, clock_kind;
+static int events, clock_kind, cpu_wide;
 
 static double now(void)
 {
@@ -38,10 +41,9 @@ static double now(void)
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static void *worker(void *arg)
+/* EVENTS events on `pid` (0: the calling thread; -1: whole CPUs), one per CPU 0 and 1. */
+static void open_events(pid_t pid)
 {
-    long t = (long)arg;
-    uint64_t x = (uint64_t)t + 1;
     for (int cpu = 0; cpu < 2; cpu++) {
         for (int s = 0; s < events; s++) {
             struct perf_event_attr a;
@@ -61,12 +63,20 @@ static void *worker(void *arg)
                 a.bp_len = HW_BREAKPOINT_LEN_8;
                 a.sample_period = 1;
             }
-            if (syscall(SYS_perf_event_open, &a, 0, cpu, -1, 0) < 0) {
+            if (syscall(SYS_perf_event_open, &a, pid, cpu, -1, 0) < 0) {
                 perror("perf_event_open");
                 exit(1);
             }
         }
     }
+}
+
+static void *worker(void *arg)
+{
+    long t = (long)arg;
+    uint64_t x = (uint64_t)t + 1;
+    if (!cpu_wide)
+        open_events(0);
     pthread_barrier_wait(&barrier);
     for (long r = 0; r < rounds; r++) {
         for (long i = 0; i < work; i++) {
@@ -85,11 +95,15 @@ int main(int argc, char **argv)
 {
     if (argc < 4 || argc > 5 || (rounds = atol(argv[1])) <= 0 || (work = atol(argv[2])) < 0 ||
         (events = atoi(argv[3])) < 0 || events > 4 ||
-        (argc == 5 && strcmp(argv[4], "bp") != 0 && strcmp(argv[4], "clock") != 0)) {
-        fprintf(stderr, "usage: switch_rounds ROUNDS WORK EVENTS(0-4) [bp|clock]\n");
+        (argc == 5 && strcmp(argv[4], "bp") != 0 && strcmp(argv[4], "clock") != 0 &&
+         strcmp(argv[4], "bpcpu") != 0)) {
+        fprintf(stderr, "usage: switch_rounds ROUNDS WORK EVENTS(0-4) [bp|clock|bpcpu]\n");
         return 2;
     }
     clock_kind = argc == 5 && strcmp(argv[4], "clock") == 0;
+    cpu_wide = argc == 5 && strcmp(argv[4], "bpcpu") == 0;
+    if (cpu_wide)
+        open_events(-1);
     pthread_barrier_init(&barrier, NULL, 2);
     pthread_t th[2];
     double t0 = now();
