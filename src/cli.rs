@@ -153,7 +153,11 @@ pub struct MonitorArgs {
     /// The default; `--sample-cpus=false` gives every thread its own timer. Each CPU's timer
     /// runs at its own rate (up to 10% under --freq) so the CPUs' samples never line up
     /// (benchmarks/RESULTS.md, twentieth session). The report's `sampling` note says which
-    /// was used. Ignored by attach (always per thread).
+    /// was used. The watchpoint windows are then whole-CPU too, while no other laser session
+    /// watches on the machine: no debug-register reload at each context switch of a watched
+    /// thread, but while a window counts its debug registers are taken on every CPU (a
+    /// debugger's hardware watchpoint set meanwhile is refused); the `watchpoint cost` note
+    /// says which. Ignored by attach (always per thread).
     #[arg(
         long = "sample-cpus",
         value_name = "BOOL",

@@ -255,8 +255,19 @@ pub fn watch_cost_note(
             switches * 1e3,
         ),
     };
+    // Where windows opened for whole CPUs (`laser_driver::Watcher::set_cpu_wide`).
+    let windows = match (stats.cpu_wide_opens, stats.thread_opens) {
+        (0, _) => String::new(),
+        (_, 0) => "; windows on whole CPUs (no debug-register reload at context switches; \
+                   other processes' hits dropped)"
+            .to_string(),
+        (c, t) => format!(
+            "; windows on whole CPUs {c} time(s), per thread {t} time(s) (while another laser \
+             session watched, or another tool held debug registers)"
+        ),
+    };
     Some(format!(
-        "watchpoint cost: {parts}, {:.2}% of the {:.2} s run ({budget})",
+        "watchpoint cost: {parts}, {:.2}% of the {:.2} s run ({budget}){windows}",
         100.0 * spent / run,
         run,
     ))

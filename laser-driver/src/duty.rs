@@ -163,13 +163,16 @@ pub struct WatchStats {
     /// Hits of the last window whose cooldown was not (fully) served when watching stopped
     /// (target exited or disarmed). All other hits were paid for by their cooldown.
     pub unpaid_hits: u64,
-    /// Wall time laser spent opening, enabling, renewing and closing window events
+    /// CPU time laser spent opening, enabling, renewing and closing window events
     /// ([`DutyState::charge`]), paid for by cooldowns like the traps.
     pub ops_time: Duration,
     /// Context switches of watched threads while a window was armed, and what they cost
     /// ([`DutyState::charge_switches`]), paid for the same way.
     pub switches: u64,
     pub switch_time: Duration,
+    /// Launch windows opened for whole CPUs (`Watcher::set_cpu_wide`), and per thread.
+    pub cpu_wide_opens: u64,
+    pub thread_opens: u64,
 }
 
 /// What the watcher must do to its events after a tick.

@@ -16,6 +16,7 @@ pub mod exec_ranges;
 pub mod import;
 pub mod launch;
 pub mod mmap_ring;
+pub mod peers;
 pub mod pmu;
 pub mod probe;
 pub mod procinfo;

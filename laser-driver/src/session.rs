@@ -206,6 +206,9 @@ pub struct Session {
     /// With CPU-wide samplers: the target's processes (the launched one and those it forked),
     /// whose samples are kept; every other process's are dropped as they are read.
     target_pids: BTreeSet<u32>,
+    /// Samples of processes not in `target_pids` are dropped as read: with CPU-wide samplers
+    /// or whole-CPU watch windows ([`Watcher::set_cpu_wide`]).
+    drop_foreign: bool,
     /// When the last Fork record of the target that came [`CHURN_GAP`] after the one before
     /// it was read (launch): see [`CHURN_POLL`].
     last_fork: Option<Instant>,
@@ -225,12 +228,18 @@ impl Session {
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
         let cpus = sys::online_cpus()?;
-        let cpu_wide = config.sample_cpus
-            && config.backend == BackendKind::Soft
-            && cpu_wide_allowed(config.frequency);
+        let whole_cpus = config.sample_cpus && cpu_wide_allowed(config.frequency);
+        let cpu_wide = whole_cpus && config.backend == BackendKind::Soft;
         if cpu_wide {
             s.leader_attr = attr::tracking(Binding::Launch, wakeup_bytes(Mode::Launched, &config));
         }
+        if let (true, Some(w)) = (whole_cpus, &mut s.watcher) {
+            // Watch windows for whole CPUs too; their hits in other processes are dropped as
+            // read, as other processes' samples are.
+            w.set_cpu_wide(true);
+            s.drop_foreign = true;
+        }
+        s.drop_foreign |= cpu_wide;
         for &cpu in &cpus {
             s.open_leader(stopped.pid, cpu as i32, cpu as i64)?;
             if cpu_wide {
@@ -338,6 +347,7 @@ impl Session {
             samplers: Vec::new(),
             sampler_hz: Vec::new(),
             target_pids: BTreeSet::from([pid as u32]),
+            drop_foreign: false,
             last_fork: None,
             last_fork_time: None,
         })
@@ -658,16 +668,22 @@ impl Session {
         // CPU time joins the trap budget, and one created while a window counts gets its
         // events now (an attached target's threads are found by `rescan_threads`).
         let follow_forks = matches!(self.mode, Mode::Launched);
-        let cpu_wide = !self.samplers.is_empty();
         for e in batch.drain(..) {
-            if cpu_wide {
+            if self.drop_foreign {
                 match &e {
                     // Another process's sample from a CPU-wide sampler (laser's own threads
-                    // among them): not the target's business.
-                    Event::Sample(s)
-                        if s.watch_slot.is_none() && !self.target_pids.contains(&s.pid) =>
-                    {
+                    // among them), or its hit in a whole-CPU watch window: not the target's
+                    // business. The hit spent its CPU's limit all the same.
+                    Event::Sample(s) if !self.target_pids.contains(&s.pid) => {
                         self.stats.foreign += 1;
+                        let spent = match (s.watch_slot, self.watcher.as_mut()) {
+                            (Some(slot), Some(w)) => w.note_foreign_hit(s.cpu, slot, s.time),
+                            _ => None,
+                        };
+                        if let Some(m) = spent {
+                            self.stats.account(&m);
+                            sink(m);
+                        }
                         continue;
                     }
                     Event::Fork { pid, .. } => {
@@ -726,6 +742,7 @@ impl Session {
             }
         }
         if let Some(w) = &mut self.watcher {
+            w.yield_to_peers()?;
             w.tick(Instant::now(), watch_hits)?;
         }
         open_error.map_or(Ok(()), Err)

@@ -27,6 +27,15 @@
 //!  thread C                            (created: nothing to open)  ███ own
 //! ```
 //!
+//! **Whole-CPU launch windows** ([`Watcher::set_cpu_wide`]; where CPU-wide events are
+//! allowed, and while no other laser session watches on the machine, [`crate::peers`]): a
+//! window opens one event per slot *and CPU* with `pid = -1`, into that CPU's leader ring, and
+//! watches whatever runs there; other processes' hits are dropped as read. No per-thread
+//! events, rings or opens at thread creation, every thread watched from its first
+//! instruction, and no debug-register reload at each context switch of a watched thread
+//! (5–6 µs each on this VM: kmeans 1.12 → 1.06 of its bare time, side by side). Where
+//! another tool's breakpoints leave no room (`ENOSPC`), that window opens per thread.
+//!
 //! **The kernel ends a window's traps.** Every event is enabled with
 //! `PERF_EVENT_IOC_REFRESH(limit)`, its share of the window's hit cap ([`Watcher::limit`]):
 //! after that many samples the kernel disables it in its own overflow handler, on the CPU
@@ -61,6 +70,7 @@ use crate::duty::{Action, CostModel, DutyState};
 pub use crate::duty::{DutyCycle, WatchStats};
 use crate::error::DriverError;
 use crate::mmap_ring::MmapRing;
+use crate::peers::{self, Peers};
 use crate::switches::{SwitchTally, SWITCH_COST};
 use crate::sys;
 use crate::Event;
@@ -72,6 +82,10 @@ pub const MAX_WATCHES: usize = 4;
 /// the thread's CPU clock (6 runs here gave 26–35 µs, as 100 traps did), few enough
 /// to keep a launched program's start quick (each trap delays its exec).
 const CALIBRATION_TRAPS: u32 = 40;
+
+/// How long a breakpoint refused while another session's whole-CPU window is open waits for
+/// that window to re-open per thread: the other session's poll interval (50 ms) and then some.
+const PEER_WINDOW_WAIT: Duration = Duration::from_millis(150);
 
 /// Largest user-space address + 1 on x86-64 (47-bit user half).
 const USER_END: u64 = 0x0000_8000_0000_0000;
@@ -357,6 +371,21 @@ pub struct Watcher {
     /// Context switches of the watched threads while a window is armed, charged to the
     /// duty cycle at [`SWITCH_COST`] each ([`crate::switches`]).
     switches: SwitchTally,
+    /// Launch: windows open one event per slot and CPU for the whole CPU (`pid = -1`) into
+    /// that CPU's leader ring ([`Watcher::set_cpu_wide`]), not per thread, while no other
+    /// laser session watches on this machine…
+    cpu_wide: bool,
+    /// …as this session's lock on the peers file says ([`Peers`]; `None`: unknown).
+    peers: Option<Peers>,
+    /// …and the open window's events are such (decided as each window opens).
+    window_cpu_wide: bool,
+    /// Windows opened per thread (`[0]`) and for whole CPUs (`[1]`).
+    opens: [u64; 2],
+    /// The open window is whole-CPU and says so to the other sessions
+    /// ([`Peers::hold_whole_cpu_window`]).
+    window_held: bool,
+    /// Threads whose hits were read since the limits were last set ([`Watcher::note_hitters`]).
+    hit_tids: BTreeSet<u32>,
 }
 
 /// Why a thread of the target could not be watched.
@@ -416,9 +445,18 @@ impl Watcher {
             window_tids: BTreeSet::new(),
             inherit: false,
             switches: SwitchTally::default(),
+            cpu_wide: false,
+            peers: None,
+            window_cpu_wide: false,
+            opens: [0; 2],
+            window_held: false,
+            hit_tids: BTreeSet::new(),
         };
         if let Some(pid) = target {
             w.add_process(pid);
+            // Every watching session says so, whole-CPU or not: its breakpoints find no room
+            // while another session's whole-CPU window counts.
+            w.peers = Peers::join(&peers::lock_path());
         }
         w
     }
@@ -484,11 +522,22 @@ impl Watcher {
         let wake = self.limit();
         let mut ids = Vec::new();
         let first_new = self.events.len();
-        for slot in 0..MAX_WATCHES as u8 {
+        let mut retried = false;
+        let mut slot = 0;
+        while slot < MAX_WATCHES as u8 {
             let a = attr::watch(self.binding, wake);
             let what = format!("watchpoint slot {slot}");
             let fd = match sys::open(&a, pid, cpu, &what) {
                 Ok(fd) => fd,
+                // Another session's whole-CPU window holds the debug registers: once it has
+                // re-opened per thread, the thread's slots are tried again from the first.
+                Err(e) if is_enospc(&e) && !retried && self.waited_for_peer_windows() => {
+                    retried = true;
+                    self.events.truncate(first_new);
+                    ids.clear();
+                    slot = 0;
+                    continue;
+                }
                 // Another tool holds the thread's debug registers, or descriptors ran out:
                 // the thread is sampled but not watched (its slots opened so far close), and
                 // the session goes on; the report says so.
@@ -513,6 +562,7 @@ impl Watcher {
                 id,
                 limited: false,
             });
+            slot += 1;
         }
         if !self.specs.is_empty() {
             self.repoint_attached(first_new)?;
@@ -531,7 +581,14 @@ impl Watcher {
         }
         // Short (CALIBRATION_TRAPS: ≈ 1–1.5 ms): an attached target runs meanwhile, and on
         // laser's first arm so does a launched one, but both share the CPUs with it.
-        let measured = measure_hit_cost(CALIBRATION_TRAPS, self.duty.model == CostModel::Traps)?;
+        let measured =
+            match measure_hit_cost(CALIBRATION_TRAPS, self.duty.model == CostModel::Traps) {
+                Ok(m) => m,
+                // Another session's whole-CPU window (or a debugger) holds the debug
+                // registers: the floor stands until a later arm finds room.
+                Err(e) if Unwatched::of(&e).is_some() => return Ok(()),
+                Err(e) => return Err(e),
+            };
         if measured > self.duty.hit_cost {
             self.duty = self.duty.with_hit_cost(measured);
         }
@@ -619,7 +676,7 @@ impl Watcher {
         if self.state.is_armed() {
             self.charge_switches();
         }
-        let ops = Instant::now();
+        let ops = thread_cpu_time();
         let r = self.arm_inner(specs);
         self.charge_ops(ops);
         self.restart_switches();
@@ -674,6 +731,11 @@ impl Watcher {
     /// spread over several events is still under it: with the hot events closed first its
     /// traps stop at the first interrupt.
     fn close_window(&mut self) {
+        if std::mem::take(&mut self.window_held) {
+            if let Some(p) = &self.peers {
+                p.hold_whole_cpu_window(false);
+            }
+        }
         let hot = self.take_trapped();
         self.trapped_unknown = false;
         self.unenabled_from = None;
@@ -713,18 +775,35 @@ impl Watcher {
     /// rollover if they are paid for (a new counting window starts once the spent events are
     /// renewed).
     pub(crate) fn note_hit(&mut self, tid: u32, cpu: u32, slot: u8, time: u64) -> Option<Event> {
-        let cpu = if self.per_thread_events(tid as i32) {
-            u32::MAX
-        } else {
-            cpu
+        self.count_hit(Some(tid), cpu, slot, time)
+    }
+
+    /// A whole-CPU window's hit in another process ([`Watcher::set_cpu_wide`]): dropped, but
+    /// it spent as much of its CPU's limit as the target's own, so it may end the window.
+    pub(crate) fn note_foreign_hit(&mut self, cpu: u32, slot: u8, time: u64) -> Option<Event> {
+        if !self.window_cpu_wide {
+            return None;
+        }
+        self.count_hit(None, cpu, slot, time)
+    }
+
+    /// [`Watcher::note_hit`]; `tid` is `None` for a hit outside the target.
+    fn count_hit(&mut self, tid: Option<u32>, cpu: u32, slot: u8, time: u64) -> Option<Event> {
+        let (key, cpu) = match tid {
+            _ if self.window_cpu_wide => (cpu_key(cpu as i32), cpu),
+            Some(tid) if self.per_thread_events(tid as i32) => (i64::from(tid), u32::MAX),
+            Some(tid) => (i64::from(tid), cpu),
+            None => return None,
         };
-        let key = i64::from(tid);
         let since = self
             .renewed_since
             .get(&(key, slot))
             .map_or(self.limits_since, |&t| t.max(self.limits_since));
         if time < since {
             return None;
+        }
+        if let Some(tid) = tid {
+            self.hit_tids.insert(tid);
         }
         let n = self.trapped.entry((key, slot, cpu)).or_default();
         *n += 1;
@@ -784,6 +863,20 @@ impl Watcher {
             if slot as usize >= self.specs.len() || gone.contains(&tid) {
                 continue; // a straggler of a set armed before, or a thread that exited
             }
+            if key < 0 {
+                // A whole CPU's event.
+                let Some(leader) = self.leaders.iter().position(|l| l.cpu == cpu) else {
+                    continue;
+                };
+                match open_replacing(|| self.open_cpu_slot(leader, slot as usize)) {
+                    Ok(ev) => self.adopt(ev),
+                    // Another tool's breakpoints took the room: the window opens again, per
+                    // thread if they are still there.
+                    Err(e) if Unwatched::of(&e).is_some() => return self.sync_window(),
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
             let r = if cpu < 0 {
                 let Some(Some(ring)) = self.thread_rings.get(&tid) else {
                     continue; // its thread exited and its ring went
@@ -833,9 +926,25 @@ impl Watcher {
         // running thread's CPU, as an open is, but back to back.
         // (An inherited window's events cannot be limited and are opened enabled, as its
         // threads' creations race with the opening anyway.)
-        self.opening = !self.inherit;
+        // An inherited window (an object's access history) stays per thread: its events
+        // open enabled, so the thread laser holds until the arm returns is watched when it
+        // goes on, and have no cap.
+        self.window_cpu_wide =
+            self.cpu_wide && !self.inherit && self.peers.as_ref().is_none_or(Peers::alone);
+        self.opening = !self.inherited();
         let first = self.events.len();
-        let r = self.open_listed();
+        let r = if self.window_cpu_wide {
+            self.open_cpus()
+        } else {
+            self.open_listed()
+        };
+        self.opens[usize::from(self.window_cpu_wide)] += 1;
+        if self.window_cpu_wide {
+            if let Some(p) = &self.peers {
+                p.hold_whole_cpu_window(true);
+                self.window_held = true;
+            }
+        }
         if self.opening {
             self.unenabled_from = Some(first);
         }
@@ -858,6 +967,42 @@ impl Watcher {
             .try_for_each(|e| sys::refresh(&e.fd, limit))
     }
 
+    /// Whole-CPU windows: opens the armed set once per CPU, for whatever runs there, into
+    /// that CPU's leader ring. Where another tool holds debug registers on some thread of
+    /// the machine (a debugger's watchpoints, `perf record -e mem:ADDR`), the kernel refuses
+    /// a whole-CPU breakpoint that would not fit beside them: the window opens per thread
+    /// instead, where only that tool's threads go without.
+    fn open_cpus(&mut self) -> Result<(), DriverError> {
+        let first = self.events.len();
+        match self.open_every_cpu() {
+            Err(e) if Unwatched::of(&e).is_some() => {
+                let gone = self.events.drain(first..).map(|e| e.id);
+                self.closed_ids.extend(gone);
+                self.window_cpu_wide = false;
+                self.opening = !self.inherited();
+                self.open_listed()
+            }
+            r => r,
+        }
+    }
+
+    fn open_every_cpu(&mut self) -> Result<(), DriverError> {
+        for i in 0..self.leaders.len() {
+            for slot in 0..self.specs.len() {
+                let ev = self.open_cpu_slot(i, slot)?;
+                self.adopt(ev);
+            }
+        }
+        Ok(())
+    }
+
+    /// A whole-CPU event: slot `slot` on leader `leader`'s CPU, keyed [`cpu_key`].
+    fn open_cpu_slot(&self, leader: usize, slot: usize) -> Result<WatchEvent, DriverError> {
+        let mut ev = self.open_slot(-1, leader, slot)?;
+        ev.key = cpu_key(ev.cpu);
+        Ok(ev)
+    }
+
     /// Opens the window's events on every thread of the target.
     fn open_listed(&mut self) -> Result<(), DriverError> {
         // A thread created while this runs is listed again (or announced by its creation
@@ -876,7 +1021,7 @@ impl Watcher {
             }
             for tid in tids {
                 // Listed before this window had any event: it cannot have inherited one.
-                self.open_in_window(tid, self.inherit && round > 0)?;
+                self.open_in_window(tid, self.inherited() && round > 0)?;
             }
         }
         Ok(())
@@ -899,6 +1044,16 @@ impl Watcher {
     /// [`Watcher::open_unless_inherited`]) is left as it is.
     fn open_in_window(&mut self, tid: i32, unless_inherited: bool) -> Result<(), DriverError> {
         self.window_tids.insert(tid);
+        let mut r = self.open_thread_whole(tid, unless_inherited);
+        if r.as_ref().is_err_and(is_enospc) && self.waited_for_peer_windows() {
+            r = self.open_thread_whole(tid, unless_inherited);
+        }
+        self.opened_or_passed_over(tid, r).map(|_| ())
+    }
+
+    /// [`Watcher::open_in_window`] once: on failure the thread's slots opened so far close,
+    /// so a thread is watched whole or not at all.
+    fn open_thread_whole(&mut self, tid: i32, unless_inherited: bool) -> Result<(), DriverError> {
         let first_new = self.events.len();
         let r = if unless_inherited {
             self.open_unless_inherited(tid)
@@ -906,11 +1061,34 @@ impl Watcher {
             self.open_thread(tid, 0)
         };
         if r.is_err() {
-            // Its slots opened so far close: a thread is watched whole or not at all.
             let gone = self.events.drain(first_new..).map(|e| e.id);
             self.closed_ids.extend(gone);
         }
-        self.opened_or_passed_over(tid, r).map(|_| ())
+        r
+    }
+
+    /// A breakpoint was refused for want of debug registers: if another laser session's
+    /// whole-CPU window holds them, waits for it to close (it re-opens per thread once it
+    /// sees this session, at its next poll); whether none is open now, so a retry may pass.
+    fn waited_for_peer_windows(&self) -> bool {
+        self.peers
+            .as_ref()
+            .is_some_and(|p| !p.alone() && p.wait_for_whole_cpu_windows(PEER_WINDOW_WAIT))
+    }
+
+    /// Whole-CPU windows: another laser session joined while this one has such a window
+    /// open. Its breakpoints find no room until the window closes, so the window re-opens
+    /// now, per thread, and stops counting meanwhile (see [`Watcher::mark`]). The session
+    /// calls this at every poll; a cheap lock query when a whole-CPU window is open, nothing
+    /// otherwise.
+    pub(crate) fn yield_to_peers(&mut self) -> Result<(), DriverError> {
+        if !self.window_held || self.peers.as_ref().is_none_or(Peers::alone) {
+            return Ok(());
+        }
+        self.mark(false, now_ns());
+        let r = self.sync_window();
+        self.mark(self.state.is_armed() && !self.specs.is_empty(), now_ns());
+        r
     }
 
     /// What opening events on thread `tid` came to: `Some` when they opened. A thread that
@@ -990,12 +1168,12 @@ impl Watcher {
             wake.wake
         };
         let mut base = attr::watch(Binding::Launch, wake);
-        base.set_inherit(u64::from(self.inherit));
+        base.set_inherit(u64::from(self.inherited() && tid >= 0));
         let s = self.specs[slot];
         let a = attr::repoint(&base, s.addr, s.len, s.kind, self.opening);
         let what = format!("watchpoint slot {slot}");
         let fd = sys::open(&a, tid, cpu, &what)?;
-        if !self.inherit && !self.opening {
+        if !self.inherited() && !self.opening {
             sys::refresh(&fd, self.limit())?;
         }
         sys::set_output(&fd, out)?;
@@ -1007,7 +1185,7 @@ impl Watcher {
             id,
             fd,
             attr: base,
-            limited: !self.inherit,
+            limited: !self.inherited(),
         })
     }
 
@@ -1017,7 +1195,7 @@ impl Watcher {
     /// could not be made: the reason is the per-CPU events' to report if they fail too). A
     /// thread that exited (`ESRCH`) is the caller's to pass over.
     fn thread_ring(&mut self, tid: i32) -> Result<Option<(RawFd, RingWake)>, DriverError> {
-        if self.inherit || self.binding != Binding::Launch {
+        if self.inherited() || self.binding != Binding::Launch {
             return Ok(None);
         }
         if let Some(r) = self.thread_rings.get(&tid) {
@@ -1048,7 +1226,7 @@ impl Watcher {
     /// count toward one limit per slot whichever CPU took them.
     fn per_thread_events(&self, tid: i32) -> bool {
         self.binding == Binding::Attach
-            || (!self.inherit && matches!(self.thread_rings.get(&tid), Some(Some(_))))
+            || (!self.inherited() && matches!(self.thread_rings.get(&tid), Some(Some(_))))
     }
 
     /// Launch: drains every thread's watch ring with `drain` (which returns how many watch
@@ -1129,12 +1307,41 @@ impl Watcher {
         self.inherit = inherit;
     }
 
+    /// Whether the windows are inherited now ([`Watcher::set_inherit`]; never whole-CPU).
+    fn inherited(&self) -> bool {
+        self.inherit && !self.window_cpu_wide
+    }
+
+    /// Launch: whether windows open for whole CPUs (`pid = -1`, one event per slot and CPU
+    /// into that CPU's leader ring) rather than per thread. The session asks for it where the
+    /// machine allows CPU-wide events (root, `CAP_PERFMON`, or `perf_event_paranoid` ≤ 0) and
+    /// samples whole CPUs; it then drops every other process's hits as it reads them. What it
+    /// saves: a breakpoint bound to a thread is loaded into the debug registers at every
+    /// switch to that thread, 5–6 µs a switch on this VM (`scripts/switch-cost --event bp`),
+    /// where a whole CPU's stays loaded whatever runs (`--event bpcpu`: nothing); a window's
+    /// events no longer grow with the thread count (kmeans starts ~600 threads a run, each
+    /// given a ring and its events at its first window); and a thread created while a window
+    /// counts is watched from its first instruction, without the reader having to read its
+    /// creation first. The price: another process's accesses to a watched address trap too
+    /// (dropped as read; a different address space has the same address only by chance or in
+    /// a copy of the same non-PIE program).
+    pub fn set_cpu_wide(&mut self, on: bool) {
+        self.cpu_wide = on && self.binding == Binding::Launch;
+    }
+
+    /// Whether the open window's events are whole-CPU ([`Watcher::set_cpu_wide`]): not while
+    /// another laser session watches on this machine, nor where another tool's breakpoints
+    /// leave no room.
+    pub fn window_is_cpu_wide(&self) -> bool {
+        self.window_cpu_wide
+    }
+
     /// Whether the kernel stops each event of a window at the window's hit cap (every window
     /// but an inherited one): a window on a word some thread accesses without pause then
     /// ends at its cap however late the reader, instead of trapping on until its events are
     /// disabled.
     pub fn caps_windows(&self) -> bool {
-        !self.inherit
+        !self.inherited()
     }
 
     /// The open window events as (thread, slot, CPU; -1 for wherever the thread runs): what
@@ -1263,17 +1470,9 @@ impl Watcher {
 
     /// Before the hit counts are forgotten: how many threads the window's hits came from.
     fn note_hitters(&mut self) {
-        // Keys are ordered by thread first: count where the thread changes.
-        let mut threads = 0;
-        let mut prev = None;
-        for k in self.trapped.keys() {
-            if prev != Some(k.0) {
-                threads += 1;
-                prev = Some(k.0);
-            }
-        }
-        if threads > 0 {
-            self.last_hitters = threads;
+        if !self.hit_tids.is_empty() {
+            self.last_hitters = self.hit_tids.len();
+            self.hit_tids.clear();
         }
     }
 
@@ -1295,6 +1494,7 @@ impl Watcher {
     pub fn covers_new_threads_when_read(&self) -> bool {
         self.binding == Binding::Launch
             && !self.inherit
+            && !self.window_cpu_wide
             && self.state.is_armed()
             && !self.specs.is_empty()
     }
@@ -1308,7 +1508,11 @@ impl Watcher {
     }
 
     pub fn stats(&self) -> WatchStats {
-        self.state.stats
+        WatchStats {
+            cpu_wide_opens: self.opens[1],
+            thread_opens: self.opens[0],
+            ..self.state.stats
+        }
     }
 
     /// The target exited: close the books on the current window or cooldown.
@@ -1344,12 +1548,12 @@ impl Watcher {
             // Read before a closing window forgets its threads.
             self.charge_switches();
         }
-        let ops = Instant::now();
+        let ops = thread_cpu_time();
         let r = match action {
             Action::Nothing => Ok(()),
             Action::Rollover => {
                 let r = match self.binding {
-                    Binding::Launch if !self.inherit => self.renew_hot(),
+                    Binding::Launch if !self.inherited() => self.renew_hot(),
                     Binding::Attach => self.renew_attached(),
                     Binding::Launch => Ok(()),
                 };
@@ -1410,10 +1614,15 @@ impl Watcher {
         self.state.charge_switches(n, SWITCH_COST);
     }
 
-    /// laser's work on the events since `since` ([`CostModel::Full`]).
-    fn charge_ops(&mut self, since: Instant) {
+    /// laser's work on the events since `since`, a reading of this thread's CPU clock
+    /// ([`CostModel::Full`]). CPU time, not wall time: what takes a CPU from the target is
+    /// laser running (and the interrupts it sends, which it waits for spinning), not laser
+    /// asleep — opening the first whole-CPU breakpoint after an idle spell waits ~6 ms here
+    /// for an RCU grace period (the kernel's breakpoint-slot lock, `bp_cpuinfo_sem`, taken
+    /// for writing), during which the target runs untouched.
+    fn charge_ops(&mut self, since: Duration) {
         if self.duty.model == CostModel::Full {
-            self.state.charge(since.elapsed());
+            self.state.charge(thread_cpu_time().saturating_sub(since));
         }
     }
 
@@ -1556,6 +1765,12 @@ impl Watcher {
 }
 
 /// The sample clock (`Event::time`: CLOCK_MONOTONIC, see `attr::base`) now.
+/// The key of a whole-CPU window event on `cpu` ([`Watcher::set_cpu_wide`]): negative, so it
+/// is never a thread's.
+fn cpu_key(cpu: i32) -> i64 {
+    -1 - i64::from(cpu)
+}
+
 fn now_ns() -> u64 {
     crate::session::clock_ns(libc::CLOCK_MONOTONIC)
 }

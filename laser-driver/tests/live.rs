@@ -572,6 +572,140 @@ fn launch_windows_open_one_event_per_slot_and_thread() {
     );
 }
 
+/// The fixture launched for watching alone with whole-CPU windows asked for
+/// (`Config::sample_cpus`), under a generous budget.
+fn launch_watched_cpus(t: &Target, args: &[&str]) -> Session {
+    let cfg = Config {
+        backend: BackendKind::Watch,
+        sample_cpus: true,
+        duty_cycle: generous_duty(Duration::from_millis(50)),
+        ..Config::default()
+    };
+    Session::launch(&argv(t, args), &cfg).unwrap()
+}
+
+/// Polls until a window is open; its events.
+fn open_window_events(s: &mut Session, events: &mut Vec<Event>) -> Vec<(i32, u8, i32)> {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(500) {
+        s.poll(Duration::from_millis(10), &mut |e| events.push(e))
+            .unwrap();
+        let open = s.watch_mut().unwrap().window_events();
+        if !open.is_empty() {
+            return open;
+        }
+    }
+    panic!("no window opened in 0.5 s");
+}
+
+/// Where CPU-wide events are allowed (root, as in CI), a launch window opens one event per
+/// slot and CPU for the whole CPU, however many threads the target has: no debug-register
+/// reload at each of their context switches, and threads created while it counts are watched
+/// from their first instruction. Both workers' stores trap; the same store of a second copy
+/// of the (non-PIE) fixture, at the same address in another process, traps too and is
+/// dropped as read: every hit delivered is the target's.
+#[test]
+fn whole_cpu_windows_open_per_slot_and_cpu_and_keep_the_targets_hits() {
+    let _serial = exclusive();
+    let t = target();
+    let mut twin = Command::new(&t.path)
+        .args(["1.5", "0"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut s = launch_watched_cpus(t, &["0.6", "0"]);
+    let pid = s.pid() as u32;
+    s.watch_mut()
+        .unwrap()
+        .arm(&[quiet_word(t), shared_word_writes(t)])
+        .unwrap();
+    let mut events = Vec::new();
+    let open = open_window_events(&mut s, &mut events);
+    let whole = s.watch_mut().unwrap().window_is_cpu_wide();
+    let (rest, status) = run_to_exit(&mut s);
+    twin.kill().unwrap();
+    twin.wait().unwrap();
+    events.extend(rest);
+    assert_eq!(status, ExitStatus::Code(0));
+    let hits: Vec<&Sample> = samples(&events)
+        .filter(|x| x.watch_slot.is_some())
+        .collect();
+    assert!(hits.iter().all(|x| x.pid == pid), "another process's hit");
+    let hitters: BTreeSet<u32> = hits
+        .iter()
+        .filter(|x| x.watch_slot == Some(1))
+        .map(|x| x.tid)
+        .collect();
+    assert_eq!(
+        hitters.len(),
+        2,
+        "both workers' stores trapped: {hitters:?}"
+    );
+    if !whole {
+        eprintln!("note: whole-CPU windows refused here (CPU-wide events not allowed)");
+        return;
+    }
+    let cpus = laser_driver::sys::online_cpus().unwrap();
+    // (key, slot, CPU): a whole CPU's events carry a negative key, one per slot and CPU.
+    let places: BTreeSet<(u8, i32)> = open.iter().map(|&(_, slot, cpu)| (slot, cpu)).collect();
+    assert_eq!(places.len(), open.len(), "{open:?}");
+    assert_eq!(open.len(), 2 * cpus.len(), "{open:?}");
+    assert!(
+        open.iter()
+            .all(|&(key, slot, cpu)| key < 0 && slot < 2 && cpus.contains(&(cpu as u32))),
+        "{open:?}"
+    );
+    assert!(
+        s.stats().foreign > 0,
+        "the twin's stores never trapped: not whole-CPU after all"
+    );
+}
+
+/// Whole-CPU windows leave no debug register to another session's breakpoints while they
+/// count, so a session opens them only while it is the only one watching on the machine
+/// (`laser_driver::peers`), and says so while one is open: once another joins, the open
+/// window re-opens per thread at the next poll (and lets the other's breakpoints in), and
+/// so do the windows after it. Their hits still come.
+#[test]
+fn another_watching_session_turns_windows_per_thread() {
+    let _serial = exclusive();
+    let t = target();
+    let mut s = launch_watched_cpus(t, &["0.8", "0"]);
+    s.watch_mut().unwrap().arm(&[quiet_word(t)]).unwrap();
+    let mut events = Vec::new();
+    open_window_events(&mut s, &mut events);
+    if !s.watch_mut().unwrap().window_is_cpu_wide() {
+        eprintln!("note: whole-CPU windows refused here (or another session watches)");
+        return;
+    }
+    let other = laser_driver::peers::Peers::join(&laser_driver::peers::lock_path())
+        .expect("the peers file");
+    assert!(!other.wait_for_whole_cpu_windows(Duration::ZERO));
+    s.poll(Duration::from_millis(1), &mut |e| events.push(e))
+        .unwrap();
+    assert!(!s.watch_mut().unwrap().window_is_cpu_wide());
+    assert!(other.wait_for_whole_cpu_windows(Duration::ZERO));
+    // A new set: the window closes and opens again, per thread.
+    s.watch_mut()
+        .unwrap()
+        .arm(&[shared_word_writes(t)])
+        .unwrap();
+    let open = open_window_events(&mut s, &mut events);
+    assert!(!s.watch_mut().unwrap().window_is_cpu_wide());
+    assert!(
+        open.iter().all(|&(tid, _, cpu)| tid > 0 && cpu == -1),
+        "{open:?}"
+    );
+    let (rest, status) = run_to_exit(&mut s);
+    drop(other);
+    events.extend(rest);
+    assert_eq!(status, ExitStatus::Code(0));
+    assert!(
+        samples(&events).any(|x| x.watch_slot == Some(0)),
+        "no hit from the per-thread window"
+    );
+}
+
 /// A thread created while a launch window counts is watched from when laser reads its
 /// creation record: a program that starts its workers afresh every few milliseconds (the
 /// fixture's `rounds`: 3 ms workers between 4 ms of the main thread alone) has them watched
