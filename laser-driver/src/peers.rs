@@ -6,7 +6,7 @@
 //! another session's breakpoints (per thread or per CPU) find no room (`ENOSPC`), and its
 //! threads go unwatched for that window. Breakpoints bound to threads coexist (each thread
 //! has its own 4). So every watching session holds a shared lock on one byte of a file in the
-//! temporary directory, and a window opens for whole CPUs only when no other session holds
+//! temporary directory (`/tmp/laser-watch.lock`), and a window opens for whole CPUs only when no other session holds
 //! one; otherwise per thread, as before whole-CPU windows existed. Open-file-description
 //! locks (`F_OFD_SETLK`): two sessions of one process (tests) see each other, and the lock
 //! goes with the descriptor, whatever else the process closes.
@@ -14,20 +14,19 @@
 //! A session holds a second byte while one of its whole-CPU windows is open. One that joins
 //! meanwhile is seen at the holder's next poll (≤ 50 ms), which then re-opens that window per
 //! thread and lets the byte go; a breakpoint of the newcomer refused in between waits for that
-//! ([`Peers::wait_for_whole_cpu_windows`]) and is tried again.
+//! ([`Peers::wait_for_whole_cpu_windows`]) and is tried again. `LASER_TRACE_PEERS=1` prints
+//! each such wait on stderr.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-/// The lock file: in `$TMPDIR` or `/tmp`, shared by every user's sessions (created
-/// world-readable; a read lock needs only read access).
+/// The lock file, shared by every user's sessions (created world-readable; a read lock needs
+/// only read access). Always in `/tmp`, not `$TMPDIR`: the debug registers are the machine's,
+/// and sessions with different temporary directories must still see each other.
 pub fn lock_path() -> PathBuf {
-    std::env::var_os("TMPDIR")
-        .filter(|d| !d.is_empty())
-        .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from)
-        .join("laser-watch.lock")
+    PathBuf::from("/tmp/laser-watch.lock")
 }
 
 /// The byte every watching session holds a read lock on.

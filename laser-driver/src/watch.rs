@@ -84,8 +84,10 @@ pub const MAX_WATCHES: usize = 4;
 const CALIBRATION_TRAPS: u32 = 40;
 
 /// How long a breakpoint refused while another session's whole-CPU window is open waits for
-/// that window to re-open per thread: the other session's poll interval (50 ms) and then some.
-const PEER_WINDOW_WAIT: Duration = Duration::from_millis(150);
+/// that window to go: it re-opens per thread at the other session's next poll, but that
+/// session's reader may sleep through a quiet window, which ends at the latest after its
+/// duty-cycle window ([`crate::duty::DEFAULT_WINDOW`], 100 ms) and a poll (50 ms).
+const PEER_WINDOW_WAIT: Duration = Duration::from_millis(300);
 
 /// Largest user-space address + 1 on x86-64 (47-bit user half).
 const USER_END: u64 = 0x0000_8000_0000_0000;
@@ -522,7 +524,7 @@ impl Watcher {
         let wake = self.limit();
         let mut ids = Vec::new();
         let first_new = self.events.len();
-        let mut retried = false;
+        let mut retries = 0;
         let mut slot = 0;
         while slot < MAX_WATCHES as u8 {
             let a = attr::watch(self.binding, wake);
@@ -531,8 +533,8 @@ impl Watcher {
                 Ok(fd) => fd,
                 // Another session's whole-CPU window holds the debug registers: once it has
                 // re-opened per thread, the thread's slots are tried again from the first.
-                Err(e) if is_enospc(&e) && !retried && self.waited_for_peer_windows() => {
-                    retried = true;
+                Err(e) if is_enospc(&e) && retries < 3 && self.waited_for_peer_windows() => {
+                    retries += 1;
                     self.events.truncate(first_new);
                     ids.clear();
                     slot = 0;
@@ -731,11 +733,6 @@ impl Watcher {
     /// spread over several events is still under it: with the hot events closed first its
     /// traps stop at the first interrupt.
     fn close_window(&mut self) {
-        if std::mem::take(&mut self.window_held) {
-            if let Some(p) = &self.peers {
-                p.hold_whole_cpu_window(false);
-            }
-        }
         let hot = self.take_trapped();
         self.trapped_unknown = false;
         self.unenabled_from = None;
@@ -748,6 +745,8 @@ impl Watcher {
             .extend(first.iter().chain(rest.iter()).map(|e| e.id));
         drop(first);
         drop(rest);
+        // Only now that its breakpoints are gone: a session waiting for them retries at once.
+        self.hold_window(false);
         self.limits_reset();
     }
 
@@ -932,6 +931,12 @@ impl Watcher {
         self.window_cpu_wide =
             self.cpu_wide && !self.inherit && self.peers.as_ref().is_none_or(Peers::alone);
         self.opening = !self.inherited();
+        if self.window_cpu_wide {
+            // Said before any whole-CPU breakpoint exists: a session whose breakpoint one of
+            // them refuses finds it said and waits (`waited_for_peer_windows`). The first
+            // open can take tens of milliseconds (an RCU grace period, see `charge_ops`).
+            self.hold_window(true);
+        }
         let first = self.events.len();
         let r = if self.window_cpu_wide {
             self.open_cpus()
@@ -939,11 +944,8 @@ impl Watcher {
             self.open_listed()
         };
         self.opens[usize::from(self.window_cpu_wide)] += 1;
-        if self.window_cpu_wide {
-            if let Some(p) = &self.peers {
-                p.hold_whole_cpu_window(true);
-                self.window_held = true;
-            }
+        if !self.window_cpu_wide {
+            self.hold_window(false); // fell back to per thread
         }
         if self.opening {
             self.unenabled_from = Some(first);
@@ -1045,7 +1047,11 @@ impl Watcher {
     fn open_in_window(&mut self, tid: i32, unless_inherited: bool) -> Result<(), DriverError> {
         self.window_tids.insert(tid);
         let mut r = self.open_thread_whole(tid, unless_inherited);
-        if r.as_ref().is_err_and(is_enospc) && self.waited_for_peer_windows() {
+        // A few times: another session's window may open between our wait and retry.
+        for _ in 0..3 {
+            if !(r.as_ref().is_err_and(is_enospc) && self.waited_for_peer_windows()) {
+                break;
+            }
             r = self.open_thread_whole(tid, unless_inherited);
         }
         self.opened_or_passed_over(tid, r).map(|_| ())
@@ -1071,9 +1077,35 @@ impl Watcher {
     /// whole-CPU window holds them, waits for it to close (it re-opens per thread once it
     /// sees this session, at its next poll); whether none is open now, so a retry may pass.
     fn waited_for_peer_windows(&self) -> bool {
-        self.peers
-            .as_ref()
-            .is_some_and(|p| !p.alone() && p.wait_for_whole_cpu_windows(PEER_WINDOW_WAIT))
+        let t = Instant::now();
+        let r = self.peers.as_ref().is_some_and(|p| {
+            let waited = !p.alone() && p.wait_for_whole_cpu_windows(PEER_WINDOW_WAIT);
+            if waited {
+                // A window that just closed may still be releasing its last breakpoints.
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            waited
+        });
+        if std::env::var_os("LASER_TRACE_PEERS").is_some() {
+            eprintln!(
+                "laser peers: refused breakpoint; peers {:?} alone {:?}, waited {:?}: {r}",
+                self.peers.is_some(),
+                self.peers.as_ref().map(Peers::alone),
+                t.elapsed()
+            );
+        }
+        r
+    }
+
+    /// Says to the other sessions that this one has a whole-CPU window open (or no longer).
+    fn hold_window(&mut self, open: bool) {
+        if open == self.window_held {
+            return;
+        }
+        if let Some(p) = &self.peers {
+            p.hold_whole_cpu_window(open);
+            self.window_held = open;
+        }
     }
 
     /// Whole-CPU windows: another laser session joined while this one has such a window
