@@ -426,7 +426,7 @@ pub struct AttachArgs {
 }
 
 /// How long `attach --repair` monitors when no --duration is given: long enough for the soft
-/// backend (500 Hz per thread) to see a falsely shared loop several hundred times and for the
+/// backend (250 Hz per thread) to see a falsely shared loop several hundred times and for the
 /// watchpoints to settle a line's estimate (0.3 s armed per candidate), short enough that the
 /// repair comes while the contention is still there.
 pub const ATTACH_REPAIR_DURATION: Duration = Duration::from_secs(2);

@@ -47,7 +47,7 @@
 use std::time::{Duration, Instant};
 
 /// Default bound on the target's extra CPU time from traps: 2 %. `laser run` adds soft
-/// sampling (≈ 1 % at 500 Hz) and its own reader on top, and the whole must stay within the
+/// sampling (≈ 1 % at the default 250 Hz) and its own reader on top, and the whole must stay within the
 /// product's 5 % worst-case wall-time goal; 5 % for traps alone left no room for the rest.
 pub const DEFAULT_MAX_SLOWDOWN: f64 = 0.02;
 

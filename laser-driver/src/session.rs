@@ -46,7 +46,15 @@ use crate::watch::{DutyCycle, Watcher};
 /// 4 kHz ×1.088 — each sample costs the target ≈ 20–25 µs here (timer VM exits), so the
 /// overhead is ≈ frequency × that cost and 1 kHz already misses the goal on this machine.
 /// Re-measure on a quiet host: if a sample costs ≤ 10 µs there, 1–2 kHz fits the goal.
-pub const DEFAULT_SOFT_FREQ: u64 = 500;
+///
+/// 500 Hz until the twenty-fourth session; 250 Hz since: on the real programs the
+/// whole run must fit the 2 %, and there 500 Hz alone took 1.5–3 % (side by side,
+/// `--watch=false` against `--freq 100`/`250`: streamcluster 1.030 / 1.011 at 250 Hz, 1.002 at
+/// 100 Hz; matrix_multiply 1.026 at 500 Hz, 1.010 at 50 Hz; kmeans 1.031 at 500 Hz, 1.006 at
+/// 100 Hz), while recall held at 250 Hz on every suite (asm-tests 226/226 lines, workloads,
+/// controls clean, realworld 16/16 three times, kmeans 10/10; benchmarks/RESULTS.md): the
+/// watchpoint windows, not the samples, give the rates and find sparse contention.
+pub const DEFAULT_SOFT_FREQ: u64 = 250;
 
 /// Longest wait between polls while a launch window counts and the target has been making
 /// threads as it runs (a creation [`CHURN_GAP`] or more after the one before it, read within

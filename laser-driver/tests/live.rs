@@ -255,7 +255,7 @@ fn launch_samples_both_threads_with_registers_inside_program_text() {
 /// A launched soft session asked to (`Config::sample_cpus`) samples whole CPUs where the
 /// machine allows it (root here, as in CI): a busy process beside the target is sampled too, and its samples are dropped as
 /// they are read; every sample delivered is the target's, and the target is sampled as
-/// often as its own timers would (about 500 Hz of its CPU time).
+/// often as its own timers would (about 500 Hz of its CPU time, as asked).
 #[test]
 fn whole_cpu_sampling_keeps_the_targets_samples_only() {
     let _serial = exclusive();
@@ -267,6 +267,7 @@ fn whole_cpu_sampling_keeps_the_targets_samples_only() {
     let cfg = Config {
         watch: false,
         sample_cpus: true,
+        frequency: 500,
         ..Config::default()
     };
     let mut s = Session::launch(&argv(t, &["0.6", "0"]), &cfg).unwrap();

@@ -295,7 +295,7 @@ impl ConcurrencyTracker {
 mod tests {
     use super::*;
 
-    const P: u64 = 2_000_000; // 2 ms, the default 500 Hz
+    const P: u64 = 2_000_000; // 2 ms: 500 Hz
 
     /// Samples of `tid` on `cpu` every period from slot `from` to `to` (exclusive), at a
     /// phase `phase` ns into each slot.

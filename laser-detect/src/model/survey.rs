@@ -2,7 +2,7 @@
 //! sample has shown two threads on a line yet (issue 11, class 2).
 //!
 //! A store executed 80,000 times a second between long computations is a hot line, yet a
-//! 500 Hz timer lands on that one instruction in some runs and not in others. The line model
+//! 250 Hz timer lands on that one instruction in some runs and not in others. The line model
 //! needs *two* sampled accesses of different threads to the line, so discovery by samples
 //! alone is luck. Watchpoints see every access to the bytes they cover, so a short survey
 //! window on the right bytes finds such a line for certain; the question is which bytes.
