@@ -1376,8 +1376,9 @@ impl Watcher {
         !self.inherited()
     }
 
-    /// The open window events as (thread, slot, CPU; -1 for wherever the thread runs): what
-    /// a window costs in events, each an open, an enable and a close (tests, diagnostics).
+    /// The open window events as (thread, slot, CPU; -1 for wherever the thread runs; a
+    /// whole-CPU event's "thread" is its negative key, [`cpu_key`]): what a window costs in
+    /// events, each an open, an enable and a close (tests, diagnostics).
     pub fn window_events(&self) -> Vec<(i32, u8, i32)> {
         self.events
             .iter()
