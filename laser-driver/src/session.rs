@@ -245,9 +245,8 @@ impl Session {
             // Watch windows for whole CPUs too; their hits in other processes are dropped as
             // read, as other processes' samples are.
             w.set_cpu_wide(true);
-            s.drop_foreign = true;
         }
-        s.drop_foreign |= cpu_wide;
+        s.drop_foreign = cpu_wide || (whole_cpus && s.watcher.is_some());
         for &cpu in &cpus {
             s.open_leader(stopped.pid, cpu as i32, cpu as i64)?;
             if cpu_wide {

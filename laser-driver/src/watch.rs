@@ -780,9 +780,6 @@ impl Watcher {
     /// A whole-CPU window's hit in another process ([`Watcher::set_cpu_wide`]): dropped, but
     /// it spent as much of its CPU's limit as the target's own, so it may end the window.
     pub(crate) fn note_foreign_hit(&mut self, cpu: u32, slot: u8, time: u64) -> Option<Event> {
-        if !self.window_cpu_wide {
-            return None;
-        }
         self.count_hit(None, cpu, slot, time)
     }
 
@@ -930,7 +927,7 @@ impl Watcher {
         // goes on, and have no cap.
         self.window_cpu_wide =
             self.cpu_wide && !self.inherit && self.peers.as_ref().is_none_or(Peers::alone);
-        self.opening = !self.inherited();
+        self.opening = !self.inherit;
         if self.window_cpu_wide {
             // Said before any whole-CPU breakpoint exists: a session whose breakpoint one of
             // them refuses finds it said and waits (`waited_for_peer_windows`). The first
@@ -981,7 +978,6 @@ impl Watcher {
                 let gone = self.events.drain(first..).map(|e| e.id);
                 self.closed_ids.extend(gone);
                 self.window_cpu_wide = false;
-                self.opening = !self.inherited();
                 self.open_listed()
             }
             r => r,
@@ -1023,7 +1019,7 @@ impl Watcher {
             }
             for tid in tids {
                 // Listed before this window had any event: it cannot have inherited one.
-                self.open_in_window(tid, self.inherited() && round > 0)?;
+                self.open_in_window(tid, self.inherit && round > 0)?;
             }
         }
         Ok(())
@@ -1200,12 +1196,13 @@ impl Watcher {
             wake.wake
         };
         let mut base = attr::watch(Binding::Launch, wake);
-        base.set_inherit(u64::from(self.inherited() && tid >= 0));
+        // A whole-CPU event (tid -1) cannot be inherited; its windows never are anyway.
+        base.set_inherit(u64::from(self.inherit && tid >= 0));
         let s = self.specs[slot];
         let a = attr::repoint(&base, s.addr, s.len, s.kind, self.opening);
         let what = format!("watchpoint slot {slot}");
         let fd = sys::open(&a, tid, cpu, &what)?;
-        if !self.inherited() && !self.opening {
+        if !self.inherit && !self.opening {
             sys::refresh(&fd, self.limit())?;
         }
         sys::set_output(&fd, out)?;
@@ -1217,7 +1214,7 @@ impl Watcher {
             id,
             fd,
             attr: base,
-            limited: !self.inherited(),
+            limited: !self.inherit,
         })
     }
 
@@ -1227,7 +1224,7 @@ impl Watcher {
     /// could not be made: the reason is the per-CPU events' to report if they fail too). A
     /// thread that exited (`ESRCH`) is the caller's to pass over.
     fn thread_ring(&mut self, tid: i32) -> Result<Option<(RawFd, RingWake)>, DriverError> {
-        if self.inherited() || self.binding != Binding::Launch {
+        if self.inherit || self.binding != Binding::Launch {
             return Ok(None);
         }
         if let Some(r) = self.thread_rings.get(&tid) {
@@ -1258,7 +1255,7 @@ impl Watcher {
     /// count toward one limit per slot whichever CPU took them.
     fn per_thread_events(&self, tid: i32) -> bool {
         self.binding == Binding::Attach
-            || (!self.inherited() && matches!(self.thread_rings.get(&tid), Some(Some(_))))
+            || (!self.inherit && matches!(self.thread_rings.get(&tid), Some(Some(_))))
     }
 
     /// Launch: drains every thread's watch ring with `drain` (which returns how many watch
@@ -1339,11 +1336,6 @@ impl Watcher {
         self.inherit = inherit;
     }
 
-    /// Whether the windows are inherited now ([`Watcher::set_inherit`]; never whole-CPU).
-    fn inherited(&self) -> bool {
-        self.inherit && !self.window_cpu_wide
-    }
-
     /// Launch: whether windows open for whole CPUs (`pid = -1`, one event per slot and CPU
     /// into that CPU's leader ring) rather than per thread. The session asks for it where the
     /// machine allows CPU-wide events (root, `CAP_PERFMON`, or `perf_event_paranoid` ≤ 0) and
@@ -1373,7 +1365,7 @@ impl Watcher {
     /// ends at its cap however late the reader, instead of trapping on until its events are
     /// disabled.
     pub fn caps_windows(&self) -> bool {
-        !self.inherited()
+        !self.inherit
     }
 
     /// The open window events as (thread, slot, CPU; -1 for wherever the thread runs; a
@@ -1586,7 +1578,7 @@ impl Watcher {
             Action::Nothing => Ok(()),
             Action::Rollover => {
                 let r = match self.binding {
-                    Binding::Launch if !self.inherited() => self.renew_hot(),
+                    Binding::Launch if !self.inherit => self.renew_hot(),
                     Binding::Attach => self.renew_attached(),
                     Binding::Launch => Ok(()),
                 };
