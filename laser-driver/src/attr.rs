@@ -125,8 +125,8 @@ pub fn soft(binding: Binding, freq: u64, wakeup_bytes: u32) -> b::perf_event_att
 /// ~35 µs) took 3.5–10 µs more per round with one each, median 7.3 µs
 /// (`scripts/switch-cost --event cpu-clock`, sixteenth session). A CPU's timer runs on
 /// whatever runs; samples of other processes are dropped by the reader.
-/// No side-band records (they would describe every process): the leader ([`tracking`],
-/// inherited by the target) carries those, and this event writes into its ring.
+/// No side-band records: the leader of its CPU ([`tracking_cpu_wide`]) carries those, and
+/// this event writes into its ring.
 pub fn soft_cpu_wide(freq: u64) -> b::perf_event_attr {
     let mut a = base(Binding::Attach);
     a.type_ = b::PERF_TYPE_SOFTWARE;
@@ -162,6 +162,24 @@ pub fn tracking(binding: Binding, wakeup_bytes: u32) -> b::perf_event_attr {
     a.type_ = b::PERF_TYPE_SOFTWARE;
     a.config = b::PERF_COUNT_SW_CPU_CLOCK as u64;
     a.__bindgen_anon_1.sample_period = 0;
+    set_tracking(&mut a, wakeup_bytes);
+    a
+}
+
+/// The tracking records of everything that runs on one CPU (opened with pid -1), on a dummy
+/// event that counts nothing: the leader of a launch that samples whole CPUs, enabled by
+/// laser before the target's exec (the records of other processes are dropped by the
+/// reader). Bound to no task, so a launch that samples whole CPUs opens no task event at
+/// all: the first task event after a second without one turns the kernel's context-switch
+/// hooks on (`perf_sched_events`, a code patch and an RCU grace period: 5–19 ms here before
+/// the program could start), none is copied into each thread the program creates, and no
+/// context switch of the program runs the hooks.
+pub fn tracking_cpu_wide(wakeup_bytes: u32) -> b::perf_event_attr {
+    let mut a = base(Binding::Attach);
+    a.type_ = b::PERF_TYPE_SOFTWARE;
+    a.config = b::PERF_COUNT_SW_DUMMY as u64;
+    a.__bindgen_anon_1.sample_period = 0;
+    a.set_disabled(1);
     set_tracking(&mut a, wakeup_bytes);
     a
 }

@@ -1,7 +1,7 @@
 //! Turns raw ring records into [`Event`]s, using `linux-perf-event-reader` for the layouts.
 //! Which backend wrote a sample is told by its `PERF_SAMPLE_IDENTIFIER` id.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use linux_perf_event_reader::{
     constants::PERF_RECORD_MISC_MMAP_BUILD_ID, EventRecord, Mmap2FileId, RawData, RawEventRecord,
@@ -36,6 +36,10 @@ pub struct Decoder {
     precise: HashMap<u64, crate::import::sample::SampleLayout>,
     default_source: Source,
     exec: ExecRanges,
+    /// With CPU-wide leaders: the processes whose mappings are noted in `exec` (the target's,
+    /// followed through its forks as their records are decoded); `None`: every mapping read
+    /// is the target's.
+    pids: Option<BTreeSet<u32>>,
     /// Records that failed to parse (kernel/parser mismatch or corruption).
     pub malformed: u64,
 }
@@ -49,8 +53,18 @@ impl Decoder {
             precise: HashMap::new(),
             default_source,
             exec: ExecRanges::default(),
+            pids: None,
             malformed: 0,
         }
+    }
+
+    /// The rings carry every process's records (CPU-wide leaders): note only the mappings of
+    /// `pid` and of the processes it forks, so return addresses are recognised by the
+    /// target's own code ranges. (A child forked on one CPU whose first mappings are read
+    /// from another CPU's ring before its fork record is not followed here: its return
+    /// addresses go unrecognised, nothing worse.)
+    pub fn follow_only(&mut self, pid: u32) {
+        self.pids = Some(BTreeSet::from([pid]));
     }
 
     pub fn add_source(&mut self, id: u64, source: Source) {
@@ -118,7 +132,16 @@ impl Decoder {
         let r = self.decode_inner(raw);
         match &r {
             Err(()) => self.malformed += 1,
-            Ok(Some(Event::Mmap(m))) => self.note_mmap(m),
+            Ok(Some(Event::Mmap(m))) => {
+                if self.pids.as_ref().is_none_or(|p| p.contains(&m.pid)) {
+                    self.note_mmap(m)
+                }
+            }
+            Ok(Some(Event::Fork { pid, ppid, .. })) => {
+                if let Some(p) = self.pids.as_mut().filter(|p| p.contains(ppid)) {
+                    p.insert(*pid);
+                }
+            }
             Ok(_) => {}
         }
         r.ok().flatten()

@@ -54,23 +54,40 @@ pub struct Choice {
 }
 
 impl Facts {
-    /// Reads sysfs and `/proc/cpuinfo` and test-opens the soft and watch events on this process.
+    /// Reads sysfs and `/proc/cpuinfo` and test-opens the soft and watch events: every fact
+    /// (`laser backends`).
     pub fn gather() -> Facts {
-        let test = |a: &perf_event_open_sys::bindings::perf_event_attr, what: &str| {
-            sys::open(a, 0, -1, what)
-                .map(drop)
-                .map_err(|e| e.to_string())
+        let mut f = Facts::gather_for(Request::Auto);
+        f.watch_open = test_watch();
+        f
+    }
+
+    /// The facts [`decide`] consults for `request`, and no more: a test open has its price.
+    /// The soft test opens a disabled cpu-clock event on CPU 0 for everything that runs
+    /// there, or, where CPU-wide events are not allowed, on laser itself; a task's event is
+    /// what turns on the kernel's context-switch hooks for perf (a code patch and an RCU
+    /// grace period, 5–19 ms on this VM when no task had an event for a second), which a
+    /// launch that samples whole CPUs never needs otherwise. The breakpoint test (on laser
+    /// itself) is made for `--backend watch` only: `auto` does not consult it, and a
+    /// session whose breakpoints are refused says so.
+    pub fn gather_for(request: Request) -> Facts {
+        let mut f = match request {
+            Request::Auto | Request::Backend(BackendKind::Pebs | BackendKind::Ibs) => {
+                let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+                Facts::from_tree(&DirTree::system(), &cpuinfo)
+            }
+            Request::Backend(_) => Facts {
+                pebs: Err("not examined".into()),
+                ibs: Err("not examined".into()),
+                soft_open: Ok(()),
+                watch_open: Ok(()),
+            },
         };
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let mut f = Facts::from_tree(&DirTree::system(), &cpuinfo);
-        f.soft_open = test(
-            &attr::soft(Binding::Attach, 1000, 4096),
-            "probe: cpu-clock on laser itself",
-        );
-        f.watch_open = test(
-            &attr::watch(Binding::Attach, 1),
-            "probe: hardware breakpoint on laser itself",
-        );
+        match request {
+            Request::Auto | Request::Backend(BackendKind::Soft) => f.soft_open = test_soft(),
+            Request::Backend(BackendKind::Watch) => f.watch_open = test_watch(),
+            Request::Backend(_) => {}
+        }
         f
     }
 
@@ -210,9 +227,32 @@ pub fn decide(facts: &Facts, request: Request) -> Result<Choice, DriverError> {
     }
 }
 
-/// [`Facts::gather`] + [`decide`].
+/// Test-opens a disabled cpu-clock event with user registers: on CPU 0 for every task, else
+/// (CPU-wide events not allowed) on laser itself. Ok, or the error text of the last try.
+fn test_soft() -> Result<(), String> {
+    let mut a = attr::soft(Binding::Attach, 1000, 4096);
+    a.set_disabled(1);
+    sys::open(&a, -1, 0, "probe: cpu-clock on CPU 0")
+        .or_else(|_| sys::open(&a, 0, -1, "probe: cpu-clock on laser itself"))
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Test-opens a hardware breakpoint on laser itself.
+fn test_watch() -> Result<(), String> {
+    sys::open(
+        &attr::watch(Binding::Attach, 1),
+        0,
+        -1,
+        "probe: hardware breakpoint on laser itself",
+    )
+    .map(drop)
+    .map_err(|e| e.to_string())
+}
+
+/// [`Facts::gather_for`] + [`decide`].
 pub fn probe(request: Request) -> Result<Choice, DriverError> {
-    decide(&Facts::gather(), request)
+    decide(&Facts::gather_for(request), request)
 }
 
 #[cfg(test)]

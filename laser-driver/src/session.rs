@@ -217,6 +217,10 @@ pub struct Session {
     /// Samples of processes not in `target_pids` are dropped as read: with CPU-wide samplers
     /// or whole-CPU watch windows ([`Watcher::set_cpu_wide`]).
     drop_foreign: bool,
+    /// The leaders are CPU-wide too ([`attr::tracking_cpu_wide`]): the side-band records
+    /// (mmap, comm, fork, exit) of processes not in `target_pids` are dropped as read, and a
+    /// process joins the target when its parent is in it.
+    cpu_wide_leaders: bool,
     /// When the last Fork record of the target that came [`CHURN_GAP`] after the one before
     /// it was read (launch): see [`CHURN_POLL`].
     last_fork: Option<Instant>,
@@ -225,8 +229,10 @@ pub struct Session {
 }
 
 impl Session {
-    /// Starts `argv` with events on every CPU (inherited by all its threads) enabled at its
-    /// exec. Returns once the exec has happened.
+    /// Starts `argv` with events on every CPU, counting from its exec: for whole CPUs where
+    /// they sample whole CPUs (no event bound to the target's threads, see
+    /// [`attr::tracking_cpu_wide`]), else bound to the target and inherited by its threads.
+    /// Returns once the exec has happened.
     pub fn launch(argv: &[OsString], config: &Config) -> Result<Session, DriverError> {
         let config = checked(config)?;
         let stopped = launch::spawn_stopped_with(argv, &config.child)?;
@@ -239,7 +245,9 @@ impl Session {
         let whole_cpus = config.sample_cpus && cpu_wide_allowed(config.frequency);
         let cpu_wide = whole_cpus && config.backend == BackendKind::Soft;
         if cpu_wide {
-            s.leader_attr = attr::tracking(Binding::Launch, wakeup_bytes(Mode::Launched, &config));
+            s.leader_attr = attr::tracking_cpu_wide(wakeup_bytes(Mode::Launched, &config));
+            s.cpu_wide_leaders = true;
+            s.decoder.follow_only(stopped.pid as u32);
         }
         if let (true, Some(w)) = (whole_cpus, &mut s.watcher) {
             // Watch windows for whole CPUs too; their hits in other processes are dropped as
@@ -247,11 +255,18 @@ impl Session {
             w.set_cpu_wide(true);
         }
         s.drop_foreign = cpu_wide || (whole_cpus && s.watcher.is_some());
+        // A CPU-wide leader is bound to no task (so no enable at exec): enabled before the
+        // release, it records the exec and the mappings the new program starts with. The
+        // child only execs once released, so it writes nothing of laser's before that.
+        let leader_pid = if cpu_wide { -1 } else { stopped.pid };
         for &cpu in &cpus {
-            s.open_leader(stopped.pid, cpu as i32, cpu as i64)?;
+            s.open_leader(leader_pid, cpu as i32, cpu as i64)?;
             if cpu_wide {
                 s.open_sampler(cpu as i32)?;
             }
+        }
+        if cpu_wide {
+            s.leaders.iter().try_for_each(|l| sys::enable(&l.fd))?;
         }
         stopped.release()?;
         // The exec has happened: from here on the CPUs' samples are the target's when its
@@ -355,6 +370,7 @@ impl Session {
             sampler_hz: Vec::new(),
             target_pids: BTreeSet::from([pid as u32]),
             drop_foreign: false,
+            cpu_wide_leaders: false,
             last_fork: None,
             last_fork_time: None,
         })
@@ -693,8 +709,23 @@ impl Session {
                         }
                         continue;
                     }
-                    Event::Fork { pid, .. } => {
+                    // A task leader sees only the target's forks; a CPU-wide one sees every
+                    // process's, and a process is the target's when its parent is.
+                    Event::Fork { pid, ppid, .. }
+                        if !self.cpu_wide_leaders || self.target_pids.contains(ppid) =>
+                    {
                         self.target_pids.insert(*pid);
+                    }
+                    Event::Fork { .. } => continue,
+                    Event::Mmap(m)
+                        if self.cpu_wide_leaders && !self.target_pids.contains(&m.pid) =>
+                    {
+                        continue
+                    }
+                    Event::Comm { pid, .. } | Event::Exit { pid, .. }
+                        if self.cpu_wide_leaders && !self.target_pids.contains(pid) =>
+                    {
+                        continue
                     }
                     _ => {}
                 }

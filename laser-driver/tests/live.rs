@@ -253,15 +253,17 @@ fn launch_samples_both_threads_with_registers_inside_program_text() {
 }
 
 /// A launched soft session asked to (`Config::sample_cpus`) samples whole CPUs where the
-/// machine allows it (root here, as in CI): a busy process beside the target is sampled too, and its samples are dropped as
-/// they are read; every sample delivered is the target's, and the target is sampled as
-/// often as its own timers would (about 500 Hz of its CPU time, as asked).
+/// machine allows it (root here, as in CI): a busy process beside the target is sampled too,
+/// and its samples are dropped as they are read; every sample delivered is the target's, and
+/// the target is sampled as often as its own timers would (about 500 Hz of its CPU time, as
+/// asked). The leaders are CPU-wide too: the processes the hog starts (mappings, names,
+/// forks, exits) are not the target's business either.
 #[test]
 fn whole_cpu_sampling_keeps_the_targets_samples_only() {
     let _serial = exclusive();
     let t = target();
     let mut hog = std::process::Command::new("sh")
-        .args(["-c", "while :; do :; done"])
+        .args(["-c", "while :; do /bin/true; done"])
         .spawn()
         .unwrap();
     let cfg = Config {
@@ -284,6 +286,18 @@ fn whole_cpu_sampling_keeps_the_targets_samples_only() {
         samples(&events).all(|x| x.pid == pid),
         "a sample of another process"
     );
+    for e in &events {
+        let of = match e {
+            Event::Mmap(m) => m.pid,
+            Event::Comm { pid, .. } | Event::Fork { pid, .. } | Event::Exit { pid, .. } => *pid,
+            _ => pid,
+        };
+        assert_eq!(of, pid, "another process's record: {e:?}");
+    }
+    assert!(
+        text_ranges(&events, &t.path).len() == 1,
+        "the program's text mapping, recorded from its exec"
+    );
     // Two workers for 0.6 s beside a hog on 2 CPUs: ≥ 0.6 s of CPU at 500 Hz, whatever
     // the sharing.
     assert!(n >= 150, "{n} samples");
@@ -298,6 +312,48 @@ fn whole_cpu_sampling_keeps_the_targets_samples_only() {
         assert_eq!(foreign, 0);
         eprintln!("note: CPU-wide events refused here; per-task sampling checked instead");
     }
+}
+
+/// Whole-CPU leaders follow the target into the processes it forks: a shell that runs the
+/// program as its child (not by exec) hands over the child's exec, mappings and samples.
+#[test]
+fn whole_cpu_leaders_follow_the_processes_the_target_forks() {
+    let _serial = exclusive();
+    let t = target();
+    let cfg = Config {
+        watch: false,
+        sample_cpus: true,
+        frequency: 500,
+        ..Config::default()
+    };
+    // `; exit 3` keeps sh from exec'ing the program in its own process.
+    let script = format!("{} 0.3 0; exit 3", t.path.display());
+    let argv: Vec<OsString> = ["sh", "-c", &script].iter().map(OsString::from).collect();
+    let mut s = Session::launch(&argv, &cfg).unwrap();
+    let sh = s.pid() as u32;
+    let (events, status) = run_to_exit(&mut s);
+    assert_eq!(status, ExitStatus::Code(3));
+    let child = events.iter().find_map(|e| match e {
+        Event::Comm {
+            pid,
+            exec: true,
+            name,
+            ..
+        } if name == "two_threads" => Some(*pid),
+        _ => None,
+    });
+    let child = child.expect("the child's exec");
+    assert_ne!(child, sh, "run as a child, not exec'd");
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::Fork { pid, ppid, .. } if *pid == child && *ppid == sh)),
+        "the shell's fork of the child"
+    );
+    assert_eq!(text_ranges(&events, &t.path).len(), 1, "the child's text");
+    let n = samples(&events).filter(|x| x.pid == child).count();
+    // Two workers for 0.3 s at 500 Hz: ~300 samples.
+    assert!(n >= 60, "{n} samples of the child");
 }
 
 #[test]
