@@ -94,7 +94,10 @@ impl Facts {
     /// The PEBS and IBS facts of a machine whose PMU directory is `tree` and whose
     /// `/proc/cpuinfo` reads `cpuinfo`; soft and watch are assumed to open.
     pub fn from_tree(tree: &dyn SysfsTree, cpuinfo: &str) -> Facts {
-        let pmus = sysfs::read_all(tree);
+        // The PMUs the PEBS and IBS plans look at (`pebs::core_pmus`, `ibs::plan`).
+        let pmus = sysfs::read_named(tree, |n| {
+            matches!(n, "cpu" | "cpu_core" | "cpu_atom" | "ibs_op")
+        });
         let cpu = CpuId::parse(cpuinfo);
         let pebs = pmus
             .as_ref()

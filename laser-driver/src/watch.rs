@@ -83,6 +83,11 @@ pub const MAX_WATCHES: usize = 4;
 /// to keep a launched program's start quick (each trap delays its exec).
 const CALIBRATION_TRAPS: u32 = 40;
 
+/// What a launch prices a hit at until a window has trapped and the calibration has run
+/// (`Watcher::calibrate_once`): the top of what it measures here (25–35 µs with the sample
+/// write and a wake-up per hit), so windows opened before it keep within the budget.
+const PROVISIONAL_HIT_COST: Duration = Duration::from_micros(35);
+
 /// How long a breakpoint refused while another session's whole-CPU window is open waits for
 /// that window to go: it re-opens per thread at the other session's next poll, but that
 /// session's reader may sleep through a quiet window, which ends at the latest after its
@@ -304,6 +309,13 @@ pub struct Watcher {
     duty: DutyCycle,
     state: DutyState,
     calibrated: bool,
+    /// The hit cost the policy was given, below which no measurement goes.
+    floor: Duration,
+    /// Launch: hits are priced at [`PROVISIONAL_HIT_COST`] until the calibration.
+    provisional: bool,
+    /// laser's thread CPU time the calibration took, left out of the window work charged
+    /// next ([`Watcher::charge_ops`]).
+    calibration_cpu: Duration,
     /// The target's processes, whose CPU time the duty cycle budgets against: the one laser
     /// launched or attached to, and (launch) every process it forks, since its windows open
     /// events on those too. Empty: a watcher whose clock stands still (the
@@ -424,6 +436,9 @@ impl Watcher {
             duty,
             state: DutyState::default(),
             calibrated: false,
+            floor: duty.hit_cost,
+            provisional: false,
+            calibration_cpu: Duration::ZERO,
             procs: Vec::new(),
             markers: Vec::new(),
             last_marked_empty: true,
@@ -577,32 +592,54 @@ impl Watcher {
     }
 
     /// Measures the hit cost once (`DutyCycle::calibrate`) and adopts it when above the floor.
+    ///
+    /// A launch measures it only once a window has trapped, between two windows (its own
+    /// breakpoint needs a free debug register, which a whole-CPU window takes on every CPU),
+    /// and prices hits at [`PROVISIONAL_HIT_COST`] until then. The 40 traps take ≈ 1 ms of
+    /// laser's thread while the program runs, and the breakpoint, bound to laser's thread,
+    /// is the run's only task event (see `attr::tracking_cpu_wide`): a program whose windows
+    /// never trap (a survey of quiet words) pays neither. One that ends before its first
+    /// calibration keeps the provisional price in the report.
     fn calibrate_once(&mut self) -> Result<(), DriverError> {
         if !self.duty.calibrate || self.calibrated {
             return Ok(());
         }
+        if self.binding == Binding::Launch && self.state.stats.hits == 0 {
+            if !self.provisional {
+                self.provisional = true;
+                self.duty = self
+                    .duty
+                    .with_hit_cost(PROVISIONAL_HIT_COST.max(self.floor));
+                self.push_cost_marker();
+            }
+            return Ok(());
+        }
         // Short (CALIBRATION_TRAPS: ≈ 1–1.5 ms): an attached target runs meanwhile, and on
         // laser's first arm so does a launched one, but both share the CPUs with it.
-        let measured =
-            match measure_hit_cost(CALIBRATION_TRAPS, self.duty.model == CostModel::Traps) {
-                Ok(m) => m,
-                // Another session's whole-CPU window (or a debugger) holds the debug
-                // registers: the floor stands until a later arm finds room.
-                Err(e) if Unwatched::of(&e).is_some() => return Ok(()),
-                Err(e) => return Err(e),
-            };
-        if measured > self.duty.hit_cost {
-            self.duty = self.duty.with_hit_cost(measured);
-        }
+        let t0 = thread_cpu_time();
+        let measured = measure_hit_cost(CALIBRATION_TRAPS, self.duty.model == CostModel::Traps);
+        self.calibration_cpu += thread_cpu_time().saturating_sub(t0);
+        let measured = match measured {
+            Ok(m) => m,
+            // Another session's whole-CPU window (or a debugger) holds the debug
+            // registers: the price so far stands until a later arm finds room.
+            Err(e) if Unwatched::of(&e).is_some() => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        self.duty = self.duty.with_hit_cost(measured.max(self.floor));
         self.calibrated = true;
-        // The estimator corrects armed time with the cost actually paid per hit (25–35 µs
-        // here, not the floor); recorded so a replay corrects the same way.
+        self.push_cost_marker();
+        Ok(())
+    }
+
+    /// The estimator corrects armed time with the cost paid per hit (25–35 µs here, not the
+    /// floor); recorded so a replay corrects the same way.
+    fn push_cost_marker(&mut self) {
         let hit_ns = u64::try_from(self.duty.hit_cost.as_nanos()).unwrap_or(u64::MAX);
         self.markers.push(Event::WatchCost {
             time: now_ns(),
             hit_ns,
         });
-        Ok(())
     }
 
     /// Each event's share of a window's hit cap: the kernel limit it is enabled with, and
@@ -668,9 +705,6 @@ impl Watcher {
             return Ok(());
         }
         self.front = front;
-        if self.binding == Binding::Launch && !specs.is_empty() {
-            self.calibrate_once()?;
-        }
         // A window counts only while every thread is watched (see `Watcher::mark`): the one
         // counting ends before the first event closes or moves, the new one starts after the
         // last opens.
@@ -722,6 +756,8 @@ impl Watcher {
         if !self.state.is_armed() || self.specs.is_empty() {
             return Ok(());
         }
+        // No breakpoint of this session is open here.
+        self.calibrate_once()?;
         self.open_window()
     }
 
@@ -1646,8 +1682,12 @@ impl Watcher {
     /// for an RCU grace period (the kernel's breakpoint-slot lock, `bp_cpuinfo_sem`, taken
     /// for writing), during which the target runs untouched.
     fn charge_ops(&mut self, since: Duration) {
+        // A calibration run meanwhile is laser's own trapping, not work on the target's
+        // window events.
+        let own = std::mem::take(&mut self.calibration_cpu);
         if self.duty.model == CostModel::Full {
-            self.state.charge(thread_cpu_time().saturating_sub(since));
+            let spent = thread_cpu_time().saturating_sub(since);
+            self.state.charge(spent.saturating_sub(own));
         }
     }
 
