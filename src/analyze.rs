@@ -1,9 +1,10 @@
 //! From a detector's analysis to the reports people and machines read.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use anyhow::Result;
-use laser_detect::decode::code::{FileMapping, ModuleLayout};
+use laser_detect::decode::code::{ElfImage, FileMapping, ModuleLayout};
 use laser_detect::naming::heap_names::HeapBlocks;
 use laser_detect::{
     build_report, Analysis, CodeSource, Detector, ElfCode, Report, ReportOptions, Symbolizer,
@@ -57,16 +58,71 @@ impl CodeSource for Code {
 
 /// A detector reading code from the ELF files the target maps.
 pub fn detector(args: &AnalysisArgs, duration_s: Option<f64>) -> Detector<Code> {
+    detector_with(args, duration_s, ElfCode::new())
+}
+
+/// [`detector`] with the ELF images [`Warm::start`] parsed.
+pub fn detector_with(args: &AnalysisArgs, duration_s: Option<f64>, elf: ElfCode) -> Detector<Code> {
     let config = laser_detect::Config {
         line_size: args.line,
         duration_s,
         ..Default::default()
     };
     let code = Code {
-        elf: ElfCode::new(),
+        elf,
         map: PathMap::new(&args.path_map),
     };
     Detector::new(config, code)
+}
+
+/// Work every launch's detector does once the program runs, done ahead by a thread while
+/// laser probes the machine and starts the program (the CPUs are the program's after its
+/// exec, and on two CPUs each millisecond laser computes then is one the program waits): the
+/// instruction decoder's tables (≈ 0.9 ms) and the parsed images of the C library and the
+/// dynamic loader as laser itself maps them (≈ 0.35 ms), which a dynamically linked program
+/// maps too, and of the program's executable.
+pub struct Warm(Option<std::thread::JoinHandle<Preloaded>>);
+
+/// Parsed ELF images by the path they will be mapped at.
+type Preloaded = Vec<(String, Arc<ElfImage>)>;
+
+impl Warm {
+    pub fn start(program: Option<&std::ffi::OsStr>) -> Warm {
+        let program = program.and_then(|p| {
+            laser_driver::launch::resolve_program(p, std::env::var_os("PATH").as_deref()).ok()
+        });
+        let spawned = std::thread::Builder::new()
+            .name("laser-warm".into())
+            .spawn(move || {
+                laser_detect::decode::warm_up();
+                let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+                let mut paths: Vec<String> = maps
+                    .lines()
+                    .filter_map(|l| l.split_whitespace().nth(5))
+                    .filter(|p| p.contains("/libc.so") || p.contains("/ld-linux"))
+                    .map(str::to_string)
+                    .collect();
+                if let Some(p) = program.and_then(|p| std::fs::canonicalize(p).ok()) {
+                    paths.extend(p.to_str().map(str::to_string));
+                }
+                paths.sort();
+                paths.dedup();
+                paths
+                    .into_iter()
+                    .filter_map(|p| {
+                        let image = ElfImage::open(std::path::Path::new(&p))?;
+                        Some((p, Arc::new(image)))
+                    })
+                    .collect()
+            });
+        Warm(spawned.ok())
+    }
+
+    /// What the thread parsed (waiting for it if it is not done: the work is needed next).
+    pub fn finish(self) -> ElfCode {
+        let images = self.0.and_then(|h| h.join().ok()).unwrap_or_default();
+        ElfCode::with_preloaded(images)
+    }
 }
 
 /// What `emit` made: the report, and whether a `--fail-on` gate tripped on it.

@@ -322,11 +322,23 @@ struct LoadedModule {
 #[derive(Default)]
 pub struct ElfCode {
     modules: Vec<LoadedModule>,
+    /// Images parsed ahead of their mapping ([`ElfCode::with_preloaded`]), by path.
+    preloaded: Vec<(String, Arc<ElfImage>)>,
 }
 
 impl ElfCode {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An `ElfCode` that takes `images` (path, parsed image) for the first mapping of each
+    /// path instead of opening the file then: `laser run` parses the C library on another
+    /// CPU while it starts the program, not on one the program's threads run on.
+    pub fn with_preloaded(images: Vec<(String, Arc<ElfImage>)>) -> Self {
+        Self {
+            modules: Vec::new(),
+            preloaded: images,
+        }
     }
 
     fn module(&self, addr: u64) -> Option<&LoadedModule> {
@@ -376,7 +388,10 @@ impl CodeSource for ElfCode {
         // The file loaded again elsewhere: the parsed image is shared.
         let image = match self.modules.iter().rev().find(|l| l.path == m.path) {
             Some(l) => l.image.clone(),
-            None => Arc::new(ElfImage::open(Path::new(m.path))?),
+            None => match self.preloaded.iter().position(|(p, _)| p == m.path) {
+                Some(i) => self.preloaded.swap_remove(i).1,
+                None => Arc::new(ElfImage::open(Path::new(m.path))?),
+            },
         };
         let bias = load_bias(m.start, m.pgoff, &image.segments);
         let lo = image.segments.iter().map(|s| s.vaddr).min()?;
@@ -499,6 +514,32 @@ mod tests {
             .unwrap();
         assert_eq!(l.bias, 0x5555_0000_0000);
         assert_eq!(code.modules.len(), 2);
+    }
+
+    /// A preloaded image stands for its path's first mapping: no file is opened then (here
+    /// the path does not even exist), and a second mapping shares it.
+    #[test]
+    fn a_preloaded_image_is_taken_for_its_path() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let image = Arc::new(ElfImage::open(&exe).unwrap());
+        let first = *image.segments.iter().min_by_key(|s| s.vaddr).unwrap();
+        let path = "/nonexistent/laser-test/libpreloaded.so";
+        let mapping = |base: u64| FileMapping {
+            path,
+            start: base + first.vaddr,
+            end: base + first.vaddr + 4096,
+            pgoff: 0,
+            exec: false,
+        };
+        assert!(ElfCode::new().map_file(&mapping(0x1000_0000)).is_none());
+        let mut code = ElfCode::with_preloaded(vec![(path.to_string(), image.clone())]);
+        let l = code
+            .map_file(&mapping(0x1000_0000))
+            .expect("the preloaded image");
+        assert_eq!((l.bias, &l.segments), (0x1000_0000, &image.segments));
+        assert!(code.map_file(&mapping(0x2000_0000)).is_some());
+        assert!(Arc::ptr_eq(&code.modules[0].image, &code.modules[1].image));
+        assert!(code.preloaded.is_empty());
     }
 
     #[test]
