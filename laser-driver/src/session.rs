@@ -229,10 +229,10 @@ pub struct Session {
 }
 
 impl Session {
-    /// Starts `argv` with events on every CPU, counting from its exec: for whole CPUs where
-    /// they sample whole CPUs (no event bound to the target's threads, see
-    /// [`attr::tracking_cpu_wide`]), else bound to the target and inherited by its threads.
-    /// Returns once the exec has happened.
+    /// Starts `argv` with events on every CPU, counting from its exec: where laser samples
+    /// whole CPUs, events of the whole CPU (none bound to the target's threads, see
+    /// [`attr::tracking_cpu_wide`]); else events bound to the target, inherited by its
+    /// threads. Returns once the exec has happened.
     pub fn launch(argv: &[OsString], config: &Config) -> Result<Session, DriverError> {
         let config = checked(config)?;
         let stopped = launch::spawn_stopped_with(argv, &config.child)?;
