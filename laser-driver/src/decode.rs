@@ -36,10 +36,12 @@ pub struct Decoder {
     precise: HashMap<u64, crate::import::sample::SampleLayout>,
     default_source: Source,
     exec: ExecRanges,
-    /// With CPU-wide leaders: the processes whose mappings are noted in `exec` (the target's,
-    /// followed through its forks as their records are decoded); `None`: every mapping read
-    /// is the target's.
-    pids: Option<BTreeSet<u32>>,
+    /// The target's processes: the one laser launched and those it forks, followed as their
+    /// Fork records are decoded ([`Decoder::follow`]).
+    target: BTreeSet<u32>,
+    /// The rings carry every process's records (CPU-wide leaders): a fork joins `target`
+    /// only when its parent is in it, and only `target`'s mappings are noted in `exec`.
+    by_parent: bool,
     /// Records that failed to parse (kernel/parser mismatch or corruption).
     pub malformed: u64,
 }
@@ -53,18 +55,27 @@ impl Decoder {
             precise: HashMap::new(),
             default_source,
             exec: ExecRanges::default(),
-            pids: None,
+            target: BTreeSet::new(),
+            by_parent: false,
             malformed: 0,
         }
     }
 
-    /// The rings carry every process's records (CPU-wide leaders): note only the mappings of
-    /// `pid` and of the processes it forks, so return addresses are recognised by the
-    /// target's own code ranges. (A child forked on one CPU whose first mappings are read
-    /// from another CPU's ring before its fork record is not followed here: its return
-    /// addresses go unrecognised, nothing worse.)
-    pub fn follow_only(&mut self, pid: u32) {
-        self.pids = Some(BTreeSet::from([pid]));
+    /// Follows `pid` and the processes it forks. With `by_parent` (CPU-wide leaders, whose
+    /// rings carry every process's records) a fork is followed only when its parent is, and
+    /// only the followed processes' mappings are noted, so return addresses are recognised
+    /// by the target's own code ranges; without, every fork read is the target's. (A child
+    /// forked on one CPU whose first mappings are read from another CPU's ring before its
+    /// fork record is not followed then.)
+    pub fn follow(&mut self, pid: u32, by_parent: bool) {
+        self.target = BTreeSet::from([pid]);
+        self.by_parent = by_parent;
+    }
+
+    /// Whether `pid` is one of the target's processes as far as the records decoded so far
+    /// tell ([`Decoder::follow`]).
+    pub fn is_target(&self, pid: u32) -> bool {
+        self.target.contains(&pid)
     }
 
     pub fn add_source(&mut self, id: u64, source: Source) {
@@ -133,13 +144,13 @@ impl Decoder {
         match &r {
             Err(()) => self.malformed += 1,
             Ok(Some(Event::Mmap(m))) => {
-                if self.pids.as_ref().is_none_or(|p| p.contains(&m.pid)) {
+                if !self.by_parent || self.is_target(m.pid) {
                     self.note_mmap(m)
                 }
             }
             Ok(Some(Event::Fork { pid, ppid, .. })) => {
-                if let Some(p) = self.pids.as_mut().filter(|p| p.contains(ppid)) {
-                    p.insert(*pid);
+                if !self.by_parent || self.is_target(*ppid) {
+                    self.target.insert(*pid);
                 }
             }
             Ok(_) => {}

@@ -211,15 +211,13 @@ pub struct Session {
     samplers: Vec<OwnedFd>,
     /// Each sampler's frequency ([`attr::cpu_wide_frequency`]: one per CPU).
     sampler_hz: Vec<u64>,
-    /// With CPU-wide samplers: the target's processes (the launched one and those it forked),
-    /// whose samples are kept; every other process's are dropped as they are read.
-    target_pids: BTreeSet<u32>,
-    /// Samples of processes not in `target_pids` are dropped as read: with CPU-wide samplers
-    /// or whole-CPU watch windows ([`Watcher::set_cpu_wide`]).
+    /// Samples of processes other than the target's ([`Decoder::is_target`]: the launched
+    /// one and those it forked) are dropped as read: with CPU-wide samplers or whole-CPU
+    /// watch windows ([`Watcher::set_cpu_wide`]).
     drop_foreign: bool,
     /// The leaders are CPU-wide too ([`attr::tracking_cpu_wide`]): the side-band records
-    /// (mmap, comm, fork, exit) of processes not in `target_pids` are dropped as read, and a
-    /// process joins the target when its parent is in it.
+    /// (mmap, comm, fork, exit) of processes other than the target's are dropped as read,
+    /// and a process joins the target when its parent is in it.
     cpu_wide_leaders: bool,
     /// When the last Fork record of the target that came [`CHURN_GAP`] after the one before
     /// it was read (launch): see [`CHURN_POLL`].
@@ -247,7 +245,7 @@ impl Session {
         if cpu_wide {
             s.leader_attr = attr::tracking_cpu_wide(wakeup_bytes(Mode::Launched, &config));
             s.cpu_wide_leaders = true;
-            s.decoder.follow_only(stopped.pid as u32);
+            s.decoder.follow(stopped.pid as u32, true);
         }
         if let (true, Some(w)) = (whole_cpus, &mut s.watcher) {
             // Watch windows for whole CPUs too; their hits in other processes are dropped as
@@ -345,6 +343,8 @@ impl Session {
         let info = attr::parse_info(&attr::to_bytes(&leader_attr))
             .map_err(|e| DriverError::io("parsing our own perf_event_attr", e))?;
         let watch = config.watch || config.backend == BackendKind::Watch;
+        let mut decoder = Decoder::new(info, source);
+        decoder.follow(pid as u32, false);
         Ok(Session {
             mode,
             pid,
@@ -354,7 +354,7 @@ impl Session {
             precise,
             leaders: Vec::new(),
             watcher: watch.then(|| Watcher::new(binding, config.duty_cycle, Some(pid))),
-            decoder: Decoder::new(info, source),
+            decoder,
             scratch: Vec::new(),
             batch: Vec::new(),
             pending: VecDeque::new(),
@@ -368,7 +368,6 @@ impl Session {
             pidfd: pidfd_open(pid),
             samplers: Vec::new(),
             sampler_hz: Vec::new(),
-            target_pids: BTreeSet::from([pid as u32]),
             drop_foreign: false,
             cpu_wide_leaders: false,
             last_fork: None,
@@ -697,7 +696,7 @@ impl Session {
                     // Another process's sample from a CPU-wide sampler (laser's own threads
                     // among them), or its hit in a whole-CPU watch window: not the target's
                     // business. The hit spent its CPU's limit all the same.
-                    Event::Sample(s) if !self.target_pids.contains(&s.pid) => {
+                    Event::Sample(s) if !self.decoder.is_target(s.pid) => {
                         self.stats.foreign += 1;
                         let spent = match (s.watch_slot, self.watcher.as_mut()) {
                             (Some(slot), Some(w)) => w.note_foreign_hit(s.cpu, slot, s.time),
@@ -709,21 +708,15 @@ impl Session {
                         }
                         continue;
                     }
-                    // A task leader sees only the target's forks; a CPU-wide one sees every
-                    // process's, and a process is the target's when its parent is.
-                    Event::Fork { pid, ppid, .. }
-                        if !self.cpu_wide_leaders || self.target_pids.contains(ppid) =>
-                    {
-                        self.target_pids.insert(*pid);
-                    }
-                    Event::Fork { .. } => continue,
-                    Event::Mmap(m)
-                        if self.cpu_wide_leaders && !self.target_pids.contains(&m.pid) =>
-                    {
+                    // The decoder followed the forks as it read them (a task leader sees
+                    // only the target's; a CPU-wide one every process's, and a process is
+                    // the target's when its parent is).
+                    Event::Fork { pid, .. } if !self.decoder.is_target(*pid) => continue,
+                    Event::Mmap(m) if self.cpu_wide_leaders && !self.decoder.is_target(m.pid) => {
                         continue
                     }
                     Event::Comm { pid, .. } | Event::Exit { pid, .. }
-                        if self.cpu_wide_leaders && !self.target_pids.contains(pid) =>
+                        if self.cpu_wide_leaders && !self.decoder.is_target(*pid) =>
                     {
                         continue
                     }
