@@ -16,11 +16,13 @@
 //!
 //! Two views a single kind of window lacks:
 //! - a store-only survey window that one thread filled with its stores is followed by one
-//!   read+write *probe* window at the edges of those stores (`Detector::edge_probe`): a
-//!   neighbour that only reads there is invisible to store-only windows. The survey turn
+//!   read+write *probe* window on the words around those stores (`Detector::edge_probe`):
+//!   a neighbour that only reads there is invisible to store-only windows. The survey turn
 //!   ends at such a window (its next windows would see the same thread's stores). A probe
-//!   that did not see two threads is tried again (the neighbour may have been off its CPU,
-//!   waiting on a page fault, for that window);
+//!   that did not see two threads is followed at once by one on words no probe has watched
+//!   (the word a neighbour reads need not be the one next to the stores), and tried again
+//!   later (the neighbour may have been off its CPU, waiting on a page fault, for that
+//!   window);
 //! - a candidate line whose read+write windows are filled by reads (trap time over half the
 //!   armed time, or windows that end at their cap early: [`filled_at_cap`]) alternates
 //!   between read+write and store-only turns: stores that come a few times a millisecond
@@ -73,11 +75,12 @@ const SURVEY_RETRY_AFTER: Duration = SURVEY_TURN;
 /// Such retries of one target within a [`SURVEY_REFRESH`]: a line one thread alone stores to
 /// (its own counters) costs a few more windows, not a turn in every round.
 const SURVEY_RETRIES: u32 = 2;
-/// A line whose edges were probed ([`Detector::edge_probe`]) is probed again after this
-/// long at the earliest.
+/// A line probed around one thread's stores ([`Detector::edge_probe`]) is probed again
+/// after this long at the earliest.
 const PROBE_REFRESH: Duration = Duration::from_secs(1);
 /// Probes a line may have within one [`PROBE_REFRESH`] while none of them has seen two
-/// threads, each [`SURVEY_REFRESH`] after the last at the earliest. Phoenix histogram -O0's
+/// threads: one right after another while there are words no probe has watched, else each
+/// [`SURVEY_REFRESH`] after the last at the earliest. Phoenix histogram -O0's
 /// reading thread filled a probe alone while the storing one waited 24 ms on page faults of
 /// its mmapped input, and with one probe per second that run (0.7 s) never saw the pair.
 const PROBE_TRIES: u32 = 3;
@@ -122,7 +125,7 @@ enum Turn {
     /// A data window on the line a code turn has just seen contended, while it is hot
     /// ([`Detector::code_front`]); the code turn resumes after it.
     Front,
-    /// One read+write window at the edges of what one thread stored in a store-only survey
+    /// One read+write window around what one thread stored in a store-only survey
     /// turn ([`Detector::edge_probe`]).
     Probe,
 }
@@ -355,10 +358,18 @@ impl Steering {
             }
         }
         self.following = None;
-        // The probe is over: what it saw decides when the line is probed again.
+        // The probe is over: what it saw decides when the line is probed again. One that
+        // saw the storer alone is followed at once by one on words no probe has watched,
+        // while the line has tries left: the word a neighbour reads need not be next to the
+        // stores, and the next survey turn on the line can be most of a second away.
         if let Some(line) = self.probing.take() {
             if let Some(p) = self.probed.get_mut(&line) {
                 p.saw_two |= hits > self.hits_at_start && watcher.last_hitters() >= 2;
+                if !p.saw_two && p.tries < PROBE_TRIES {
+                    if let Some((c, true)) = detector.edge_probe(line) {
+                        return self.arm_probe(watcher, c, now, hits);
+                    }
+                }
             }
         }
         if let Some(w) = &self.surveying {
@@ -374,7 +385,7 @@ impl Steering {
             }
         }
         // A store-only survey window that one thread filled with its stores: a read+write
-        // window at the edges of those stores next (`Detector::edge_probe`), for a neighbour
+        // window around those stores next (`Detector::edge_probe`), for a neighbour
         // that only reads, which store-only windows cannot see (Phoenix histogram -O0: one
         // thread reads its header every pixel from the line where the other increments a
         // counter on 4% of them).
@@ -382,28 +393,8 @@ impl Steering {
         let probe = self.edge_probe_due(watcher, detector, hits, now);
         let surveyed = self.surveying.take();
         let probe = probe.zip(surveyed);
-        if let Some((c, w)) = probe {
-            let line = w.line_addr;
-            let fresh = Probed {
-                first: now,
-                last: now,
-                tries: 0,
-                saw_two: false,
-            };
-            let p = self.probed.entry(line).or_insert(fresh);
-            if now.duration_since(p.first) >= PROBE_REFRESH {
-                *p = fresh;
-            }
-            p.last = now;
-            p.tries += 1;
-            let specs = watch_specs(&c, WatchKind::ReadWrite);
-            watcher
-                .arm(&specs)
-                .with_context(|| format!("arming an edge probe on line {line:#x}"))?;
-            self.idle = false;
-            self.probing = Some(line);
-            self.begin_turn(Turn::Probe, now, hits, &specs);
-            return Ok(());
+        if let Some(((c, _), _)) = probe {
+            return self.arm_probe(watcher, c, now, hits);
         }
         // Code turns take every other turn while an instruction is due for one.
         if !matches!(self.turn, Some((Turn::Code | Turn::Front, _))) {
@@ -558,7 +549,7 @@ impl Steering {
         detector: &Detector<crate::analyze::Code>,
         hits: u64,
         now: Instant,
-    ) -> Option<WatchCandidate> {
+    ) -> Option<(WatchCandidate, bool)> {
         let line = self.surveying.as_ref()?.line_addr;
         if !self.one_thread_trapped(watcher, hits)
             || self.probed.get(&line).is_some_and(|p| !p.due(now))
@@ -566,6 +557,37 @@ impl Steering {
             return None;
         }
         detector.edge_probe(line)
+    }
+
+    /// Arms the read+write probe `c` (`Detector::edge_probe`), one more of its line's tries.
+    fn arm_probe(
+        &mut self,
+        watcher: &mut laser_driver::Watcher,
+        c: WatchCandidate,
+        now: Instant,
+        hits: u64,
+    ) -> Result<()> {
+        let line = c.line_addr;
+        let fresh = Probed {
+            first: now,
+            last: now,
+            tries: 0,
+            saw_two: false,
+        };
+        let p = self.probed.entry(line).or_insert(fresh);
+        if now.duration_since(p.first) >= PROBE_REFRESH {
+            *p = fresh;
+        }
+        p.last = now;
+        p.tries += 1;
+        let specs = watch_specs(&c, WatchKind::ReadWrite);
+        watcher
+            .arm(&specs)
+            .with_context(|| format!("arming an edge probe on line {line:#x}"))?;
+        self.idle = false;
+        self.probing = Some(line);
+        self.begin_turn(Turn::Probe, now, hits, &specs);
+        Ok(())
     }
 
     /// `turn` holds the watchpoints (`specs`) from `now`; its time and hits count from here.

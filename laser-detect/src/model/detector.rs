@@ -451,7 +451,7 @@ impl<C: CodeSource> Detector<C> {
             } else {
                 self.estimator.begin_window(line, time);
             }
-            self.estimator.note_watched(line, watched);
+            self.estimator.note_watched(line, watched, stores_only);
         }
         self.watched_lines = lines;
     }
@@ -1073,17 +1073,21 @@ impl<C: CodeSource> Detector<C> {
         crate::model::candidates::candidates(self.model.contended().filter(original), max_lines)
     }
 
-    /// Read+write words at the edges of what the one thread seen on `line` stores there
-    /// (`Estimator::edge_probe`): where a neighbour that only reads would be.
-    pub fn edge_probe(&self, line: u64) -> Option<WatchCandidate> {
+    /// Read+write words around what the one thread seen on `line` stores there
+    /// (`Estimator::edge_probe`): where a neighbour that only reads would be; and whether
+    /// one of them is a word no read+write window has watched yet.
+    pub fn edge_probe(&self, line: u64) -> Option<(WatchCandidate, bool)> {
         if split_copy(line).0 != 0 {
             return None;
         }
-        let words = self.estimator.edge_probe(line)?;
-        Some(WatchCandidate {
-            line_addr: line,
-            words,
-        })
+        let (words, fresh) = self.estimator.edge_probe(line)?;
+        Some((
+            WatchCandidate {
+                line_addr: line,
+                words,
+            },
+            fresh,
+        ))
     }
 
     /// Where the open code window last saw contention (`Estimator::code_front`): the line and

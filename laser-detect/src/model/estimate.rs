@@ -214,6 +214,10 @@ struct LineEst {
     /// the bytes data windows watched ([`Estimator::edge_probe`]).
     hit_bytes: Vec<(u32, u128, bool)>,
     watched: u128,
+    /// The bytes read+write windows watched: where a neighbour that only loads would have
+    /// trapped. On a line [`Estimator::edge_probe`] is asked about, no window saw a second
+    /// thread, so none loaded there while they were armed.
+    rw_watched: u128,
     /// No window was ever announced for this line (a replayed recording): the window is
     /// inferred as first..last observed access.
     implicit: Option<(u64, u64)>,
@@ -362,10 +366,14 @@ impl Estimator {
         }
     }
 
-    /// The data windows on `line_addr`'s line watch `bytes` of it (bit n = byte n).
-    pub fn note_watched(&mut self, line_addr: u64, bytes: u128) {
+    /// The data windows on `line_addr`'s line watch `bytes` of it (bit n = byte n), for
+    /// stores only or for loads and stores.
+    pub fn note_watched(&mut self, line_addr: u64, bytes: u128, stores_only: bool) {
         if let Some(l) = self.lines.get_mut(&self.line_of(line_addr)) {
             l.watched |= bytes;
+            if !stores_only {
+                l.rw_watched |= bytes;
+            }
         }
     }
 
@@ -444,51 +452,64 @@ impl Estimator {
         }
     }
 
-    /// Words to watch for reads and writes at the edges of what one thread stores on `line`,
-    /// when every data window there saw that thread alone, storing. At each edge of its bytes,
-    /// two slots: the edge slot and the one beyond where the slot beyond was watched and not
-    /// hit (the thread's data ends there), else the two beyond (its data may go on into
-    /// bytes no window watched). Two threads' data meet at such an edge (false sharing is
-    /// neighbours), and a store-only survey window there is filled by the storer's stores and
-    /// cannot see a neighbour that only reads. `None` when some window saw another thread,
-    /// the thread only loaded, or its bytes leave no edge on the line.
-    pub fn edge_probe(&self, line: u64) -> Option<Vec<(u64, u32)>> {
+    /// Words to watch for reads and writes around what one thread stores on `line`, when
+    /// every data window there saw that thread alone, storing: the slots (8-byte words) not
+    /// wholly stored by it, nearest its bytes first, and those no read+write window has
+    /// watched yet before those one has (a neighbour's loads there would have trapped), with
+    /// one slot it stores in (its stores must trap too, to count a transfer) unless a picked
+    /// slot is partly its. Two threads' data meet next to each other (false sharing is
+    /// neighbours), but the word a neighbour reads need not be the one at the edge: Phoenix
+    /// linear_regression -O0 reads the next struct's second word on every iteration, beyond
+    /// its first, which the loop never touches. A store-only survey window there is filled
+    /// by the storer's stores and cannot see a neighbour that only reads. `None` when some
+    /// window saw another thread, the thread only loaded, or its bytes fill the line.
+    ///
+    /// The flag: whether a picked slot is one no read+write window has watched, so a probe
+    /// that saw the storer alone can be followed by one that looks somewhere new at once.
+    pub fn edge_probe(&self, line: u64) -> Option<(Vec<(u64, u32)>, bool)> {
         let l = self.lines.get(&self.line_of(line))?;
         let &[(_, bytes, true)] = l.hit_bytes.as_slice() else {
             return None;
         };
         let slots = (self.line_size / 8) as i64;
-        let slot_bits = |k: i64, of: u128| (0..slots).contains(&k) && (of >> (8 * k)) & 0xff != 0;
-        let lo = (0..slots).find(|&k| slot_bits(k, bytes))?;
-        let hi = (0..slots).rev().find(|&k| slot_bits(k, bytes))?;
-        if lo == 0 && hi == slots - 1 {
+        let slot = |k: i64, of: u128| ((of >> (8 * k)) & 0xff) as u8;
+        let lo = (0..slots).find(|&k| slot(k, bytes) != 0)?;
+        let hi = (0..slots).rev().find(|&k| slot(k, bytes) != 0)?;
+        // Slots a neighbour's bytes may be in, by (watched for loads already, distance from
+        // the stored bytes, offset).
+        let mut near: Vec<(bool, i64, i64)> = (0..slots)
+            .filter(|&k| slot(k, bytes) != 0xff)
+            .map(|k| {
+                let dist = if k < lo {
+                    lo - k
+                } else if k > hi {
+                    k - hi
+                } else {
+                    0 // a gap in its bytes, or a slot it stores part of
+                };
+                (slot(k, l.rw_watched) != 0, dist, k)
+            })
+            .collect();
+        if near.is_empty() {
             return None;
         }
-        // (edge, direction outward)
-        let mut pick: Vec<i64> = Vec::new();
-        for (edge, out) in [(lo, -1), (hi, 1)] {
-            let beyond = edge + out;
-            if !(0..slots).contains(&beyond) {
-                continue;
-            }
-            let pair = if slot_bits(beyond, l.watched) {
-                [edge, beyond]
-            } else {
-                [beyond, beyond + out]
-            };
-            for k in pair {
-                if (0..slots).contains(&k) && !pick.contains(&k) {
-                    pick.push(k);
-                }
-            }
+        near.sort_unstable();
+        let mut pick: Vec<i64> = near.iter().take(FRONT_WORDS).map(|n| n.2).collect();
+        if !pick.iter().any(|&k| slot(k, bytes) != 0) {
+            // One stored slot, next to the first pick.
+            pick.truncate(FRONT_WORDS - 1);
+            pick.push(if pick[0] < lo { lo } else { hi });
         }
-        pick.truncate(FRONT_WORDS);
+        let fresh = pick
+            .iter()
+            .any(|&k| slot(k, bytes) != 0xff && slot(k, l.rw_watched) == 0);
         pick.sort_unstable();
-        Some(
+        Some((
             pick.into_iter()
                 .map(|k| (self.line_of(line) + 8 * k as u64, 8))
                 .collect(),
-        )
+            fresh,
+        ))
     }
 
     /// Where the open code window last saw its instructions share a line: of the lines two
@@ -956,9 +977,9 @@ mod tests {
         );
     }
 
-    /// One thread storing bytes [24, 40) in every window: probe the slots at and beyond its
-    /// edges, [16, 48) — where a neighbour that only loads would be. Not once another thread
-    /// has been seen, nor for a thread that only loaded.
+    /// One thread storing bytes [24, 40) in every window: probe the slots around it, nearest
+    /// first, with one of its own; then the slots no read+write window has watched yet.
+    /// Not once another thread has been seen, nor for a thread that only loaded.
     #[test]
     fn edge_probe_watches_around_one_storing_thread() {
         // One store-only window watching `watched`, in which thread 1 stores 8 bytes at each
@@ -966,28 +987,60 @@ mod tests {
         let stores = |watched: u128, offsets: &[u64]| {
             let mut e = Estimator::new(64).with_trap_cost(0);
             e.begin_store_window(L, 0);
-            e.note_watched(L, watched);
+            e.note_watched(L, watched, true);
             for (i, &off) in offsets.iter().enumerate() {
                 e.observe(&a(1, Op::Store, off, i as u64 + 1));
             }
             e.end_window(L, 1_000);
             e
         };
+        let words =
+            |slots: &[u64]| -> Vec<(u64, u32)> { slots.iter().map(|k| (L + 8 * k, 8)).collect() };
         let mut e = stores(u128::MAX >> 64, &[24, 32, 24, 32]); // the whole line watched
-        let middle = vec![(L + 16, 8), (L + 24, 8), (L + 32, 8), (L + 40, 8)];
-        assert_eq!(e.edge_probe(L), Some(middle.clone()));
-        // Only [0, 32) watched, stores at [24, 32): the upper edge is where watching
-        // stopped, so the two slots beyond it, [32, 48); the lower is known, [16, 32).
-        assert_eq!(stores(byte_mask(0, 32), &[24]).edge_probe(L), Some(middle));
-        // At the line's start, its first slot watched: one edge, that slot and the next.
+                                                                // Slots 2 and 5 next to its bytes, then 1 (the lower of the two at distance 2), and
+                                                                // its own slot 3 next to the first.
+        assert_eq!(e.edge_probe(L), Some((words(&[1, 2, 3, 5]), true)));
+        // Only [0, 32) watched, stores at [24, 32): what lies beyond it is as near.
+        assert_eq!(
+            stores(byte_mask(0, 32), &[24]).edge_probe(L),
+            Some((words(&[1, 2, 3, 4]), true))
+        );
+        // At the line's start: the three slots after it.
         assert_eq!(
             stores(byte_mask(0, 16), &[0]).edge_probe(L),
-            Some(vec![(L, 8), (L + 8, 8)])
+            Some((words(&[0, 1, 2, 3]), true))
+        );
+        // linear_regression -O0: one struct's five sums in slots 1-5; the next struct's
+        // pointer, read on every iteration, is slot 7, beyond the word at its edge.
+        assert_eq!(
+            stores(u128::MAX >> 64, &[8, 16, 24, 32, 40]).edge_probe(L),
+            Some((words(&[0, 1, 6, 7]), true))
+        );
+        // The probe saw the storer alone: the next one watches the slots it did not.
+        e.begin_window(L, 2_000);
+        e.note_watched(L, byte_mask(8, 24) | byte_mask(40, 8), false);
+        e.observe(&a(1, Op::Store, 24, 2_001));
+        e.end_window(L, 3_000);
+        assert_eq!(e.edge_probe(L), Some((words(&[0, 4, 6, 7]), true)));
+        // Every slot around it watched for loads: the nearest again, nothing new.
+        e.begin_window(L, 4_000);
+        e.note_watched(
+            L,
+            byte_mask(0, 8) | byte_mask(32, 8) | byte_mask(48, 16),
+            false,
+        );
+        e.observe(&a(1, Op::Store, 32, 4_001));
+        e.end_window(L, 5_000);
+        assert_eq!(e.edge_probe(L), Some((words(&[1, 2, 3, 5]), false)));
+        // A thread storing the whole line leaves no neighbour.
+        assert_eq!(
+            stores(u128::MAX >> 64, &[0, 8, 16, 24, 32, 40, 48, 56]).edge_probe(L),
+            None
         );
         // A second thread seen: nothing to probe for.
-        e.begin_window(L, 2_000);
-        e.observe(&a(2, Op::Load, 48, 2_001));
-        e.end_window(L, 3_000);
+        e.begin_window(L, 6_000);
+        e.observe(&a(2, Op::Load, 48, 6_001));
+        e.end_window(L, 7_000);
         assert_eq!(e.edge_probe(L), None);
         // A thread that only loaded.
         let mut g = Estimator::new(64).with_trap_cost(0);
