@@ -19,10 +19,10 @@
 //!   read+write *probe* window on the words around those stores (`Detector::edge_probe`):
 //!   a neighbour that only reads there is invisible to store-only windows. The survey turn
 //!   ends at such a window (its next windows would see the same thread's stores). A probe
-//!   that did not see two threads is followed at once by one on words no probe has watched
-//!   (the word a neighbour reads need not be the one next to the stores), and tried again
-//!   later (the neighbour may have been off its CPU, waiting on a page fault, for that
-//!   window);
+//!   that did not see two threads is followed at once by one on the words around the
+//!   stores it did not watch (the word a neighbour reads need not be the one next to the
+//!   stores), and tried again later (the neighbour may have been off its CPU, waiting on a
+//!   page fault, for that window);
 //! - a candidate line whose read+write windows are filled by reads (trap time over half the
 //!   armed time, or windows that end at their cap early: [`filled_at_cap`]) alternates
 //!   between read+write and store-only turns: stores that come a few times a millisecond
@@ -79,8 +79,7 @@ const SURVEY_RETRIES: u32 = 2;
 /// after this long at the earliest.
 const PROBE_REFRESH: Duration = Duration::from_secs(1);
 /// Probes a line may have within one [`PROBE_REFRESH`] while none of them has seen two
-/// threads: one right after another while there are words no probe has watched, else each
-/// [`SURVEY_REFRESH`] after the last at the earliest. Phoenix histogram -O0's
+/// threads, each [`SURVEY_REFRESH`] after the last at the earliest. Phoenix histogram -O0's
 /// reading thread filled a probe alone while the storing one waited 24 ms on page faults of
 /// its mmapped input, and with one probe per second that run (0.7 s) never saw the pair.
 const PROBE_TRIES: u32 = 3;
@@ -173,6 +172,8 @@ pub struct Steering {
     surveying: Option<WatchCandidate>,
     /// The line the armed probe watches, and the lines probed so far.
     probing: Option<u64>,
+    /// The words the armed probe watches.
+    probe_words: Option<Vec<(u64, u32)>>,
     probed: HashMap<u64, Probed>,
     /// Survey targets (by key) whose turns one thread alone filled ([`SURVEY_RETRIES`]).
     alone: HashMap<(u64, u64), Alone>,
@@ -358,15 +359,21 @@ impl Steering {
             }
         }
         self.following = None;
-        // The probe is over: what it saw decides when the line is probed again. One that
-        // saw the storer alone is followed at once by one on words no probe has watched,
-        // while the line has tries left: the word a neighbour reads need not be next to the
-        // stores, and the next survey turn on the line can be most of a second away.
+        // The probe is over: what it saw decides when the line is probed again. A first
+        // probe that saw the storer alone is followed at once by one on the words around
+        // the stores it did not watch (`Detector::edge_probe` picks those once a probe has
+        // watched the line): the word a neighbour reads need not be next to the stores, and
+        // the line's next survey turn can be most of a second away. Once only: each window
+        // on a line one thread uses delays the survey of the others.
         if let Some(line) = self.probing.take() {
             if let Some(p) = self.probed.get_mut(&line) {
                 p.saw_two |= hits > self.hits_at_start && watcher.last_hitters() >= 2;
-                if !p.saw_two && p.tries < PROBE_TRIES {
-                    if let Some((c, true)) = detector.edge_probe(line) {
+                if !p.saw_two && p.tries == 1 {
+                    let watched = self.probe_words.take();
+                    if let Some(c) = detector
+                        .edge_probe(line)
+                        .filter(|c| watched.as_ref() != Some(&c.words))
+                    {
                         return self.arm_probe(watcher, c, now, hits);
                     }
                 }
@@ -393,7 +400,7 @@ impl Steering {
         let probe = self.edge_probe_due(watcher, detector, hits, now);
         let surveyed = self.surveying.take();
         let probe = probe.zip(surveyed);
-        if let Some(((c, _), _)) = probe {
+        if let Some((c, _)) = probe {
             return self.arm_probe(watcher, c, now, hits);
         }
         // Code turns take every other turn while an instruction is due for one.
@@ -549,7 +556,7 @@ impl Steering {
         detector: &Detector<crate::analyze::Code>,
         hits: u64,
         now: Instant,
-    ) -> Option<(WatchCandidate, bool)> {
+    ) -> Option<WatchCandidate> {
         let line = self.surveying.as_ref()?.line_addr;
         if !self.one_thread_trapped(watcher, hits)
             || self.probed.get(&line).is_some_and(|p| !p.due(now))
@@ -584,6 +591,7 @@ impl Steering {
         watcher
             .arm(&specs)
             .with_context(|| format!("arming an edge probe on line {line:#x}"))?;
+        self.probe_words = Some(c.words);
         self.idle = false;
         self.probing = Some(line);
         self.begin_turn(Turn::Probe, now, hits, &specs);

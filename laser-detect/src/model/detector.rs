@@ -1074,20 +1074,16 @@ impl<C: CodeSource> Detector<C> {
     }
 
     /// Read+write words around what the one thread seen on `line` stores there
-    /// (`Estimator::edge_probe`): where a neighbour that only reads would be; and whether
-    /// one of them is a word no read+write window has watched yet.
-    pub fn edge_probe(&self, line: u64) -> Option<(WatchCandidate, bool)> {
+    /// (`Estimator::edge_probe`): where a neighbour that only reads would be.
+    pub fn edge_probe(&self, line: u64) -> Option<WatchCandidate> {
         if split_copy(line).0 != 0 {
             return None;
         }
-        let (words, fresh) = self.estimator.edge_probe(line)?;
-        Some((
-            WatchCandidate {
-                line_addr: line,
-                words,
-            },
-            fresh,
-        ))
+        let words = self.estimator.edge_probe(line)?;
+        Some(WatchCandidate {
+            line_addr: line,
+            words,
+        })
     }
 
     /// Where the open code window last saw contention (`Estimator::code_front`): the line and

@@ -453,63 +453,94 @@ impl Estimator {
     }
 
     /// Words to watch for reads and writes around what one thread stores on `line`, when
-    /// every data window there saw that thread alone, storing: the slots (8-byte words) not
-    /// wholly stored by it, nearest its bytes first, and those no read+write window has
-    /// watched yet before those one has (a neighbour's loads there would have trapped), with
-    /// one slot it stores in (its stores must trap too, to count a transfer) unless a picked
-    /// slot is partly its. Two threads' data meet next to each other (false sharing is
-    /// neighbours), but the word a neighbour reads need not be the one at the edge: Phoenix
-    /// linear_regression -O0 reads the next struct's second word on every iteration, beyond
-    /// its first, which the loop never touches. A store-only survey window there is filled
-    /// by the storer's stores and cannot see a neighbour that only reads. `None` when some
-    /// window saw another thread, the thread only loaded, or its bytes fill the line.
+    /// every data window there saw that thread alone, storing. Two threads' data meet next
+    /// to each other (false sharing is neighbours), and a store-only survey window there is
+    /// filled by the storer's stores and cannot see a neighbour that only reads.
     ///
-    /// The flag: whether a picked slot is one no read+write window has watched, so a probe
-    /// that saw the storer alone can be followed by one that looks somewhere new at once.
-    pub fn edge_probe(&self, line: u64) -> Option<(Vec<(u64, u32)>, bool)> {
+    /// The first probe watches the edges of the thread's bytes: at each edge, the edge slot
+    /// and the one beyond where the slot beyond was watched and not hit (the thread's data
+    /// ends there), else the two beyond (its data may go on into bytes no window watched).
+    /// Once a read+write window has watched some of the line, a probe watches the slots no
+    /// read+write window has watched yet (not wholly the thread's: at its edges first, then
+    /// the rest nearest first, gaps between its bytes last), up to three, with one slot of
+    /// the thread's: the word a neighbour reads need not be next to the stores (Phoenix
+    /// linear_regression -O0 reads the next struct's second word, beyond its first, which
+    /// the loop never touches), and a probe of few words is not filled by a neighbour's hot
+    /// loads before a sparse storer comes by (Phoenix histogram -O0). When every such slot
+    /// has been watched, the edges again. `None` when some window saw another thread, the
+    /// thread only loaded, or its bytes span the line.
+    pub fn edge_probe(&self, line: u64) -> Option<Vec<(u64, u32)>> {
         let l = self.lines.get(&self.line_of(line))?;
         let &[(_, bytes, true)] = l.hit_bytes.as_slice() else {
             return None;
         };
         let slots = (self.line_size / 8) as i64;
-        let slot = |k: i64, of: u128| ((of >> (8 * k)) & 0xff) as u8;
+        let slot = |k: i64, of: u128| {
+            if (0..slots).contains(&k) {
+                ((of >> (8 * k)) & 0xff) as u8
+            } else {
+                0
+            }
+        };
         let lo = (0..slots).find(|&k| slot(k, bytes) != 0)?;
         let hi = (0..slots).rev().find(|&k| slot(k, bytes) != 0)?;
-        // Slots a neighbour's bytes may be in, by (watched for loads already, distance from
-        // the stored bytes, offset).
-        let mut near: Vec<(bool, i64, i64)> = (0..slots)
-            .filter(|&k| slot(k, bytes) != 0xff)
+        if lo == 0 && hi == slots - 1 {
+            return None;
+        }
+        let words = |mut pick: Vec<i64>| {
+            pick.sort_unstable();
+            pick.into_iter()
+                .map(|k| (self.line_of(line) + 8 * k as u64, 8))
+                .collect()
+        };
+        // Slots not yet watched for loads that a neighbour's bytes may be in, by (distance
+        // from the thread's bytes, offset): one it has part of at either end first (it
+        // watches the thread too), gaps between its bytes last (a thread that stores
+        // sparsely, a histogram's counters, leaves gaps that are its own data).
+        let mut fresh: Vec<(i64, i64)> = (0..slots)
+            .filter(|&k| slot(k, bytes) != 0xff && slot(k, l.rw_watched) == 0)
             .map(|k| {
                 let dist = if k < lo {
                     lo - k
                 } else if k > hi {
                     k - hi
+                } else if k == lo || k == hi {
+                    0
                 } else {
-                    0 // a gap in its bytes, or a slot it stores part of
+                    slots
                 };
-                (slot(k, l.rw_watched) != 0, dist, k)
+                (dist, k)
             })
             .collect();
-        if near.is_empty() {
-            return None;
+        if l.rw_watched != 0 && !fresh.is_empty() {
+            fresh.sort_unstable();
+            let mut pick: Vec<i64> = fresh.iter().take(FRONT_WORDS - 1).map(|f| f.1).collect();
+            if !pick.iter().any(|&k| slot(k, bytes) != 0) {
+                // One of the thread's slots, next to the nearest pick.
+                pick.push(if pick[0] < lo { lo } else { hi });
+            }
+            return Some(words(pick));
         }
-        near.sort_unstable();
-        let mut pick: Vec<i64> = near.iter().take(FRONT_WORDS).map(|n| n.2).collect();
-        if !pick.iter().any(|&k| slot(k, bytes) != 0) {
-            // One stored slot, next to the first pick.
-            pick.truncate(FRONT_WORDS - 1);
-            pick.push(if pick[0] < lo { lo } else { hi });
+        // (edge, direction outward)
+        let mut pick: Vec<i64> = Vec::new();
+        for (edge, out) in [(lo, -1), (hi, 1)] {
+            let beyond = edge + out;
+            if !(0..slots).contains(&beyond) {
+                continue;
+            }
+            let pair = if slot(beyond, l.watched) != 0 {
+                [edge, beyond]
+            } else {
+                [beyond, beyond + out]
+            };
+            for k in pair {
+                if (0..slots).contains(&k) && !pick.contains(&k) {
+                    pick.push(k);
+                }
+            }
         }
-        let fresh = pick
-            .iter()
-            .any(|&k| slot(k, bytes) != 0xff && slot(k, l.rw_watched) == 0);
-        pick.sort_unstable();
-        Some((
-            pick.into_iter()
-                .map(|k| (self.line_of(line) + 8 * k as u64, 8))
-                .collect(),
-            fresh,
-        ))
+        pick.truncate(FRONT_WORDS);
+        Some(words(pick))
     }
 
     /// Where the open code window last saw its instructions share a line: of the lines two
@@ -977,9 +1008,10 @@ mod tests {
         );
     }
 
-    /// One thread storing bytes [24, 40) in every window: probe the slots around it, nearest
-    /// first, with one of its own; then the slots no read+write window has watched yet.
-    /// Not once another thread has been seen, nor for a thread that only loaded.
+    /// One thread storing bytes [24, 40) in every window: probe the slots at and beyond its
+    /// edges, [16, 48) — where a neighbour that only loads would be; once a probe has seen
+    /// it alone, the slots no probe has watched. Not once another thread has been seen, nor
+    /// for a thread that only loaded.
     #[test]
     fn edge_probe_watches_around_one_storing_thread() {
         // One store-only window watching `watched`, in which thread 1 stores 8 bytes at each
@@ -994,44 +1026,49 @@ mod tests {
             e.end_window(L, 1_000);
             e
         };
+        // A read+write window on `slots` in which thread 1 stores at `off` again.
+        let probed = |e: &mut Estimator, slots: &[u64], off: u64, t: u64| {
+            e.begin_window(L, t);
+            let bytes = slots.iter().fold(0, |b, k| b | byte_mask(8 * *k as u32, 8));
+            e.note_watched(L, bytes, false);
+            e.observe(&a(1, Op::Store, off, t + 1));
+            e.end_window(L, t + 1_000);
+        };
         let words =
             |slots: &[u64]| -> Vec<(u64, u32)> { slots.iter().map(|k| (L + 8 * k, 8)).collect() };
         let mut e = stores(u128::MAX >> 64, &[24, 32, 24, 32]); // the whole line watched
-                                                                // Slots 2 and 5 next to its bytes, then 1 (the lower of the two at distance 2), and
-                                                                // its own slot 3 next to the first.
-        assert_eq!(e.edge_probe(L), Some((words(&[1, 2, 3, 5]), true)));
-        // Only [0, 32) watched, stores at [24, 32): what lies beyond it is as near.
+        let middle = words(&[2, 3, 4, 5]);
+        assert_eq!(e.edge_probe(L), Some(middle.clone()));
+        // Only [0, 32) watched, stores at [24, 32): the upper edge is where watching
+        // stopped, so the two slots beyond it, [32, 48); the lower is known, [16, 32).
         assert_eq!(
             stores(byte_mask(0, 32), &[24]).edge_probe(L),
-            Some((words(&[1, 2, 3, 4]), true))
+            Some(middle.clone())
         );
-        // At the line's start: the three slots after it.
+        // At the line's start, its first slot watched: one edge, that slot and the next.
         assert_eq!(
             stores(byte_mask(0, 16), &[0]).edge_probe(L),
-            Some((words(&[0, 1, 2, 3]), true))
+            Some(words(&[0, 1]))
         );
+        // The probe saw it alone: three of the slots no probe has watched, nearest first
+        // (1 and 6, then the lower of 0 and 7), with one of its own next to them.
+        probed(&mut e, &[2, 3, 4, 5], 24, 2_000);
+        assert_eq!(e.edge_probe(L), Some(words(&[0, 1, 3, 6])));
         // linear_regression -O0: one struct's five sums in slots 1-5; the next struct's
-        // pointer, read on every iteration, is slot 7, beyond the word at its edge.
-        assert_eq!(
-            stores(u128::MAX >> 64, &[8, 16, 24, 32, 40]).edge_probe(L),
-            Some((words(&[0, 1, 6, 7]), true))
-        );
-        // The probe saw the storer alone: the next one watches the slots it did not.
-        e.begin_window(L, 2_000);
-        e.note_watched(L, byte_mask(8, 24) | byte_mask(40, 8), false);
-        e.observe(&a(1, Op::Store, 24, 2_001));
-        e.end_window(L, 3_000);
-        assert_eq!(e.edge_probe(L), Some((words(&[0, 4, 6, 7]), true)));
-        // Every slot around it watched for loads: the nearest again, nothing new.
-        e.begin_window(L, 4_000);
-        e.note_watched(
-            L,
-            byte_mask(0, 8) | byte_mask(32, 8) | byte_mask(48, 16),
-            false,
-        );
-        e.observe(&a(1, Op::Store, 32, 4_001));
-        e.end_window(L, 5_000);
-        assert_eq!(e.edge_probe(L), Some((words(&[1, 2, 3, 5]), false)));
+        // pointer, read on every iteration, is slot 7, beyond the word at the edge (6).
+        let mut lr = stores(u128::MAX >> 64, &[8, 16, 24, 32, 40]);
+        assert_eq!(lr.edge_probe(L), Some(words(&[0, 1, 5, 6])));
+        probed(&mut lr, &[0, 1, 5, 6], 8, 2_000);
+        assert_eq!(lr.edge_probe(L), Some(words(&[5, 7])));
+        // Every slot around it watched for loads: its edges again.
+        probed(&mut lr, &[5, 7], 40, 4_000);
+        assert_eq!(lr.edge_probe(L), Some(words(&[0, 1, 5, 6])));
+        // Sparse stores in slots 0, 2 and 3 (a histogram's counters): after the edge probe,
+        // the slots after them; the gap, slot 1, is the thread's own data and comes last.
+        let mut h = stores(u128::MAX >> 64, &[0, 16, 24]);
+        assert_eq!(h.edge_probe(L), Some(words(&[3, 4])));
+        probed(&mut h, &[3, 4], 24, 2_000);
+        assert_eq!(h.edge_probe(L), Some(words(&[3, 5, 6, 7])));
         // A thread storing the whole line leaves no neighbour.
         assert_eq!(
             stores(u128::MAX >> 64, &[0, 8, 16, 24, 32, 40, 48, 56]).edge_probe(L),
