@@ -170,10 +170,8 @@ pub struct Steering {
     counting: bool,
     /// What the armed store-only survey turn watches (a target from the plan).
     surveying: Option<WatchCandidate>,
-    /// The line the armed probe watches, and the lines probed so far.
-    probing: Option<u64>,
-    /// The words the armed probe watches.
-    probe_words: Option<Vec<(u64, u32)>>,
+    /// What the armed probe watches, and the lines probed so far.
+    probing: Option<WatchCandidate>,
     probed: HashMap<u64, Probed>,
     /// Survey targets (by key) whose turns one thread alone filled ([`SURVEY_RETRIES`]).
     alone: HashMap<(u64, u64), Alone>,
@@ -365,14 +363,13 @@ impl Steering {
         // watched the line): the word a neighbour reads need not be next to the stores, and
         // the line's next survey turn can be most of a second away. Once only: each window
         // on a line one thread uses delays the survey of the others.
-        if let Some(line) = self.probing.take() {
-            if let Some(p) = self.probed.get_mut(&line) {
+        if let Some(probe) = self.probing.take() {
+            if let Some(p) = self.probed.get_mut(&probe.line_addr) {
                 p.saw_two |= hits > self.hits_at_start && watcher.last_hitters() >= 2;
                 if !p.saw_two && p.tries == 1 {
-                    let watched = self.probe_words.take();
                     if let Some(c) = detector
-                        .edge_probe(line)
-                        .filter(|c| watched.as_ref() != Some(&c.words))
+                        .edge_probe(probe.line_addr)
+                        .filter(|c| c.words != probe.words)
                     {
                         return self.arm_probe(watcher, c, now, hits);
                     }
@@ -591,9 +588,8 @@ impl Steering {
         watcher
             .arm(&specs)
             .with_context(|| format!("arming an edge probe on line {line:#x}"))?;
-        self.probe_words = Some(c.words);
         self.idle = false;
-        self.probing = Some(line);
+        self.probing = Some(c);
         self.begin_turn(Turn::Probe, now, hits, &specs);
         Ok(())
     }

@@ -493,33 +493,35 @@ impl Estimator {
                 .map(|k| (self.line_of(line) + 8 * k as u64, 8))
                 .collect()
         };
-        // Slots not yet watched for loads that a neighbour's bytes may be in, by (distance
-        // from the thread's bytes, offset): one it has part of at either end first (it
-        // watches the thread too), gaps between its bytes last (a thread that stores
-        // sparsely, a histogram's counters, leaves gaps that are its own data).
-        let mut fresh: Vec<(i64, i64)> = (0..slots)
-            .filter(|&k| slot(k, bytes) != 0xff && slot(k, l.rw_watched) == 0)
-            .map(|k| {
-                let dist = if k < lo {
-                    lo - k
-                } else if k > hi {
-                    k - hi
-                } else if k == lo || k == hi {
-                    0
-                } else {
-                    slots
-                };
-                (dist, k)
-            })
-            .collect();
-        if l.rw_watched != 0 && !fresh.is_empty() {
+        if l.rw_watched != 0 {
+            // Slots not yet watched for loads that a neighbour's bytes may be in, by
+            // (distance from the thread's bytes, offset): one it has part of at either end
+            // first (it watches the thread too), gaps between its bytes last (a thread that
+            // stores sparsely, a histogram's counters, leaves gaps that are its own data).
+            let mut fresh: Vec<(i64, i64)> = (0..slots)
+                .filter(|&k| slot(k, bytes) != 0xff && slot(k, l.rw_watched) == 0)
+                .map(|k| {
+                    let dist = if k < lo {
+                        lo - k
+                    } else if k > hi {
+                        k - hi
+                    } else if k == lo || k == hi {
+                        0
+                    } else {
+                        slots
+                    };
+                    (dist, k)
+                })
+                .collect();
             fresh.sort_unstable();
             let mut pick: Vec<i64> = fresh.iter().take(FRONT_WORDS - 1).map(|f| f.1).collect();
-            if !pick.iter().any(|&k| slot(k, bytes) != 0) {
-                // One of the thread's slots, next to the nearest pick.
-                pick.push(if pick[0] < lo { lo } else { hi });
+            if let Some(&first) = pick.first() {
+                if !pick.iter().any(|&k| slot(k, bytes) != 0) {
+                    // One of the thread's slots, next to the nearest pick.
+                    pick.push(if first < lo { lo } else { hi });
+                }
+                return Some(words(pick));
             }
-            return Some(words(pick));
         }
         // (edge, direction outward)
         let mut pick: Vec<i64> = Vec::new();
