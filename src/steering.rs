@@ -393,11 +393,11 @@ impl Steering {
         // that only reads, which store-only windows cannot see (Phoenix histogram -O0: one
         // thread reads its header every pixel from the line where the other increments a
         // counter on 4% of them).
-        // (`surveying` is set only while a survey turn from the plan is armed.)
+        // (`surveying` is set only while a survey turn from the plan is armed: no probe is
+        // due without one.)
         let probe = self.edge_probe_due(watcher, detector, hits, now);
-        let surveyed = self.surveying.take();
-        let probe = probe.zip(surveyed);
-        if let Some((c, _)) = probe {
+        self.surveying = None;
+        if let Some(c) = probe {
             return self.arm_probe(watcher, c, now, hits);
         }
         // Code turns take every other turn while an instruction is due for one.
