@@ -4,15 +4,16 @@
 //!  laser                                   child
 //!  ─────                                   ─────
 //!  resolve argv[0] on $PATH
-//!  fork ─────────────────────────────────▶ read(go) … blocks
+//!  clone(CLONE_VM) ──────────────────────▶ read(go) … blocks
 //!  open events on child pid (per CPU,
 //!    inherit, enable_on_exec)
 //!  write(go) ────────────────────────────▶ execv(prog)  ── events enable here
 //!  read(err): EOF = exec succeeded   ◀──── (on failure) write(err, errno); _exit(127)
 //! ```
 //!
-//! The child runs only async-signal-safe calls between fork and exec (read, execv, write,
-//! _exit): laser may be multithreaded and another thread may hold the malloc lock.
+//! The child runs in laser's memory until its exec, as a `posix_spawn` child does (see
+//! `child_main`), and makes only async-signal-safe calls there (read, execve, write, _exit):
+//! laser is multithreaded and another thread may hold the malloc lock.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
@@ -33,13 +34,23 @@ pub enum ExitStatus {
     Unknown,
 }
 
-/// A forked child parked before `execv`.
-#[derive(Debug)]
+/// A child parked before `execve`.
 pub struct Stopped {
     pub pid: i32,
     program: String,
     go: Option<OwnedFd>,
     err: OwnedFd,
+    /// What the child reads until its exec (`None` once it has exec'd or been reaped).
+    child: Option<Box<ChildMem>>,
+}
+
+impl std::fmt::Debug for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stopped")
+            .field("pid", &self.pid)
+            .field("program", &self.program)
+            .finish_non_exhaustive()
+    }
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd), DriverError> {
@@ -52,7 +63,7 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), DriverError> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// Finds the file `execvp` would run, so "not found" is known before forking.
+/// Finds the file `execvp` would run, so "not found" is known before the child exists.
 pub fn resolve_program(program: &OsStr, path_var: Option<&OsStr>) -> Result<PathBuf, String> {
     if program.as_bytes().contains(&b'/') {
         return Ok(PathBuf::from(program));
@@ -85,7 +96,7 @@ pub struct ChildSetup {
     pub inherit_fds: Vec<i32>,
 }
 
-/// Forks a child that waits for [`Stopped::release`] before exec'ing `argv`.
+/// Starts a child that waits for [`Stopped::release`] before exec'ing `argv`.
 pub fn spawn_stopped(argv: &[OsString]) -> Result<Stopped, DriverError> {
     spawn_stopped_with(argv, &ChildSetup::default())
 }
@@ -110,7 +121,7 @@ pub fn spawn_stopped_with(argv: &[OsString], setup: &ChildSetup) -> Result<Stopp
     let c_args = argv.iter().map(|a| nul(a)).collect::<Result<Vec<_>, _>>()?;
     let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
     c_argv.push(std::ptr::null());
-    // The environment is built before the fork: the child may only call async-signal-safe
+    // The environment is built before the clone: the child may only call async-signal-safe
     // functions, so it cannot allocate.
     let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
         .filter(|(k, _)| !setup.env.iter().any(|(n, _)| n == k))
@@ -137,51 +148,38 @@ pub fn spawn_stopped_with(argv: &[OsString], setup: &ChildSetup) -> Result<Stopp
     };
     let (go_r, go_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
-    // SAFETY: fork has no preconditions; the child below only calls async-signal-safe
-    // functions on memory prepared before the fork.
-    let pid = unsafe { libc::fork() };
+    let mut child = Box::new(ChildMem {
+        args: ChildArgs {
+            path: c_path,
+            argv: c_argv,
+            envp: c_envp,
+            inherit,
+            empty_mask,
+            go_r: go_r.as_raw_fd(),
+            go_w: go_w.as_raw_fd(),
+            err_r: err_r.as_raw_fd(),
+            err_w: err_w.as_raw_fd(),
+        },
+        _args: c_args,
+        _env: c_env,
+        stack: ChildStack::new()?,
+    });
+    let arg = &mut child.args as *mut ChildArgs as *mut libc::c_void;
+    // SAFETY: the child runs `child_main` on its own stack in laser's address space
+    // (CLONE_VM) with a copy of laser's descriptor table and signal handlers (no
+    // CLONE_FILES, no CLONE_SIGHAND); everything it reads is owned by `child`, which the
+    // returned handle keeps until the child has exec'd or been reaped. SIGCHLD makes it an
+    // ordinary child for waitpid.
+    let pid = unsafe {
+        libc::clone(
+            child_main,
+            child.stack.top(),
+            libc::CLONE_VM | libc::SIGCHLD,
+            arg,
+        )
+    };
     if pid < 0 {
-        return Err(DriverError::io("fork", io::Error::last_os_error()));
-    }
-    if pid == 0 {
-        // SAFETY (whole block): child side of fork. Only close/signal/sigprocmask/read/fcntl/
-        // execve/write/_exit are called, all async-signal-safe; the pointers are to CStrings and a
-        // sigset prepared before the fork, alive for the whole block.
-        unsafe {
-            libc::close(go_w.as_raw_fd());
-            libc::close(err_r.as_raw_fd());
-            // The program must start with default signal state, as from a shell: Rust sets
-            // SIGPIPE to SIG_IGN (ignored dispositions survive exec) and laser's threads may
-            // block signals (the mask survives exec too). std::process::Command does the same.
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-            libc::sigprocmask(libc::SIG_SETMASK, &empty_mask, std::ptr::null_mut());
-            let mut b = 0u8;
-            let n = loop {
-                let n = libc::read(go_r.as_raw_fd(), &mut b as *mut u8 as *mut libc::c_void, 1);
-                if n < 0 && *libc::__errno_location() == libc::EINTR {
-                    continue;
-                }
-                break n;
-            };
-            if n != 1 {
-                // laser gave up (dropped the handle) before releasing us.
-                libc::_exit(127);
-            }
-            for &fd in &inherit {
-                let flags = libc::fcntl(fd, libc::F_GETFD);
-                if flags >= 0 {
-                    libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
-                }
-            }
-            libc::execve(c_path.as_ptr(), c_argv.as_ptr(), c_envp.as_ptr());
-            let errno = *libc::__errno_location();
-            libc::write(
-                err_w.as_raw_fd(),
-                &errno as *const i32 as *const libc::c_void,
-                4,
-            );
-            libc::_exit(127);
-        }
+        return Err(DriverError::io("clone", io::Error::last_os_error()));
     }
     drop(go_r);
     drop(err_w);
@@ -190,7 +188,137 @@ pub fn spawn_stopped_with(argv: &[OsString], setup: &ChildSetup) -> Result<Stopp
         program,
         go: Some(go_w),
         err: err_r,
+        child: Some(child),
     })
+}
+
+/// What the parked child reads before its exec: it shares laser's memory (`CLONE_VM`), so
+/// this stays alive, in the [`Stopped`] handle, until the exec happened or the child was
+/// reaped.
+struct ChildMem {
+    args: ChildArgs,
+    /// The strings `args`' pointer arrays point into.
+    _args: Vec<CString>,
+    _env: Vec<CString>,
+    stack: ChildStack,
+}
+
+/// `child_main`'s argument: plain data and descriptor numbers only.
+struct ChildArgs {
+    path: CString,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+    inherit: Vec<i32>,
+    empty_mask: libc::sigset_t,
+    go_r: i32,
+    go_w: i32,
+    err_r: i32,
+    err_w: i32,
+}
+
+/// The parked child's stack, unmapped on drop.
+struct ChildStack {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+impl ChildStack {
+    /// Enough for `child_main` and the libc calls it makes (a few syscall wrappers).
+    const LEN: usize = 64 * 1024;
+
+    fn new() -> Result<Self, DriverError> {
+        // SAFETY: an anonymous private mapping; the kernel picks the address.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                Self::LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(DriverError::io(
+                "mapping the launched child's stack",
+                io::Error::last_os_error(),
+            ));
+        }
+        #[cfg(test)]
+        LIVE_STACKS.with(|n| n.set(n.get() + 1));
+        Ok(ChildStack {
+            base,
+            len: Self::LEN,
+        })
+    }
+
+    /// The stack grows down from its end (16-byte aligned: a page boundary).
+    fn top(&self) -> *mut libc::c_void {
+        // SAFETY: one past the end of the mapping, which is what clone wants.
+        unsafe { (self.base as *mut u8).add(self.len) as *mut libc::c_void }
+    }
+}
+
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`.
+        unsafe { libc::munmap(self.base, self.len) };
+        #[cfg(test)]
+        LIVE_STACKS.with(|n| n.set(n.get() - 1));
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Child stacks this thread mapped and has not unmapped yet.
+    static LIVE_STACKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The child between its creation and its exec: waits for [`Stopped::release`], then execs.
+///
+/// It runs in laser's address space (`CLONE_VM`, as `posix_spawn` does) rather than in a
+/// forked copy: a fork write-protects all of laser's memory, and every page laser and its
+/// threads then wrote took a fault and, laser having several threads, a TLB shootdown
+/// interrupt on the other CPUs, some 1–2 ms of laser's CPU at each launch, taken from the
+/// program that had just started on those CPUs. Only async-signal-safe libc calls that touch
+/// nothing of laser's but the errno of the thread that cloned it (the TLS is shared): close,
+/// signal, sigprocmask, read, fcntl, execve, write, _exit. Descriptors and signal
+/// dispositions are the child's own copies.
+extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY (whole body): `arg` is the `ChildArgs` the parent keeps alive until this child
+    // has exec'd or exited; the pointers in it are to CStrings it owns.
+    unsafe {
+        let a = &*(arg as *const ChildArgs);
+        libc::close(a.go_w);
+        libc::close(a.err_r);
+        // The program must start with default signal state, as from a shell: Rust sets
+        // SIGPIPE to SIG_IGN (ignored dispositions survive exec) and laser's threads may
+        // block signals (the mask survives exec too). std::process::Command does the same.
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::sigprocmask(libc::SIG_SETMASK, &a.empty_mask, std::ptr::null_mut());
+        let mut b = 0u8;
+        let n = loop {
+            let n = libc::read(a.go_r, &mut b as *mut u8 as *mut libc::c_void, 1);
+            if n < 0 && *libc::__errno_location() == libc::EINTR {
+                continue;
+            }
+            break n;
+        };
+        if n != 1 {
+            // laser gave up (dropped the handle) before releasing us.
+            libc::_exit(127);
+        }
+        for &fd in &a.inherit {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+            }
+        }
+        libc::execve(a.path.as_ptr(), a.argv.as_ptr(), a.envp.as_ptr());
+        let errno = *libc::__errno_location();
+        libc::write(a.err_w, &errno as *const i32 as *const libc::c_void, 4);
+        libc::_exit(127)
+    }
 }
 
 impl Stopped {
@@ -228,10 +356,13 @@ impl Stopped {
             got += n as usize;
         }
         if got == 0 {
+            // Exec'd (or killed before it): nothing of laser's is in use by it any more.
+            self.child = None;
             return Ok(self.pid);
         }
         let errno = i32::from_ne_bytes(buf);
         let _ = wait(self.pid, false);
+        self.child = None;
         self.pid = -1;
         if errno == libc::ENOENT {
             return Err(DriverError::ProgramNotFound {
@@ -249,9 +380,14 @@ impl Stopped {
 impl Drop for Stopped {
     fn drop(&mut self) {
         // Not released (an event failed to open): closing `go` makes the child _exit(127);
-        // reap it so no zombie is left.
-        if self.go.take().is_some() && self.pid > 0 {
-            let _ = wait(self.pid, false);
+        // reap it so no zombie is left, and only then free what it ran on.
+        let reaped = self.go.take().is_some() && self.pid > 0 && wait(self.pid, false).is_ok();
+        if !reaped {
+            // A child not known to be gone may still be parked on this memory (a release
+            // whose wake-up failed): leave it mapped.
+            if let Some(c) = self.child.take() {
+                std::mem::forget(c);
+            }
         }
     }
 }
@@ -352,6 +488,26 @@ mod tests {
         let e = spawn_stopped(&[OsString::from("no-such-prog-xyz")]).unwrap_err();
         assert!(matches!(e, DriverError::ProgramNotFound { .. }), "{e}");
         assert!(matches!(spawn_stopped(&[]), Err(DriverError::EmptyCommand)));
+    }
+
+    /// The parked child runs in laser's memory on a stack of its own, mapped for it: each
+    /// launch frees that once the child has exec'd, failed to, or been dropped unreleased.
+    #[test]
+    fn launches_leave_no_child_stack_behind() {
+        let run = |argv: &[&str]| {
+            let argv: Vec<OsString> = argv.iter().map(Into::into).collect();
+            spawn_stopped(&argv).unwrap()
+        };
+        let live = || LIVE_STACKS.with(|n| n.get());
+        let s = run(&["true"]);
+        assert_eq!(live(), 1, "parked on its stack");
+        let pid = s.release().unwrap();
+        assert_eq!(live(), 0, "exec'd");
+        assert_eq!(wait(pid, false).unwrap(), Some(ExitStatus::Code(0)));
+        assert!(run(&["/tmp"]).release().is_err());
+        assert_eq!(live(), 0, "failed exec");
+        drop(run(&["true"]));
+        assert_eq!(live(), 0, "dropped unreleased");
     }
 
     #[test]
