@@ -15,6 +15,7 @@
 //! arrays, typedefs), so a byte offset maps to a path like `acc[1].sum_x`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use gimli::AttributeValue;
 
@@ -37,6 +38,8 @@ pub struct DataIndex {
     /// Sorted by address.
     vars: Vec<GlobalVar>,
     types: TypeTable,
+    /// The DWARF whose globals are not read yet ([`DataIndex::types_first`]).
+    pending: Option<Arc<Dwarf>>,
 }
 
 /// One object (variable or data symbol) with contended bytes on the line.
@@ -91,33 +94,68 @@ fn span_mask(start: u32, end: u32) -> u128 {
 impl DataIndex {
     /// Reads every statically addressed variable and its type from `.debug_info`.
     pub fn from_dwarf(dwarf: &Dwarf) -> Result<Self, gimli::Error> {
-        let mut b = Builder::default();
+        let mut index = DataIndex::default();
+        index.read_globals(dwarf)?;
+        Ok(index)
+    }
+
+    /// An index whose type table is filled as types are asked for, and whose globals are read
+    /// only when one is looked up ([`DataIndex::typed_global_at`], or
+    /// [`DataIndex::read_pending`] before naming). Typing an instruction's access through a
+    /// pointer in a register needs only the types of its function's variables: reading every
+    /// global of glibc's separate debug info for that (a barrier's counter, a mutex's lock
+    /// word) took 50–90 ms of laser's thread after parsec streamcluster had exited, one run in
+    /// two (benchmarks/RESULTS.md, twenty-seventh session).
+    pub(crate) fn types_first(dwarf: Arc<Dwarf>) -> Self {
+        DataIndex {
+            pending: Some(dwarf),
+            ..DataIndex::default()
+        }
+    }
+
+    /// Reads the globals of a [`DataIndex::types_first`] index, if not read yet.
+    pub(crate) fn read_pending(&mut self) {
+        if let Some(dwarf) = self.pending.take() {
+            // As `from_dwarf`: a bad unit header keeps what was read before it.
+            let _ = self.read_globals(&dwarf);
+        }
+    }
+
+    /// Adds the globals of `dwarf`'s units (in `.debug_info` order, which keys the type
+    /// table) to the index, their types to the table as it stands.
+    fn read_globals(&mut self, dwarf: &Dwarf) -> Result<(), gimli::Error> {
+        let mut b = Builder {
+            vars: Vec::new(),
+            types: std::mem::take(&mut self.types),
+        };
         let mut units = dwarf.units();
         let mut uidx = 0usize;
-        while let Some(header) = units.next()? {
-            let unit = dwarf.unit(header)?;
-            // One bad unit must not lose the others.
-            let _ = b.unit(dwarf, &unit, uidx);
-            uidx += 1;
-        }
+        let r = (|| {
+            while let Some(header) = units.next()? {
+                let unit = dwarf.unit(header)?;
+                // One bad unit must not lose the others.
+                let _ = b.unit(dwarf, &unit, uidx);
+                uidx += 1;
+            }
+            Ok(())
+        })();
         let mut vars = b.vars;
         vars.sort_by(|a, b| (a.addr, &a.name).cmp(&(b.addr, &b.name)));
         vars.dedup_by(|later, earlier| later.addr == earlier.addr && later.name == earlier.name);
-        let mut index = DataIndex {
-            vars,
-            types: b.types,
-        };
-        for i in 0..index.vars.len() {
-            if index.vars[i].size == 0 {
-                index.vars[i].size = index.vars[i].ty.map_or(0, |t| index.types.size(t, 0));
+        self.vars = vars;
+        self.types = b.types;
+        for i in 0..self.vars.len() {
+            if self.vars[i].size == 0 {
+                self.vars[i].size = self.vars[i].ty.map_or(0, |t| self.types.size(t, 0));
             }
         }
-        Ok(index)
+        r
     }
 
     /// The global variable covering `addr` with a DWARF type: its name, type, and address
     /// (for [`crate::naming::access_type`]), and the type table to read that type in.
-    pub(crate) fn typed_global_at(&self, addr: u64) -> Option<(&str, TypeId, u64)> {
+    pub(crate) fn typed_global_at(&mut self, addr: u64) -> Option<(&str, TypeId, u64)> {
+        self.read_pending();
         let v = &self.vars[self.var_at(addr)?];
         Some((v.name.as_str(), v.ty?, v.addr))
     }
@@ -394,6 +432,7 @@ mod tests {
                 types,
                 ..TypeTable::default()
             },
+            pending: None,
         }
     }
 

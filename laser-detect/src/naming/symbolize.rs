@@ -263,13 +263,15 @@ impl Symbolizer {
     ) -> Option<LineData> {
         let m = self.module(module)?;
         let index = Self::data_index(&mut m.data, &m.debug);
+        index.read_pending();
         Some(index.name_line(&m.debug.symbols, line_vaddr, line_size, mask))
     }
 
-    /// The module's global index, built on first use.
+    /// The module's type table and global index, made on first use; its globals are read
+    /// when first needed ([`DataIndex::types_first`]).
     fn data_index<'a>(data: &'a mut Option<DataIndex>, debug: &DebugModule) -> &'a mut DataIndex {
         data.get_or_insert_with(|| match &debug.dwarf {
-            Some(dwarf) => DataIndex::from_dwarf(dwarf).unwrap_or_default(),
+            Some(dwarf) => DataIndex::types_first(dwarf.clone()),
             None => DataIndex::default(),
         })
     }
