@@ -185,3 +185,62 @@ fn by_type_and_by_field_views() {
     let back = Report::from_json(&r.to_json()).unwrap();
     assert_eq!(render_types(&back), render_types(&r));
 }
+
+/// An instruction in a system library is not typed (that would read all of the library's
+/// debug info: glibc's, for a barrier's counter, took 50–100 ms of laser after the program
+/// had exited), and the coverage says why; the program's own access on the line still is.
+#[test]
+fn system_library_code_is_left_untyped_and_counted() {
+    let b = build_with(
+        EXE,
+        "types.c",
+        EXE,
+        &["gcc", "-g", "-O0", "-pthread", "-o", EXE, "types.c"],
+    );
+    let mut libc = access(Some(0x9_1000), Op::Rmw, bytes(32..40), 2000, 2);
+    libc.code = Location::Module {
+        path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
+        vaddr: 0x9_1000,
+    };
+    let analysis = Analysis {
+        backend: BackendKind::Soft,
+        duration_s: 1.0,
+        samples: 10_000,
+        lost: 0,
+        throttles: 0,
+        filtered: 0,
+        line_size: 64,
+        findings: vec![line(
+            0x5555_5555_a2c0,
+            Kind::FalseSharing,
+            vec![
+                access(Some(store(&b, "@sx")), Op::Rmw, bytes(24..32), 3000, 1),
+                libc,
+            ],
+        )],
+        modules: vec![],
+        notes: vec![],
+        survey: None,
+        concurrency: None,
+    };
+    let opts = ReportOptions {
+        threshold: 100.0,
+        ..ReportOptions::default()
+    };
+    let r = build_report(&analysis, &mut b.symbolizer(), &opts);
+    let sources = &r.findings[0].sources;
+    let lib = sources
+        .iter()
+        .find(|s| s.module.as_deref() == Some("/usr/lib/x86_64-linux-gnu/libc.so.6"))
+        .unwrap();
+    assert_eq!(lib.untyped.as_deref(), Some("system library code"));
+    assert!(lib.data_type.is_none());
+    let own = sources.iter().find(|s| s.data_type.is_some()).unwrap();
+    assert_eq!(
+        own.data_type.as_ref().unwrap().type_name,
+        "struct lreg_args"
+    );
+    let c = r.coverage.as_ref().unwrap();
+    assert_eq!((c.accesses, c.typed), (2, 1));
+    assert_eq!(c.untyped[0].reason, "system library code");
+}

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::model::findings::{Analysis, CallSite, LineFinding, Location, SourceAccess};
 use crate::model::migratory::Extent;
 use crate::naming::access_type::TypedAccess;
+use crate::naming::alloc_site::is_system_module;
 use crate::naming::dataname::LineData;
 use crate::naming::heap_names::HeapBlocks;
 use crate::naming::symbolize::Symbolizer;
@@ -337,6 +338,12 @@ fn type_source(s: &mut Source, data: &Data, sym: &mut Symbolizer, layouts: &mut 
             None => Err("no bytes"),
         },
         _ => match (&s.module, s.offset) {
+            // A system library's accesses are typed only where the program's own data is
+            // named (its globals above, its own instructions): typing one instruction of
+            // glibc (a barrier's counter) walks all of glibc's separate debug info, 50–100
+            // ms of laser after the program has exited (parsec streamcluster, one run in
+            // two), for the type of glibc's own argument (`pthread_barrier_t`).
+            (Some(m), Some(_)) if is_system_module(m) => Err("system library code"),
             (Some(m), Some(pc)) => sym.type_access(m, pc),
             _ => Err("code not in a file"),
         },
