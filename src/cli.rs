@@ -178,18 +178,19 @@ pub struct MonitorArgs {
     #[arg(long = "watch-addr", value_name = "ADDR[:LEN]", value_parser = parse_watch_addr)]
     pub watch_addr: Vec<(u64, u32)>,
     /// How much longer the watchpoints may make the program take, in percent of its time:
-    /// their traps at most this (in CPU time and in wall time), and the slowdown of armed
-    /// debug registers on string copies at most three quarters of it. Lower costs less and
-    /// rates fewer lines per second of run; sampling (~1%) comes on top.
+    /// what their windows cost (see --watch-cost-model) at most this, in CPU time and in wall
+    /// time, and the slowdown of armed debug registers on string copies at most three
+    /// quarters of it. Lower costs less and rates fewer lines per second of run; sampling
+    /// and laser's start come on top (the whole: ≤ 2% on the real programs).
     #[arg(long = "watch-budget", value_name = "PERCENT", default_value_t = laser_driver::duty::DEFAULT_MAX_SLOWDOWN * 100.0, value_parser = parse_budget_percent)]
     pub watch_budget: f64,
-    /// What the watch budget is charged with: `traps` (each priced as measured with a
-    /// wake-up of laser per hit, about twice the trap alone on a VM, standing in for the
-    /// windows' other costs) or `full` (the trap alone, plus laser's work opening and
-    /// closing the window events, plus the watched threads' context switches while armed,
-    /// each of which reloads the debug registers). `full` keeps barrier-heavy programs
-    /// within the budget; it gives them fewer windows.
-    #[arg(long = "watch-cost-model", value_name = "MODEL", default_value = "traps", value_parser = parse_cost_model)]
+    /// What the watch budget is charged with: `full` (the trap alone, plus laser's work
+    /// opening and closing the window events, plus the watched threads' context switches
+    /// while armed, each of which reloads the debug registers: what a window really costs,
+    /// which keeps barrier-heavy programs within the budget) or `traps` (each trap priced as
+    /// measured with a wake-up of laser per hit, about twice the trap alone on a VM, standing
+    /// in for the windows' other costs; the default before 2026-11-28).
+    #[arg(long = "watch-cost-model", value_name = "MODEL", default_value = "full", value_parser = parse_cost_model)]
     pub watch_cost_model: laser_driver::CostModel,
 }
 

@@ -246,10 +246,13 @@ pub fn watch_cost_note(
         traps * 1e3
     );
     let parts = match duty.model {
-        laser_driver::CostModel::Traps => trap_text,
+        laser_driver::CostModel::Traps => format!(
+            "{trap_text} (--watch-cost-model traps: each trap priced with a wake-up of laser, \
+             standing in for the windows' other costs)"
+        ),
         laser_driver::CostModel::Full => format!(
             "{trap_text}, laser's work on the window events {:.1} ms, {} context switch(es) \
-             of watched threads {:.1} ms (--watch-cost-model full)",
+             of watched threads {:.1} ms",
             ops * 1e3,
             stats.switches,
             switches * 1e3,

@@ -63,7 +63,7 @@ const SURVEY_REFRESH: Duration = Duration::from_millis(300);
 /// with no trap to show for it (fast strings off: [`laser_detect::model::armed_cost`]). The
 /// trap budget covers the traps; this covers the rest. Sampling costs ~1%; with this the
 /// whole run stays within the 2–3% goal on programs that copy with `rep movs`. As a share of
-/// the trap budget (`--watch-budget`): 1.5% at the default 2%.
+/// the trap budget (`--watch-budget`): 0.75% at the default 1%.
 const ARMED_COST_SHARE: f64 = 0.75;
 /// A survey target whose turn ended early with one thread alone trapped (a window it filled
 /// with its stores) is surveyed again after this long at the earliest, ahead of the plan's

@@ -245,32 +245,40 @@ fn watch_cost(report: &serde_json::Value) -> Option<(u64, f64)> {
     Some((traps, pct))
 }
 
-/// `--watch-cost-model full` charges the budget with laser's work on the window events and
-/// the watched threads' context switches as well as the traps (each priced without a wake-up
-/// per hit), and the note says all three; the whole stays within the budget.
+/// The default cost model (`full`) charges the budget with laser's work on the window events
+/// and the watched threads' context switches as well as the traps (each priced without a
+/// wake-up per hit), and the note says all three; `traps` prices each trap with a wake-up
+/// instead, and the note says so. Either way the whole stays within the budget.
 #[test]
-fn the_full_cost_model_charges_event_work_and_switches_within_the_budget() {
+fn both_cost_models_stay_within_the_budget_and_the_note_says_which() {
     let _serial = exclusive();
     let (bin, _) = fs_program();
-    let (o, out) = run_to_json(
-        "full-model.json",
-        &["--watch-cost-model", "full"],
-        bin,
-        &["1.5"],
-    );
-    let t = text(&o);
-    assert_eq!(o.status.code(), Some(0), "{t}");
-    let report = json(&out);
-    let note = notes(&report)
-        .into_iter()
-        .find(|n| n.starts_with("watchpoint cost:"))
-        .unwrap_or_else(|| panic!("no watchpoint cost note: {report:#}\n{t}"));
-    assert!(
-        note.contains("laser's work on the window events") && note.contains("context switch"),
-        "{note}"
-    );
-    let (traps, pct) = watch_cost(&report).unwrap();
-    assert!(traps > 0 && pct <= 2.1, "{traps} traps, {pct}%: {note}");
+    for (model, says) in [
+        ("full", "context switch(es) of watched threads"),
+        ("traps", "--watch-cost-model traps"),
+    ] {
+        let (o, out) = run_to_json(
+            &format!("{model}-model.json"),
+            &["--watch-cost-model", model, "--watch-budget", "2"],
+            bin,
+            &["1.5"],
+        );
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(0), "{t}");
+        let report = json(&out);
+        let note = notes(&report)
+            .into_iter()
+            .find(|n| n.starts_with("watchpoint cost:"))
+            .unwrap_or_else(|| panic!("no watchpoint cost note: {report:#}\n{t}"));
+        assert!(note.contains(says), "{model}: {note}");
+        assert_eq!(
+            note.contains("laser's work on the window events"),
+            model == "full",
+            "{note}"
+        );
+        let (traps, pct) = watch_cost(&report).unwrap();
+        assert!(traps > 0 && pct <= 2.1, "{traps} traps, {pct}%: {note}");
+    }
     let o = laser(&["run", "--watch-cost-model", "all", "--", "true"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
@@ -285,13 +293,14 @@ fn the_watch_budget_bounds_what_traps_cost_and_the_report_says_it() {
     let _serial = exclusive();
     let (bin, _) = fs_program();
     let mut seen = Vec::new();
-    for budget in ["0.5", "2"] {
-        let (o, out) = run_to_json(
-            &format!("budget-{budget}.json"),
-            &["--watch-budget", budget],
-            bin,
-            &["1.5"],
-        );
+    // The default first: 1%, charged with all a window costs (`--watch-cost-model full`).
+    for budget in ["1", "0.5", "2"] {
+        let args: &[&str] = if seen.is_empty() {
+            &[]
+        } else {
+            &["--watch-budget", budget]
+        };
+        let (o, out) = run_to_json(&format!("budget-{budget}.json"), args, bin, &["1.5"]);
         let t = text(&o);
         assert_eq!(o.status.code(), Some(0), "{t}");
         let report = json(&out);
@@ -307,10 +316,21 @@ fn the_watch_budget_bounds_what_traps_cost_and_the_report_says_it() {
             traps > 0 && pct <= b + 0.1,
             "budget {budget}%: {traps} traps, {pct}%\n{t}"
         );
+        if seen.is_empty() {
+            let note = notes(&report)
+                .into_iter()
+                .find(|n| n.starts_with("watchpoint cost:"))
+                .unwrap();
+            assert!(
+                note.contains("(budget 1%, --watch-budget)")
+                    && note.contains("laser's work on the window events"),
+                "{note}"
+            );
+        }
         seen.push(traps);
     }
     // Surveys and the hot line spend the whole budget: a quarter of it is far fewer traps.
-    assert!(seen[0] < seen[1], "traps at 0.5% and 2%: {seen:?}");
+    assert!(seen[1] < seen[2], "traps at 1%, 0.5% and 2%: {seen:?}");
 
     let o = laser(&["run", "--watch-budget", "0", "--", "true"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
