@@ -91,15 +91,9 @@ fn report(b: &Built) -> Report {
     let misses = Some(store(b, "@misses"));
     let failed = Some(store(b, "@failed"));
     let chase = Some(store(b, "@chase"));
-    let analysis = Analysis {
-        backend: BackendKind::Soft,
-        duration_s: 1.0,
-        samples: 10_000,
-        lost: 0,
-        throttles: 0,
-        filtered: 0,
-        line_size: 64,
-        findings: vec![
+    report_of(
+        b,
+        vec![
             // One lreg_args, SX written by T1 and SY by T2 (16 bytes into the line).
             line(
                 0x5555_5555_a2c0,
@@ -147,6 +141,20 @@ fn report(b: &Built) -> Report {
                 ],
             ),
         ],
+    )
+}
+
+/// The report of a one-second soft-backend analysis with these findings, at threshold 100.
+fn report_of(b: &Built, findings: Vec<LineFinding>) -> Report {
+    let analysis = Analysis {
+        backend: BackendKind::Soft,
+        duration_s: 1.0,
+        samples: 10_000,
+        lost: 0,
+        throttles: 0,
+        filtered: 0,
+        line_size: 64,
+        findings,
         modules: vec![],
         notes: vec![],
         survey: None,
@@ -202,15 +210,9 @@ fn system_library_code_is_left_untyped_and_counted() {
         path: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
         vaddr: 0x9_1000,
     };
-    let analysis = Analysis {
-        backend: BackendKind::Soft,
-        duration_s: 1.0,
-        samples: 10_000,
-        lost: 0,
-        throttles: 0,
-        filtered: 0,
-        line_size: 64,
-        findings: vec![line(
+    let r = report_of(
+        &b,
+        vec![line(
             0x5555_5555_a2c0,
             Kind::FalseSharing,
             vec![
@@ -218,16 +220,7 @@ fn system_library_code_is_left_untyped_and_counted() {
                 libc,
             ],
         )],
-        modules: vec![],
-        notes: vec![],
-        survey: None,
-        concurrency: None,
-    };
-    let opts = ReportOptions {
-        threshold: 100.0,
-        ..ReportOptions::default()
-    };
-    let r = build_report(&analysis, &mut b.symbolizer(), &opts);
+    );
     let sources = &r.findings[0].sources;
     let lib = sources
         .iter()

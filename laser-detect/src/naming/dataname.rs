@@ -104,7 +104,7 @@ impl DataIndex {
     /// [`DataIndex::read_pending`] before naming). Typing an instruction's access through a
     /// pointer in a register needs only the types of its function's variables: reading every
     /// global of glibc's separate debug info for that (a barrier's counter, a mutex's lock
-    /// word) took 50–90 ms of laser's thread after parsec streamcluster had exited, one run in
+    /// word) took ~40–50 ms of laser's thread after parsec streamcluster had exited, one run in
     /// two (benchmarks/RESULTS.md, twenty-seventh session).
     pub(crate) fn types_first(dwarf: Arc<Dwarf>) -> Self {
         DataIndex {
