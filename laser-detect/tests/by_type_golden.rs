@@ -199,8 +199,9 @@ fn by_type_and_by_field_views() {
 /// had exited), and the coverage says why; the program's own access on the line still is.
 #[test]
 fn system_library_code_is_left_untyped_and_counted() {
+    // Its own build directory: the tests of this file run in parallel.
     let b = build_with(
-        EXE,
+        "types_syslib",
         "types.c",
         EXE,
         &["gcc", "-g", "-O0", "-pthread", "-o", EXE, "types.c"],
