@@ -181,7 +181,8 @@ pub struct MonitorArgs {
     /// what their windows cost (see --watch-cost-model) at most this, in CPU time and in wall
     /// time, and the slowdown of armed debug registers on string copies at most three
     /// quarters of it. Lower costs less and rates fewer lines per second of run; sampling
-    /// and laser's start come on top (the whole: ≤ 2% on the real programs).
+    /// and laser's start come on top (the whole run: 2.6% geomean on the real programs,
+    /// benchmarks/RESULTS.md).
     #[arg(long = "watch-budget", value_name = "PERCENT", default_value_t = laser_driver::duty::DEFAULT_MAX_SLOWDOWN * 100.0, value_parser = parse_budget_percent)]
     pub watch_budget: f64,
     /// What the watch budget is charged with: `full` (the trap alone, plus laser's work
