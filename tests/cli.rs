@@ -294,8 +294,8 @@ fn the_watch_budget_bounds_what_traps_cost_and_the_report_says_it() {
     let (bin, _) = fs_program();
     let mut seen = Vec::new();
     // The default first: 1%, charged with all a window costs (`--watch-cost-model full`).
-    for budget in ["1", "0.5", "2"] {
-        let args: &[&str] = if seen.is_empty() {
+    for (budget, default) in [("1", true), ("0.5", false), ("2", false)] {
+        let args: &[&str] = if default {
             &[]
         } else {
             &["--watch-budget", budget]
@@ -316,7 +316,7 @@ fn the_watch_budget_bounds_what_traps_cost_and_the_report_says_it() {
             traps > 0 && pct <= b + 0.1,
             "budget {budget}%: {traps} traps, {pct}%\n{t}"
         );
-        if seen.is_empty() {
+        if default {
             let note = notes(&report)
                 .into_iter()
                 .find(|n| n.starts_with("watchpoint cost:"))

@@ -128,17 +128,8 @@ impl DataIndex {
             vars: Vec::new(),
             types: std::mem::take(&mut self.types),
         };
-        let mut units = dwarf.units();
-        let mut uidx = 0usize;
-        let r = (|| {
-            while let Some(header) = units.next()? {
-                let unit = dwarf.unit(header)?;
-                // One bad unit must not lose the others.
-                let _ = b.unit(dwarf, &unit, uidx);
-                uidx += 1;
-            }
-            Ok(())
-        })();
+        // What was read before a bad unit header is kept, and so is the type table.
+        let r = b.units(dwarf);
         let mut vars = b.vars;
         vars.sort_by(|a, b| (a.addr, &a.name).cmp(&(b.addr, &b.name)));
         vars.dedup_by(|later, earlier| later.addr == earlier.addr && later.name == earlier.name);
@@ -294,6 +285,20 @@ fn linkage_name(
 }
 
 impl Builder {
+    /// Every unit in `.debug_info` order (its index keys the type table), until a unit
+    /// header cannot be read.
+    fn units(&mut self, dwarf: &Dwarf) -> Result<(), gimli::Error> {
+        let mut units = dwarf.units();
+        let mut uidx = 0usize;
+        while let Some(header) = units.next()? {
+            let unit = dwarf.unit(header)?;
+            // One bad unit must not lose the others.
+            let _ = self.unit(dwarf, &unit, uidx);
+            uidx += 1;
+        }
+        Ok(())
+    }
+
     fn unit(&mut self, dwarf: &Dwarf, unit: &Unit, uidx: usize) -> Result<(), gimli::Error> {
         let mut cursor = unit.entries();
         // Enclosing namespaces as (depth, name), to qualify C++ globals.
