@@ -73,8 +73,9 @@ impl Facts {
     pub fn gather_for(request: Request) -> Facts {
         let mut f = match request {
             Request::Auto | Request::Backend(BackendKind::Pebs | BackendKind::Ibs) => {
-                let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-                Facts::from_tree(&DirTree::system(), &cpuinfo)
+                Facts::from_tree_with(&DirTree::system(), || {
+                    std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default()
+                })
             }
             Request::Backend(_) => Facts {
                 pebs: Err("not examined".into()),
@@ -94,11 +95,25 @@ impl Facts {
     /// The PEBS and IBS facts of a machine whose PMU directory is `tree` and whose
     /// `/proc/cpuinfo` reads `cpuinfo`; soft and watch are assumed to open.
     pub fn from_tree(tree: &dyn SysfsTree, cpuinfo: &str) -> Facts {
+        Facts::from_tree_with(tree, || cpuinfo.to_string())
+    }
+
+    /// [`Facts::from_tree`], reading `/proc/cpuinfo` (`cpuinfo()`) only where an IBS PMU
+    /// exists: only IBS's plan asks which CPU this is, and the read takes 50–120 µs of every
+    /// `laser run` here (the kernel asks each CPU for its frequency).
+    fn from_tree_with(tree: &dyn SysfsTree, cpuinfo: impl FnOnce() -> String) -> Facts {
         // The PMUs the PEBS and IBS plans look at (`pebs::core_pmus`, `ibs::plan`).
         let pmus = sysfs::read_named(tree, |n| {
             matches!(n, "cpu" | "cpu_core" | "cpu_atom" | "ibs_op")
         });
-        let cpu = CpuId::parse(cpuinfo);
+        let has_ibs = pmus
+            .as_ref()
+            .is_ok_and(|p| p.iter().any(|p| p.name == "ibs_op"));
+        let cpu = if has_ibs {
+            CpuId::parse(&cpuinfo())
+        } else {
+            None
+        };
         let pebs = pmus
             .as_ref()
             .map_err(PmuError::to_string)
@@ -330,6 +345,31 @@ mod tests {
         let m = decide(&f, Request::Auto).unwrap_err().to_string();
         assert!(m.contains("permission denied"), "{m}");
         assert!(decide(&f, Request::Backend(BackendKind::Watch)).is_ok());
+    }
+
+    #[test]
+    fn cpuinfo_is_read_only_where_ibs_may_need_it() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sysfs");
+        let read = std::cell::Cell::new(0);
+        let read = &read;
+        let cpuinfo = |name: &str| {
+            let text = std::fs::read_to_string(root.join(name).join("cpuinfo")).unwrap();
+            move || {
+                read.set(read.get() + 1);
+                text
+            }
+        };
+        for name in ["kvm-no-pmu", "skylake-sp"] {
+            let tree = DirTree(root.join(name).join("devices"));
+            let f = Facts::from_tree_with(&tree, cpuinfo(name));
+            assert!(f.ibs.is_err(), "{name}");
+        }
+        assert_eq!(read.get(), 0, "no ibs_op PMU: /proc/cpuinfo is not read");
+        // With an IBS PMU the CPU's identity still decides (Zen 3's IBS is refused).
+        let tree = DirTree(root.join("zen3").join("devices"));
+        let f = Facts::from_tree_with(&tree, cpuinfo("zen3"));
+        assert_eq!(read.get(), 1);
+        assert!(f.ibs.unwrap_err().contains("Zen 3"));
     }
 
     #[test]
