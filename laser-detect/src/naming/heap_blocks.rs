@@ -48,8 +48,10 @@ pub const ALIGN: u64 = 16;
 pub const HEAP_MAX: u64 = 64 << 20;
 /// A walk gives up after this much heap between its first chunk and the line.
 pub const SCAN_CAP: u64 = 64 << 20;
-/// Bytes read per memory access of the walk (headers of many small chunks per read).
+/// Bytes read per memory access of the walk (headers of many small chunks per read)…
 const WINDOW: usize = 64 << 10;
+/// …and at least, where chunks are larger than the reads ([`Walk::header`]).
+const MIN_WINDOW: usize = 256;
 /// `heap_info` is at least 4 words; the first chunk of a thread heap is after it and, in an
 /// arena's first heap, after the `malloc_state` (2,200 bytes in glibc 2.26–2.38).
 const THREAD_HEAP_FIRST_MIN: u64 = 32;
@@ -319,6 +321,12 @@ pub struct Walk {
     blocks: Vec<Block>,
     window: Vec<u8>,
     window_base: u64,
+    /// The size of the next read, and how many headers the current window gave.
+    window_len: usize,
+    served: u32,
+    /// The chunk header examined last: where a walk to a later line may start
+    /// ([`Walk::resume_point`]).
+    last_header: Option<u64>,
 }
 
 /// What a walk step came to.
@@ -341,7 +349,28 @@ impl Walk {
             blocks: Vec::new(),
             window: Vec::new(),
             window_base: 0,
+            window_len: WINDOW,
+            served: 0,
+            last_header: None,
         }
+    }
+
+    /// A walk to `line` that starts at `start`, a chunk header of `arena` at or below the
+    /// line that a walk of the same memory just reached ([`Walk::resume_point`]), rather than
+    /// at the arena's first chunk.
+    pub fn resuming(arena: Arena, start: u64, line: u64, line_size: u64) -> Walk {
+        let mut w = Walk::new(arena, line, line_size);
+        if (arena.first_chunk..=line).contains(&start) {
+            w.cur = start;
+        }
+        w
+    }
+
+    /// Once done: the header of the last chunk that starts below the line's end, from which a
+    /// walk to any later line of this arena may go on (the chunk may reach into that line).
+    /// `None` after a fencepost (nothing lies beyond) or before any header was read.
+    pub fn resume_point(&self) -> Option<u64> {
+        self.last_header.filter(|&h| h < self.cur)
     }
 
     pub fn arena(&self) -> Arena {
@@ -359,7 +388,19 @@ impl Walk {
         let in_window =
             addr >= self.window_base && addr + 16 <= self.window_base + self.window.len() as u64;
         if !in_window {
-            let want = (self.arena.end.saturating_sub(addr)).min(WINDOW as u64) as usize;
+            // A window that gave one header sat inside one chunk: the chunks here are larger
+            // than the reads, so the next reads shrink towards one header's worth (a heap of
+            // megabyte arrays was read at 64 KiB per chunk: most of laser's CPU while kmeans
+            // ran went to copying them); a window that gave many grows back.
+            if !self.window.is_empty() {
+                self.window_len = match self.served {
+                    0 | 1 => (self.window_len / 8).max(MIN_WINDOW),
+                    2..=7 => self.window_len,
+                    _ => (self.window_len * 4).min(WINDOW),
+                };
+            }
+            self.served = 0;
+            let want = (self.arena.end.saturating_sub(addr)).min(self.window_len as u64) as usize;
             if want < 16 {
                 return Err(HeapError::Unreadable { addr, len: 16 });
             }
@@ -381,6 +422,7 @@ impl Walk {
         let off = (addr - self.window_base) as usize;
         let mut h = [0u8; 16];
         h.copy_from_slice(&self.window[off..off + 16]);
+        self.served += 1;
         Ok(Some(h))
     }
 
@@ -412,6 +454,7 @@ impl Walk {
             let size = field & !FLAGS;
             if a.kind == ArenaKind::Thread && size == ALIGN {
                 // Fencepost: nothing of this heap's chain lies beyond.
+                self.last_header = None;
                 if self.blocks.is_empty() {
                     return Err(HeapError::EndedBefore {
                         at: self.cur,
@@ -428,6 +471,7 @@ impl Walk {
                 });
             }
             check_size(self.cur, size, a.end)?;
+            self.last_header = Some(self.cur);
             let next = self.cur + size;
             let user = self.cur + 16;
             let (usable, state) = if mmapped {

@@ -306,3 +306,36 @@ fn a_walk_resumes_across_small_budgets() {
         Err(HeapError::TooFar { .. })
     ));
 }
+
+/// A [`Memory`] that counts the bytes asked of it.
+struct Counting<'a>(Image<'a>, u64);
+
+impl Memory for Counting<'_> {
+    fn read(&mut self, addr: u64, buf: &mut [u8]) -> usize {
+        self.1 += buf.len() as u64;
+        self.0.read(addr, buf)
+    }
+}
+
+#[test]
+fn large_chunks_are_stepped_over_without_reading_them() {
+    // 40 chunks of 1 MiB (a program's arrays), a few small ones, and the line after them.
+    let mut chunks = vec![(0x10_0000u64, true); 40];
+    chunks.extend([(0x20, true); 64]);
+    chunks.push((0x1000, true));
+    let bytes = image(&chunks, 0);
+    let r = maps(&[(BASE, BASE + bytes.len() as u64, "[heap]")]);
+    let line = BASE + 40 * 0x10_0000 + 0x400;
+    let mut mem = Counting(
+        Image {
+            base: BASE,
+            bytes: &bytes,
+        },
+        0,
+    );
+    let got = blocks_on_line(&r, &mut mem, line, 64, 64 << 20).unwrap();
+    let users: Vec<i64> = got.iter().map(|b| b.user as i64 - line as i64).collect();
+    assert_eq!(users, [-0x10, 0x10, 0x30]);
+    // 64 KiB per chunk would be 2.6 MB; the reads shrink to a few hundred bytes per chunk.
+    assert!(mem.1 < 200 << 10, "{} bytes read", mem.1);
+}
