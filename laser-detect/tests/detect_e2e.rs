@@ -711,3 +711,40 @@ fn a_contended_line_stays_in_the_survey_until_a_window_watches_it() {
     d.watch_window_end(LINE, 2_010_000_000);
     assert!(!surveyed(&d));
 }
+
+#[test]
+fn a_window_that_fell_in_a_short_phase_of_another_kind_does_not_decide_the_kind() {
+    // The samples of the whole run: two threads storing to their own words of LINE (false
+    // sharing), as streamcluster's work_mem is while pgain runs.
+    let (code, c, r) = program();
+    let cfg = Config {
+        trap_cost_ns: 0,
+        ..Config::default()
+    };
+    let mut d = Detector::new(cfg, code);
+    d.add_maps(PID, MAPS);
+    for e in stream(&c, &r, 100) {
+        d.feed(&e);
+    }
+    // One window, in the short phase where both threads write the same word (its reduction).
+    let t0 = 3_000_000_000u64;
+    d.watch_window_begin(LINE, t0);
+    for i in 0..10u64 {
+        d.feed(&watch(1, t0 + 10 + 4 * i, c[3], LINE));
+        d.feed(&watch(2, t0 + 12 + 4 * i, c[3], LINE));
+    }
+    d.watch_window_end(LINE, t0 + 1_000_000);
+    let a = d.finish();
+    let f = a.findings.iter().find(|f| f.line_addr == LINE).unwrap();
+    assert_eq!(f.events, 19, "the rate is still the window's");
+    assert!(
+        f.true_events >= 19,
+        "the window's true transfers are counted: {f:?}"
+    );
+    assert!(f.false_events > 4 * f.true_events, "{f:?}");
+    assert_eq!(
+        f.kind,
+        Kind::FalseSharing,
+        "the run's phases decide, not the window's"
+    );
+}
