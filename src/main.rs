@@ -61,7 +61,9 @@ fn main() {
 /// such calls, and a trivial `laser run` took 0.3 ms longer (medians of 100 side by side,
 /// `benchmarks/RESULTS.md`). One arena for all threads saves as much but would share its lock
 /// between the monitor and the SCHED_IDLE DWARF prefetcher, which the program's threads can
-/// keep off the CPU while it holds it.
+/// keep off the CPU while it holds it. (Setting the pad turns off glibc's sliding mmap
+/// threshold, so blocks of 128 KiB and more are mapped afresh each time; laser's page faults
+/// over a kmeans run were the same with the threshold raised to 32 MiB: 660 and 661.)
 fn grow_heaps_in_large_steps() {
     // SAFETY: mallopt only sets a tunable; called before any other thread exists.
     unsafe {
