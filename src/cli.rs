@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgMatches, Args, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -27,24 +27,78 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Launch a program, monitor it, and print a contention report when it exits.
-    Run(RunArgs),
+    Run(Deferred<RunArgs>),
     /// Launch a program and record its sample stream to a file for later analysis.
-    Record(RecordArgs),
+    Record(Deferred<RecordArgs>),
     /// Analyse a recording made by `laser record`.
-    Report(ReportArgs),
+    Report(Deferred<ReportArgs>),
     /// Monitor a process that is already running.
-    Attach(AttachArgs),
+    Attach(Deferred<AttachArgs>),
     /// Print which sampling backends this machine supports, and why.
     Backends,
     /// Print a recording's header and events, one per line (for debugging and scripts).
-    Dump(DumpArgs),
+    Dump(Deferred<DumpArgs>),
     /// Repair false sharing in a running process (or undo laser's repairs there).
-    Repair(RepairArgs),
+    Repair(Deferred<RepairArgs>),
     /// Compare two JSON reports: findings new, gone, better or worse (matched by source
     /// lines and data name, not addresses).
-    Diff(DiffArgs),
+    Diff(Deferred<DiffArgs>),
     /// Analyse a perf.data recorded elsewhere with `perf c2c record` / `perf mem record`.
-    Import(ImportArgs),
+    Import(Deferred<ImportArgs>),
+}
+
+/// A subcommand's arguments, added to the command line's definition only when that
+/// subcommand is the one given (`clap::Command::defer`). Otherwise clap builds every
+/// subcommand's arguments at each start: 0.24 ms of every `laser run` here, more than the
+/// parsing itself (benchmarks/RESULTS.md, twenty-eighth session). `--help` still lists every
+/// subcommand with its summary; `laser SUB --help` builds that one.
+#[derive(Debug)]
+pub struct Deferred<T>(pub T);
+
+impl<T: Args> Args for Deferred<T> {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        cmd.defer(|c| keeping_about(c, T::augment_args))
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        cmd.defer(|c| keeping_about(c, T::augment_args_for_update))
+    }
+
+    fn group_id() -> Option<clap::Id> {
+        T::group_id()
+    }
+}
+
+impl<T: FromArgMatches> FromArgMatches for Deferred<T> {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        T::from_arg_matches(m).map(Deferred)
+    }
+
+    fn from_arg_matches_mut(m: &mut ArgMatches) -> Result<Self, clap::Error> {
+        T::from_arg_matches_mut(m).map(Deferred)
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches(m)
+    }
+
+    fn update_from_arg_matches_mut(&mut self, m: &mut ArgMatches) -> Result<(), clap::Error> {
+        self.0.update_from_arg_matches_mut(m)
+    }
+}
+
+/// `augment(cmd)` with `cmd`'s own summary kept: deferred, the arguments are added after the
+/// subcommand's `about`, and a flattened group's doc comment would replace it.
+fn keeping_about(cmd: clap::Command, augment: fn(clap::Command) -> clap::Command) -> clap::Command {
+    let (about, long) = (cmd.get_about().cloned(), cmd.get_long_about().cloned());
+    let mut cmd = augment(cmd);
+    if let Some(a) = about {
+        cmd = cmd.about(a);
+    }
+    if let Some(l) = long {
+        cmd = cmd.long_about(l);
+    }
+    cmd
 }
 
 /// How the report (or diff) is printed on stdout.
@@ -562,6 +616,32 @@ mod tests {
     use clap::CommandFactory;
 
     #[test]
+    fn deferred_subcommands_keep_their_summary_and_build_their_arguments_when_asked() {
+        let mut cli = Cli::command();
+        for (name, about) in [
+            ("run", "Launch a program, monitor it"),
+            ("attach", "Monitor a process that is already running"),
+            ("repair", "Repair false sharing in a running process"),
+        ] {
+            let sub = cli.find_subcommand_mut(name).unwrap();
+            // Rendering the help builds the subcommand, deferred arguments and all.
+            let help = sub.render_help().to_string();
+            assert!(help.starts_with(about), "{name}: {help}");
+            assert!(
+                help.contains("--json"),
+                "{name}'s arguments were added: {help}"
+            );
+        }
+        // Parsing builds only the subcommand given, and parses it as before.
+        let cli = Cli::try_parse_from(["laser", "run", "--freq", "99", "./app"]).unwrap();
+        let Command::Run(Deferred(r)) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!((r.monitor.freq, r.command.len()), (Some(99), 1));
+        Cli::command().debug_assert();
+    }
+
+    #[test]
     fn watch_addr_takes_aligned_words_of_debug_register_sizes() {
         assert_eq!(parse_watch_addr("0x404040:4"), Ok((0x404040, 4)));
         assert_eq!(
@@ -582,7 +662,7 @@ mod tests {
     #[test]
     fn whole_cpu_sampling_is_the_default_and_takes_an_attached_value_only() {
         let run = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
-            Command::Run(r) => (r.monitor.sample_cpus, r.command),
+            Command::Run(Deferred(r)) => (r.monitor.sample_cpus, r.command),
             _ => panic!("not a run"),
         };
         assert_eq!(
@@ -619,7 +699,7 @@ mod tests {
     fn run_keeps_program_arguments_verbatim() {
         let cli =
             Cli::try_parse_from(["laser", "run", "--", "./app", "-x", "--json", "y"]).unwrap();
-        let Command::Run(r) = cli.command else {
+        let Command::Run(Deferred(r)) = cli.command else {
             panic!("not run")
         };
         assert_eq!(r.command, ["./app", "-x", "--json", "y"]);
@@ -629,7 +709,7 @@ mod tests {
     #[test]
     fn analysis_defaults_match_the_flags() {
         let cli = Cli::try_parse_from(["laser", "report", "x.laser"]).unwrap();
-        let Command::Report(r) = cli.command else {
+        let Command::Report(Deferred(r)) = cli.command else {
             panic!("not report")
         };
         let d = AnalysisArgs::default();
@@ -651,7 +731,7 @@ mod tests {
             "x.laser",
         ])
         .unwrap();
-        let Command::Report(r) = cli.command else {
+        let Command::Report(Deferred(r)) = cli.command else {
             panic!("not report")
         };
         assert_eq!(
@@ -666,7 +746,7 @@ mod tests {
     fn repair_takes_hex_or_decimal_pcs_and_one_action() {
         let cli =
             Cli::try_parse_from(["laser", "repair", "-p", "7", "--pc", "0x10", "32"]).unwrap();
-        let Command::Repair(r) = cli.command else {
+        let Command::Repair(Deferred(r)) = cli.command else {
             panic!("not repair")
         };
         assert_eq!((r.pid, r.pc), (7, vec![16, 32]));
@@ -682,7 +762,7 @@ mod tests {
             "0",
         ])
         .unwrap();
-        let Command::Repair(r) = cli.command else {
+        let Command::Repair(Deferred(r)) = cli.command else {
             panic!("not repair")
         };
         assert_eq!(r.min_stores_per_flush, 0.0);
@@ -709,7 +789,7 @@ mod tests {
     #[test]
     fn run_and_attach_repair_flags() {
         let cli = Cli::try_parse_from(["laser", "run", "--repair", "--", "./app"]).unwrap();
-        let Command::Run(r) = cli.command else {
+        let Command::Run(Deferred(r)) = cli.command else {
             panic!("not run")
         };
         assert!(r.repair);
@@ -728,7 +808,7 @@ mod tests {
             "--repair",
         ])
         .unwrap();
-        let Command::Run(r) = cli.command else {
+        let Command::Run(Deferred(r)) = cli.command else {
             panic!("not run")
         };
         assert_eq!(r.repair_after, Duration::from_secs(2));
@@ -743,12 +823,12 @@ mod tests {
             assert!(Cli::try_parse_from(bad).is_err(), "{bad:?} accepted");
         }
         let cli = Cli::try_parse_from(["laser", "attach", "-p", "9", "--repair"]).unwrap();
-        let Command::Attach(a) = cli.command else {
+        let Command::Attach(Deferred(a)) = cli.command else {
             panic!("not attach")
         };
         assert!(a.repair && a.duration.is_none());
         let cli = Cli::try_parse_from(["laser", "attach", "-p", "9"]).unwrap();
-        let Command::Attach(a) = cli.command else {
+        let Command::Attach(Deferred(a)) = cli.command else {
             panic!("not attach")
         };
         assert!(!a.repair);

@@ -36,15 +36,15 @@ fn main() {
         == Some(ValueSource::CommandLine);
     monitor::install_signal_handlers();
     let result = match cli.command {
-        cli::Command::Run(a) => commands::run(a),
-        cli::Command::Record(a) => commands::record(a),
-        cli::Command::Report(a) => commands::report(a, threshold_given),
-        cli::Command::Attach(a) => commands::attach(a),
+        cli::Command::Run(a) => commands::run(a.0),
+        cli::Command::Record(a) => commands::record(a.0),
+        cli::Command::Report(a) => commands::report(a.0, threshold_given),
+        cli::Command::Attach(a) => commands::attach(a.0),
         cli::Command::Backends => backend::list().map(|()| exit::OK),
-        cli::Command::Dump(a) => recording::dump(&a.input, a.limit).map(|()| exit::OK),
-        cli::Command::Repair(a) => repair::run(a),
-        cli::Command::Diff(a) => diff::run(a),
-        cli::Command::Import(a) => import::run(a),
+        cli::Command::Dump(a) => recording::dump(&a.0.input, a.0.limit).map(|()| exit::OK),
+        cli::Command::Repair(a) => repair::run(a.0),
+        cli::Command::Diff(a) => diff::run(a.0),
+        cli::Command::Import(a) => import::run(a.0),
     };
     match result {
         Ok(code) => std::process::exit(code),
