@@ -68,11 +68,7 @@ int main(int argc, char **argv)
     struct bench_args a = bench_parse(argc, argv, 600, MAX_THREADS);
     rounds = a.size;
     pthread_barrier_init(&barrier, NULL, (unsigned)a.threads);
-    pthread_t tid[MAX_THREADS];
-    for (int t = 0; t < a.threads; t++)
-        pthread_create(&tid[t], NULL, thread_main, (void *)(intptr_t)t);
-    for (int t = 0; t < a.threads; t++)
-        pthread_join(tid[t], NULL);
+    run_threads(a.threads, thread_main, NULL, 1); /* thread t gets (void *)t */
     uint64_t sum = 0;
     for (int t = 0; t < a.threads; t++)
         sum = mix64(sum ^ results[t * 16] ^ (uint64_t)SLOT(t));

@@ -256,6 +256,19 @@ fn another_threads_stack_is_shared_data_where_a_thread_reaches_it() {
     assert_eq!(d.filter_stats().stack_data, 200);
 }
 
+/// A detector over [`program`] with the target's maps, counting no trap time (the watch
+/// tests' windows are synthetic), and the instruction addresses of the counter and reader.
+fn watch_detector() -> (Detector<MemoryCode>, Vec<u64>, Vec<u64>) {
+    let (code, c, r) = program();
+    let cfg = Config {
+        trap_cost_ns: 0,
+        ..Config::default()
+    };
+    let mut d = Detector::new(cfg, code);
+    d.add_maps(PID, MAPS);
+    (d, c, r)
+}
+
 fn watch(tid: u32, time: u64, ip_after: u64, addr: u64) -> Event {
     Event::Sample(Sample {
         backend: BackendKind::Watch,
@@ -275,13 +288,7 @@ fn watch(tid: u32, time: u64, ip_after: u64, addr: u64) -> Event {
 
 #[test]
 fn watch_windows_give_the_rate() {
-    let (code, c, _) = program();
-    let cfg = Config {
-        trap_cost_ns: 0,
-        ..Config::default()
-    };
-    let mut d = Detector::new(cfg, code);
-    d.add_maps(PID, MAPS);
+    let (mut d, c, _) = watch_detector();
     // A 10 ms window in which the two threads alternate stores: 100 rounds → 199 transfers.
     d.watch_window_begin(LINE, 0);
     let mut t = 0;
@@ -307,13 +314,7 @@ fn watch_windows_give_the_rate() {
 fn the_recorded_hit_cost_corrects_the_armed_time() {
     // The same 10 ms window as above, but the driver measured 20 µs per hit: the busiest
     // thread trapped 100 times, so the threads really ran 8 ms unslowed, not 10.
-    let (code, c, _) = program();
-    let cfg = Config {
-        trap_cost_ns: 0,
-        ..Config::default()
-    };
-    let mut d = Detector::new(cfg, code);
-    d.add_maps(PID, MAPS);
+    let (mut d, c, _) = watch_detector();
     d.feed(&Event::WatchCost {
         time: 0,
         hit_ns: 20_000,
@@ -341,13 +342,7 @@ fn watch_windows_that_saw_one_thread_each_keep_the_sampled_count() {
     // Soft samples found false sharing on LINE; then two windows, each filled by one
     // thread's burst (its trap budget spent before the other came by): they saw no transfer
     // because they could not, and the line must not vanish from the report.
-    let (code, c, r) = program();
-    let cfg = Config {
-        trap_cost_ns: 0,
-        ..Config::default()
-    };
-    let mut d = Detector::new(cfg, code);
-    d.add_maps(PID, MAPS);
+    let (mut d, c, r) = watch_detector();
     for e in stream(&c, &r, 100) {
         d.feed(&e);
     }
@@ -529,13 +524,7 @@ fn fork_copies_the_address_space_and_exec_resets_it() {
 
 #[test]
 fn soft_run_with_watch_windows_rates_watched_lines_from_the_windows() {
-    let (code, c, r) = program();
-    let cfg = Config {
-        trap_cost_ns: 0,
-        ..Config::default()
-    };
-    let mut d = Detector::new(cfg, code);
-    d.add_maps(PID, MAPS);
+    let (mut d, c, r) = watch_detector();
     // Soft samples: false sharing on LINE; a second falsely shared line, never watched.
     let other = HEAP + 0x3000;
     for e in stream(&c, &r, 100) {
@@ -716,13 +705,7 @@ fn a_contended_line_stays_in_the_survey_until_a_window_watches_it() {
 fn a_window_that_fell_in_a_short_phase_of_another_kind_does_not_decide_the_kind() {
     // The samples of the whole run: two threads storing to their own words of LINE (false
     // sharing), as streamcluster's work_mem is while pgain runs.
-    let (code, c, r) = program();
-    let cfg = Config {
-        trap_cost_ns: 0,
-        ..Config::default()
-    };
-    let mut d = Detector::new(cfg, code);
-    d.add_maps(PID, MAPS);
+    let (mut d, c, r) = watch_detector();
     for e in stream(&c, &r, 100) {
         d.feed(&e);
     }
