@@ -370,7 +370,7 @@ impl Walk {
     /// walk to any later line of this arena may go on (the chunk may reach into that line).
     /// `None` after a fencepost (nothing lies beyond) or before any header was read.
     pub fn resume_point(&self) -> Option<u64> {
-        self.last_header.filter(|&h| h < self.cur)
+        self.last_header
     }
 
     pub fn arena(&self) -> Arena {
