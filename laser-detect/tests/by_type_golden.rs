@@ -8,10 +8,9 @@
 mod report_common;
 
 use iced_x86::{Decoder, DecoderOptions, OpKind, Register};
-use laser_detect::model::findings::{Analysis, Kind, LineFinding, Location, Op, SourceAccess};
+use laser_detect::model::findings::{Kind, LineFinding, Location, Op, SourceAccess};
 use laser_detect::report::by_type::{render_fields, render_types};
 use laser_detect::{build_report, Report, ReportOptions};
-use laser_driver::BackendKind;
 use report_common::{build_with, golden, line_instructions, marker_in, Built};
 
 const EXE: &str = "types_golden";
@@ -146,20 +145,7 @@ fn report(b: &Built) -> Report {
 
 /// The report of a one-second soft-backend analysis with these findings, at threshold 100.
 fn report_of(b: &Built, findings: Vec<LineFinding>) -> Report {
-    let analysis = Analysis {
-        backend: BackendKind::Soft,
-        duration_s: 1.0,
-        samples: 10_000,
-        lost: 0,
-        throttles: 0,
-        filtered: 0,
-        line_size: 64,
-        findings,
-        modules: vec![],
-        notes: vec![],
-        survey: None,
-        concurrency: None,
-    };
+    let analysis = report_common::soft_analysis(10_000, findings);
     let opts = ReportOptions {
         threshold: 100.0,
         ..ReportOptions::default()

@@ -8,7 +8,8 @@ use laser_detect::{
     build_report, render_text, Analysis, Kind, LineFinding, Location, Op, Report, ReportOptions,
     SourceAccess, Symbolizer,
 };
-use laser_driver::BackendKind;
+
+mod report_common;
 
 const LINE: u64 = 0x5555_5555_a2c0;
 
@@ -24,15 +25,9 @@ fn analysis(t1: std::ops::Range<u32>, t2: std::ops::Range<u32>) -> Analysis {
         threads: vec![t],
         called_from: vec![],
     };
-    Analysis {
-        backend: BackendKind::Soft,
-        duration_s: 1.0,
-        samples: 10_000,
-        lost: 0,
-        throttles: 0,
-        filtered: 0,
-        line_size: 64,
-        findings: vec![LineFinding {
+    report_common::soft_analysis(
+        10_000,
+        vec![LineFinding {
             line_addr: LINE,
             line_size: 64,
             kind: Kind::FalseSharing,
@@ -48,11 +43,7 @@ fn analysis(t1: std::ops::Range<u32>, t2: std::ops::Range<u32>) -> Analysis {
             by_code: false,
             front: false,
         }],
-        modules: vec![],
-        notes: vec![],
-        survey: None,
-        concurrency: None,
-    }
+    )
 }
 
 /// A main-arena block whose chunk starts at `chunk` (user pointer `chunk + 16`).

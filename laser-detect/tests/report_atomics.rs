@@ -15,7 +15,7 @@ mod report_common;
 
 use std::collections::BTreeSet;
 
-use laser_detect::model::findings::{Analysis, Kind, LineFinding, Location, Op, SourceAccess};
+use laser_detect::model::findings::{Kind, LineFinding, Location, Op, SourceAccess};
 use laser_detect::naming::symbolize::CodeLocation;
 use laser_detect::{build_report, render_text, Report, ReportOptions};
 use report_common::{build_with, golden, marker_in, Built};
@@ -211,15 +211,9 @@ fn access(vaddr: u64, op: Op, bytes: u128, thread: u32) -> SourceAccess {
 /// The report of a run with one contended line of kind `kind` at global address `data`.
 fn report_of(b: &Built, kind: Kind, data: u64, sources: Vec<SourceAccess>) -> Report {
     let events: u64 = sources.iter().map(|s| s.events).sum();
-    let analysis = Analysis {
-        backend: laser_driver::BackendKind::Soft,
-        duration_s: 1.0,
-        samples: 1000,
-        lost: 0,
-        throttles: 0,
-        filtered: 0,
-        line_size: 64,
-        findings: vec![LineFinding {
+    let analysis = report_common::soft_analysis(
+        1000,
+        vec![LineFinding {
             line_addr: BIAS + (data & !63),
             line_size: 64,
             kind,
@@ -242,11 +236,7 @@ fn report_of(b: &Built, kind: Kind, data: u64, sources: Vec<SourceAccess>) -> Re
             by_code: false,
             front: false,
         }],
-        modules: vec![],
-        notes: vec![],
-        survey: None,
-        concurrency: None,
-    };
+    );
     build_report(&analysis, &mut b.symbolizer(), &ReportOptions::default())
 }
 

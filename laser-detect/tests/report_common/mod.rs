@@ -256,3 +256,25 @@ pub fn line_instructions(b: &Built, exe: &str, file: &str, line: u32) -> Vec<u64
     out.dedup();
     out
 }
+
+/// A one-second soft-backend analysis of `samples` timer samples holding `findings`, with
+/// nothing lost, filtered or noted and no modules: what the report tests build reports from.
+pub fn soft_analysis(
+    samples: u64,
+    findings: Vec<laser_detect::LineFinding>,
+) -> laser_detect::Analysis {
+    laser_detect::Analysis {
+        backend: laser_driver::BackendKind::Soft,
+        duration_s: 1.0,
+        samples,
+        lost: 0,
+        throttles: 0,
+        filtered: 0,
+        line_size: 64,
+        findings,
+        modules: vec![],
+        notes: vec![],
+        survey: None,
+        concurrency: None,
+    }
+}
