@@ -792,6 +792,7 @@ mod tests {
             code: false,
             front: false,
             shared_windows: 1,
+            quiet_windows: 0,
             rate_per_s: transfers as f64 / armed_s.max(1e-9),
             rel_error: 0.1,
             per_pc: Vec::new(),

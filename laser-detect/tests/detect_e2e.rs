@@ -731,3 +731,87 @@ fn a_window_that_fell_in_a_short_phase_of_another_kind_does_not_decide_the_kind(
         "the run's phases decide, not the window's"
     );
 }
+
+/// The counter's store after soft samples found LINE contended (thread 1 counting at offset
+/// 0, thread 2 reading offset 8 through another instruction), then `windows` on
+/// LINE: each `(length ns, threads that trap in it)`. Returns the instructions offered a code
+/// window (at a threshold no sampled rate reaches, so none is "hot").
+fn code_candidates_after(windows: &[(u64, &[u32])]) -> (Vec<u64>, u64) {
+    let (mut d, c, r) = watch_detector();
+    let mut t = 1_000_000_000u64;
+    for _ in 0..100 {
+        for (tid, ip, off) in [(1, c[3], 0), (2, r[1], 8)] {
+            t += 100_000;
+            d.feed(&soft(tid, t, ip, LINE + off));
+        }
+    }
+    let mut t = 3_000_000_000u64;
+    for &(len, tids) in windows {
+        d.watch_window_begin(LINE, t);
+        for (i, &tid) in tids.iter().enumerate() {
+            for k in 0..40u64 {
+                d.feed(&watch(
+                    tid,
+                    t + 1_000 + 100 * (40 * i as u64 + k),
+                    c[3],
+                    LINE + 8 * u64::from(tid - 1),
+                ));
+            }
+        }
+        t += len;
+        d.watch_window_end(LINE, t);
+        t += 100_000_000;
+    }
+    (d.code_candidates(1e12, 4), c[2])
+}
+
+/// Contention that comes and goes at an address (a heap block freed and allocated again
+/// elsewhere, PARSEC streamcluster's `work_mem`) is followed by its code: a line whose data
+/// window counted long and saw nothing, or whose windows (two or more) were each filled by
+/// one thread, gives its instructions a code window; a line whose window saw the pair, a
+/// single window of one thread, or a short empty window, does not.
+#[test]
+fn a_line_the_data_windows_find_quiet_or_taken_in_turns_is_followed_by_its_code() {
+    let none: &[u32] = &[];
+    for (windows, expect, why) in [
+        (vec![], false, "no window yet"),
+        (
+            vec![(20_000_000, none)],
+            true,
+            "every window found it untouched",
+        ),
+        (
+            vec![(2_000_000, &[1, 2][..]), (20_000_000, none)],
+            true,
+            "a long window found it untouched",
+        ),
+        (
+            vec![(2_000_000, &[1, 2][..]), (5_000_000, none)],
+            false,
+            "an empty window too short to say",
+        ),
+        (
+            vec![(2_000_000, &[1][..]), (2_000_000, &[2][..])],
+            true,
+            "each window one thread, different ones",
+        ),
+        (
+            vec![(2_000_000, &[1][..]), (2_000_000, &[1][..])],
+            true,
+            "each window one thread, the same one (the other's words unwatched)",
+        ),
+        (
+            vec![(2_000_000, &[1][..])],
+            false,
+            "one window of one thread: the next may see the pair",
+        ),
+        (
+            vec![(2_000_000, &[1, 2][..])],
+            false,
+            "a window saw the pair",
+        ),
+    ] {
+        let (pcs, store) = code_candidates_after(&windows);
+        assert_eq!(pcs.contains(&store), expect, "{why}: {pcs:#x?}");
+    }
+}

@@ -1104,12 +1104,14 @@ impl<C: CodeSource> Detector<C> {
 
     /// Instructions worth a code window ([`crate::model::estimate`], "Code windows"), most
     /// promising first: each contends on two or more lines that samples showed contended by
-    /// two threads, or on one that a data window then found untouched (it had cooled), every
-    /// one of them under `threshold` by what samples and data windows measured. That is the
+    /// two threads, or on one that data windows then found cooled (untouched, or each window
+    /// filled by one thread: see the body), every one of them under `threshold` by what
+    /// samples and data windows measured. That is the
     /// mark of contention that moves (`model::migratory`): a line hot for a few milliseconds
     /// has cooled before a data window can open on it, so its rate stays a sampled lower
-    /// bound, while the instruction that moves along the lines is there all the time. Instructions that also contend on a line above the threshold are
-    /// left to that line's data windows.
+    /// bound, while the instruction that moves along the lines is there all the time.
+    /// Instructions that also contend on a line above the threshold are left to that line's
+    /// data windows.
     pub fn code_candidates(&self, threshold: f64, max: usize) -> Vec<u64> {
         let duration = self.duration_s();
         if duration <= 0.0 {
@@ -1132,12 +1134,28 @@ impl<C: CodeSource> Detector<C> {
             hot: bool,
             cold: bool,
         }
-        // A line samples showed contended that a data window then found untouched has
-        // cooled: the contention was there and has moved on (or stopped).
+        // A line samples showed contended that data windows then found cooled: the
+        // contention was there and has moved on (or stopped), or comes and goes. Its signs:
+        // - every window found it untouched;
+        // - a long window found it untouched (`quiet_windows`): PARSEC streamcluster frees
+        //   and allocates its `work_mem` again in every call, at one of a few addresses, and
+        //   the line two threads' blocks share is contended only while the block is there;
+        //   a 100 ms window there saw nothing, the instruction got no code window, and the
+        //   run (1 in 6) reported no false sharing;
+        // - two or more windows and each filled by one thread (one thread's burst spent the
+        //   trap cap before the other came by, or the other's words there were not
+        //   watched): the windows cannot count a transfer, the line's estimate stays
+        //   uninformative however many it gets, and only the code shows where the pair
+        //   meets (streamcluster again: three windows on the line of `work_mem` each saw
+        //   one thread's stores).
         let cooled = |l: &LineStat| {
-            estimates
-                .iter()
-                .any(|e| e.line_addr == l.line_addr && e.windows > 0 && e.accesses == 0)
+            estimates.iter().any(|e| {
+                e.line_addr == l.line_addr
+                    && e.windows > 0
+                    && (e.accesses == 0
+                        || e.quiet_windows > 0
+                        || (e.windows >= 2 && !e.informative()))
+            })
         };
         let mut per_pc: HashMap<u64, Pc> = HashMap::new();
         for l in self.model.contended().filter(|l| l.threads.len() >= 2) {

@@ -143,6 +143,12 @@ pub const MAX_STAND_IN_NS: u64 = 200_000_000;
 /// after it (module doc, "Cooldowns"): with 8, the window's rate is known to ±35%.
 pub const MIN_STAND_IN_TRANSFERS: u64 = 8;
 
+/// Shortest data window whose finding the line untouched says the line was quiet while it
+/// counted (`LineEstimate::quiet_windows`): a line contended at the default report threshold
+/// (1,000 transfers/s) has ~20 accesses in 10 ms; a window that ends sooner (its set's other
+/// words spent the trap cap, or steering moved on) may simply have been too short.
+pub const QUIET_WINDOW_NS: u64 = 10_000_000;
+
 /// What the windows of one kind (read+write, or store-only) saw on a line.
 #[derive(Clone, Debug, Default)]
 struct Tally {
@@ -189,6 +195,9 @@ struct LineEst {
     /// Transfers counted in each window (parallel to `windows`): the per-window rates that
     /// stand in for the cooldowns after them ("Cooldowns" in the module doc).
     win_transfers: Vec<u64>,
+    /// Accesses seen in each window (parallel to `windows`): a long window with none found
+    /// the line quiet (`LineEstimate::quiet_windows`).
+    win_accesses: Vec<u64>,
     /// The window the previous observed access fell in (state resets when it changes).
     cur: Option<usize>,
     /// Latest access time seen (closes an open window at `estimates` time).
@@ -233,6 +242,11 @@ pub struct LineEstimate {
     /// another thread came by), so "no transfers" says nothing: the estimate is not informative
     /// ([`LineEstimate::informative`]).
     pub shared_windows: u32,
+    /// Closed data windows of at least [`QUIET_WINDOW_NS`] that saw no access to the line:
+    /// samples had shown it contended, and while this window counted nobody touched it. The
+    /// data comes and goes (a heap block freed and allocated again elsewhere, a phase that
+    /// has passed), so what contends there is better followed by its code.
+    pub quiet_windows: u32,
     /// `transfers` split into true and false sharing in the proportions every window of the
     /// line saw, whatever its kind (the kind of sharing is the line's, not the rated kind's).
     pub true_transfers: u64,
@@ -354,6 +368,7 @@ impl Estimator {
         l.windows.push((time, u64::MAX));
         l.stores_only.push(stores_only);
         l.win_transfers.push(0);
+        l.win_accesses.push(0);
         self.armed_at(time);
     }
 
@@ -662,6 +677,9 @@ impl Estimator {
             if l.stores_only.get(w).copied().unwrap_or(false) {
                 kind = STORES_ONLY;
             }
+            if let Some(n) = l.win_accesses.get_mut(w) {
+                *n += 1;
+            }
         }
         account(l, line, self.line_size, a, kind);
     }
@@ -686,6 +704,7 @@ impl Estimator {
         let mut armed_ns = [0u64; 3];
         let mut stand_in_ns = [0u64; 3];
         let mut stand_in_transfers = [0f64; 3];
+        let mut quiet_windows = 0u32;
         match l.implicit {
             Some((a, b)) => armed_ns[READ_WRITE] = b - a,
             None => {
@@ -694,6 +713,9 @@ impl Estimator {
                     let e = if open { l.last_time.max(s) } else { e };
                     let kind = usize::from(l.stores_only.get(i).copied().unwrap_or(false));
                     armed_ns[kind] += e - s;
+                    if !open && e - s >= QUIET_WINDOW_NS && l.win_accesses.get(i) == Some(&0) {
+                        quiet_windows += 1;
+                    }
                     let t = l.win_transfers.get(i).copied().unwrap_or(0);
                     if open || e == s || t < MIN_STAND_IN_TRANSFERS {
                         continue;
@@ -771,6 +793,7 @@ impl Estimator {
             transfers: t.transfers,
             // Whether some window of either kind could have seen a transfer.
             shared_windows: l.tallies.iter().map(|t| t.shared_windows).sum(),
+            quiet_windows,
             true_transfers,
             false_transfers: t.transfers - true_transfers,
             accesses: l.tallies.iter().map(|t| t.accesses).sum(),
