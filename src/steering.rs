@@ -156,7 +156,13 @@ pub struct Steering {
     alternating: HashMap<u64, bool>,
     /// The survey tier ([`SurveySource::ALL`] index) whose turn is next.
     next_tier: usize,
-    /// When steering started, and the time any turn has kept the watchpoints armed since.
+    /// When steering started, and the time watchpoints have counted since: the time they
+    /// were in the debug registers, which is when fast strings run slow. A turn's cooldowns
+    /// do not count (a launch window's events are closed then, an attached thread's are
+    /// disabled). Counted with them, a turn armed the whole run was charged for all of it:
+    /// one `rep movs` sample among 132 armed ones (an estimated 0.8% slowdown) put
+    /// streamcluster's steering to sleep for a second of its 1.7 s, and its false sharing
+    /// went unrated.
     started: Option<Instant>,
     armed: Duration,
     /// Instructions given code turns, and when each last was.
@@ -526,8 +532,6 @@ impl Steering {
         let was_counting = std::mem::replace(&mut self.counting, counting);
         if let (Some(last), true, true) = (self.last_step, counting, was_counting) {
             self.counted += now.duration_since(last);
-        }
-        if let (Some(last), Some(_)) = (self.last_step, self.turn) {
             self.armed += now.duration_since(last);
         }
         self.last_step = Some(now);
