@@ -172,6 +172,9 @@ pub struct Steering {
     /// The instructions of the code turn being followed, and how many more front windows it
     /// may lead to in this chain.
     following: Option<(Vec<u64>, u32)>,
+    /// The armed code turn looks at instructions on the strength of neighbouring stores
+    /// alone (`Detector::neighbour_candidates`): one window, then the rotation goes on.
+    exploring: bool,
     /// Whether the watchpoints were counting at the last step (not cooling down).
     counting: bool,
     /// What the armed store-only survey turn watches (a target from the plan).
@@ -338,6 +341,16 @@ impl Steering {
                     || hits.saturating_sub(self.hits_at_start)
                         >= watcher.duty_cycle().max_hits_per_window
             }
+            // An exploring code turn asks one window where the threads' stores go; a front
+            // window follows if they meet on a line. Longer, on code whose parts never meet
+            // (stalling_writer's per-thread counters), it took the four windows of the 0.6 s
+            // in which the line known to be contended could have been watched.
+            Some((Turn::Code, _)) if self.exploring => {
+                (!counting && self.counted > Duration::ZERO)
+                    || self.counted >= SURVEY_TURN
+                    || hits.saturating_sub(self.hits_at_start)
+                        >= watcher.duty_cycle().max_hits_per_window
+            }
             Some((Turn::Survey | Turn::Code, _)) => {
                 self.turn_spent(hits, watcher.duty_cycle().max_hits_per_window)
                     // A survey window has ended (a cooldown) with one thread alone trapped:
@@ -424,6 +437,25 @@ impl Steering {
                     self.coded.insert(pc, now);
                 }
                 self.following = Some((pcs, FRONTS_PER_CHAIN));
+                return Ok(());
+            }
+            // Else stores two threads' samples showed going into neighbouring memory, a look
+            // each (`Detector::neighbour_candidates`).
+            let pcs: Vec<u64> = detector
+                .neighbour_candidates(threshold, MAX_WATCHES)
+                .into_iter()
+                .filter(|pc| {
+                    self.coded
+                        .get(pc)
+                        .is_none_or(|at| now.duration_since(*at) >= CODE_REFRESH)
+                })
+                .collect();
+            if !pcs.is_empty() {
+                self.arm_code(watcher, &pcs, now, hits)?;
+                for &pc in &pcs {
+                    self.coded.insert(pc, now);
+                }
+                self.exploring = true;
                 return Ok(());
             }
         }
@@ -601,6 +633,7 @@ impl Steering {
     /// `turn` holds the watchpoints (`specs`) from `now`; its time and hits count from here.
     fn begin_turn(&mut self, turn: Turn, now: Instant, hits: u64, specs: &[WatchSpec]) {
         self.turn = Some((turn, now));
+        self.exploring = false;
         self.counted = Duration::ZERO;
         self.hits_at_start = hits;
         self.trace(now, turn, specs);

@@ -733,7 +733,8 @@ fn a_window_that_fell_in_a_short_phase_of_another_kind_does_not_decide_the_kind(
 }
 
 /// The counter's store after soft samples found LINE contended (thread 1 counting at offset
-/// 0, thread 2 reading offset 8 through another instruction), then `windows` on
+/// 0, thread 2 reading offset 8 through another instruction: no instruction stores for two
+/// threads, see `neighbouring_stores_of_two_threads_get_a_code_window`), then `windows` on
 /// LINE: each `(length ns, threads that trap in it)`. Returns the instructions offered a code
 /// window (at a threshold no sampled rate reaches, so none is "hot").
 fn code_candidates_after(windows: &[(u64, &[u32])]) -> (Vec<u64>, u64) {
@@ -813,5 +814,35 @@ fn a_line_the_data_windows_find_quiet_or_taken_in_turns_is_followed_by_its_code(
     ] {
         let (pcs, store) = code_candidates_after(&windows);
         assert_eq!(pcs.contains(&store), expect, "{why}: {pcs:#x?}");
+    }
+}
+
+/// Two threads storing through one instruction into neighbouring memory, never on the same
+/// line (each its own part of a block): the line model sees no contention, yet the store gets
+/// a code window (`model::neighbours`), which sees where the parts meet. Parts two pages
+/// apart (two threads' own buffers) do not.
+#[test]
+fn neighbouring_stores_of_two_threads_get_a_code_window() {
+    for (gap, expect) in [(256u64, true), (8192, false)] {
+        let (mut d, c, _) = watch_detector();
+        let mut t = 1_000_000_000u64;
+        for i in 0..20u64 {
+            for (tid, base) in [(1, HEAP), (2, HEAP + gap)] {
+                t += 100_000;
+                d.feed(&soft(tid, t, c[3], base + 64 * (i % 2)));
+            }
+        }
+        let a = d.finish();
+        assert!(
+            a.findings.is_empty(),
+            "no line two threads share: {:#?}",
+            a.findings
+        );
+        assert_eq!(
+            d.neighbour_candidates(1000.0, 4).contains(&c[2]),
+            expect,
+            "gap {gap}"
+        );
+        assert!(d.code_candidates(1000.0, 4).is_empty());
     }
 }

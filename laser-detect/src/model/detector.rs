@@ -43,6 +43,7 @@ use crate::model::findings::{
 };
 use crate::model::line_kind::line_kind;
 use crate::model::line_model::{byte_mask, LineModel, LineStat};
+use crate::model::neighbours::NeighbourStores;
 use crate::model::survey::{HotLines, SurveyTarget};
 use crate::naming::call_sites::{is_shared_library, CallSites};
 use crate::naming::heap_blocks::Memory;
@@ -101,6 +102,12 @@ pub struct FilterStats {
     pub accesses: u64,
 }
 
+/// Code windows an instruction gets on the strength of neighbouring stores alone
+/// ([`Detector::neighbour_candidates`]): enough for one to fall in a phase where the parts
+/// meet on a line (moving_scratch: one phase in four shares nothing), few enough that parts
+/// that never meet do not keep taking turns from lines known to be contended.
+pub const NEIGHBOUR_CODE_WINDOWS: usize = 5;
+
 impl FilterStats {
     /// Samples dropped by the filter (everything but "touches no memory").
     pub fn dropped(&self) -> u64 {
@@ -143,6 +150,9 @@ pub struct Detector<C: CodeSource> {
     call_sites: CallSites,
     /// Sampled accesses per line, for the watchpoint survey ([`crate::model::survey`]).
     hot: HotLines,
+    /// Store instructions two threads' samples show storing into neighbouring memory
+    /// ([`crate::model::neighbours`]): candidates for code windows.
+    neighbours: NeighbourStores,
     /// Writable data objects (ELF vaddr, size) and load bias of each program (not shared
     /// library) module, per (pid, module index).
     globals: HashMap<(u32, u32), ModuleGlobals>,
@@ -237,6 +247,7 @@ impl<C: CodeSource> Detector<C> {
             out: Accesses::default(),
             call_sites: CallSites::default(),
             hot: HotLines::default(),
+            neighbours: NeighbourStores::default(),
             globals: HashMap::new(),
             surveyed: HashMap::new(),
             armed_cost: ArmedCost::default(),
@@ -594,6 +605,7 @@ impl<C: CodeSource> Detector<C> {
                 let len = u32::from(a.size.max(1)).min(self.model.line_size() - off);
                 self.hot
                     .note(line, a.tid, a.op.writes(), byte_mask(off, len));
+                self.neighbours.note(a.pc, a.tid, a.addr, a.op.writes());
             }
         }
     }
@@ -1213,5 +1225,34 @@ impl<C: CodeSource> Detector<C> {
             }
         }
         out
+    }
+
+    /// Store instructions that samples showed two threads making into neighbouring memory
+    /// ([`crate::model::neighbours`]): where their parts meet a line may be shared that no
+    /// sample showed contended. Each is worth a code window or two to look
+    /// ([`NEIGHBOUR_CODE_WINDOWS`]): one that finds the parts meeting on a line makes that
+    /// line contended, and its instruction one of [`Detector::code_candidates`]; one that
+    /// does not has found parts that keep to their own lines (per-thread counters a few
+    /// hundred bytes apart). Instructions that contend on a line above `threshold` are left
+    /// to that line's data windows; at most `max`, lowest address first.
+    pub fn neighbour_candidates(&self, threshold: f64, max: usize) -> Vec<u64> {
+        let duration = self.duration_s();
+        let estimates = self.estimator.estimates();
+        let hot = |pc: u64| {
+            self.model.contended().any(|l| {
+                l.sources.iter().any(|s| s.pc == pc)
+                    && estimates
+                        .iter()
+                        .find(|e| e.line_addr == l.line_addr && e.informative() && !e.code)
+                        .map_or(l.events as f64 / duration.max(1e-9), |e| e.rate_per_s)
+                        >= threshold
+            })
+        };
+        self.neighbours
+            .near(|pc| store_after_load(&self.code, pc))
+            .into_iter()
+            .filter(|&pc| self.estimator.code_windows_on(pc) < NEIGHBOUR_CODE_WINDOWS && !hot(pc))
+            .take(max)
+            .collect()
     }
 }

@@ -611,6 +611,14 @@ impl Estimator {
         Some((*line, words))
     }
 
+    /// How many code windows have watched instruction `pc`.
+    pub fn code_windows_on(&self, pc: u64) -> usize {
+        self.code_windows
+            .iter()
+            .filter(|w| w.pcs.contains(&pc))
+            .count()
+    }
+
     /// What code windows did: (windows, armed ns, traps, lines they saw), `None` if none
     /// opened.
     pub fn code_summary(&self) -> Option<(usize, u64, u64, usize)> {

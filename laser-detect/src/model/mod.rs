@@ -11,5 +11,6 @@ pub mod line_kind;
 pub mod line_model;
 pub mod line_table;
 pub mod migratory;
+pub mod neighbours;
 pub mod recent;
 pub mod survey;
