@@ -175,6 +175,8 @@ pub struct Steering {
     /// The armed code turn looks at instructions on the strength of neighbouring stores
     /// alone (`Detector::neighbour_candidates`): one window, then the rotation goes on.
     exploring: bool,
+    /// The next survey slot goes to such a look, if one is due.
+    explore_next: bool,
     /// Whether the watchpoints were counting at the last step (not cooling down).
     counting: bool,
     /// What the armed store-only survey turn watches (a target from the plan).
@@ -439,8 +441,27 @@ impl Steering {
                 self.following = Some((pcs, FRONTS_PER_CHAIN));
                 return Ok(());
             }
-            // Else stores two threads' samples showed going into neighbouring memory, a look
-            // each (`Detector::neighbour_candidates`).
+        }
+        // Lines the user named come first; a detector candidate on the same line is dropped
+        // (the user's words are the ones to watch there).
+        let mut candidates = forced.to_vec();
+        for c in detector.candidates(4) {
+            if !candidates.iter().any(|f| f.line_addr == c.line_addr) {
+                candidates.push(c);
+            }
+        }
+        let estimates = detector.estimates();
+        let due = self.due(&estimates, candidates, now);
+        // Candidates and surveys take turns; either alone takes every turn. Every other
+        // survey turn, while some are due, is a look at stores two threads' samples showed
+        // going into neighbouring memory (`Detector::neighbour_candidates`): a search for
+        // contention no sample showed, as a survey is, so in the survey's place. Taking a
+        // code turn's place instead, such looks came first in every run and took a third
+        // of the windows in which stalling_writer's contended line could be watched (2 of 5
+        // runs found it).
+        let survey_slot = due.is_empty() || matches!(self.turn, Some((Turn::Candidate, _)));
+        if survey_slot && std::mem::take(&mut self.explore_next) {
+            let threshold = self.threshold.unwrap_or(DEFAULT_THRESHOLD);
             let pcs: Vec<u64> = detector
                 .neighbour_candidates(threshold, MAX_WATCHES)
                 .into_iter()
@@ -459,18 +480,8 @@ impl Steering {
                 return Ok(());
             }
         }
-        // Lines the user named come first; a detector candidate on the same line is dropped
-        // (the user's words are the ones to watch there).
-        let mut candidates = forced.to_vec();
-        for c in detector.candidates(4) {
-            if !candidates.iter().any(|f| f.line_addr == c.line_addr) {
-                candidates.push(c);
-            }
-        }
-        let estimates = detector.estimates();
-        let due = self.due(&estimates, candidates, now);
-        // Candidates and surveys take turns; either alone takes every turn.
-        let survey = if due.is_empty() || matches!(self.turn, Some((Turn::Candidate, _))) {
+        let survey = if survey_slot {
+            self.explore_next = true;
             self.next_survey(pid, detector, now)
         } else {
             None
