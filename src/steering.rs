@@ -424,20 +424,9 @@ impl Steering {
         // Code turns take every other turn while an instruction is due for one.
         if !matches!(self.turn, Some((Turn::Code | Turn::Front, _))) {
             let threshold = self.threshold.unwrap_or(DEFAULT_THRESHOLD);
-            let pcs: Vec<u64> = detector
-                .code_candidates(threshold, MAX_WATCHES)
-                .into_iter()
-                .filter(|pc| {
-                    self.coded
-                        .get(pc)
-                        .is_none_or(|at| now.duration_since(*at) >= CODE_REFRESH)
-                })
-                .collect();
+            let pcs = self.take_code_due(detector.code_candidates(threshold, MAX_WATCHES), now);
             if !pcs.is_empty() {
                 self.arm_code(watcher, &pcs, now, hits)?;
-                for &pc in &pcs {
-                    self.coded.insert(pc, now);
-                }
                 self.following = Some((pcs, FRONTS_PER_CHAIN));
                 return Ok(());
             }
@@ -462,20 +451,10 @@ impl Steering {
         let survey_slot = due.is_empty() || matches!(self.turn, Some((Turn::Candidate, _)));
         if survey_slot && std::mem::take(&mut self.explore_next) {
             let threshold = self.threshold.unwrap_or(DEFAULT_THRESHOLD);
-            let pcs: Vec<u64> = detector
-                .neighbour_candidates(threshold, MAX_WATCHES)
-                .into_iter()
-                .filter(|pc| {
-                    self.coded
-                        .get(pc)
-                        .is_none_or(|at| now.duration_since(*at) >= CODE_REFRESH)
-                })
-                .collect();
+            let pcs =
+                self.take_code_due(detector.neighbour_candidates(threshold, MAX_WATCHES), now);
             if !pcs.is_empty() {
                 self.arm_code(watcher, &pcs, now, hits)?;
-                for &pc in &pcs {
-                    self.coded.insert(pc, now);
-                }
                 self.exploring = true;
                 return Ok(());
             }
@@ -670,6 +649,23 @@ impl Steering {
             "laser steering: {ms:9.1} ms {turn:?} {kind:?} [{}]",
             words.join(" ")
         );
+    }
+
+    /// The instructions of `pcs` whose last code turn was [`CODE_REFRESH`] ago or more,
+    /// marked as given one now (the caller arms them).
+    fn take_code_due(&mut self, pcs: Vec<u64>, now: Instant) -> Vec<u64> {
+        let due: Vec<u64> = pcs
+            .into_iter()
+            .filter(|pc| {
+                self.coded
+                    .get(pc)
+                    .is_none_or(|at| now.duration_since(*at) >= CODE_REFRESH)
+            })
+            .collect();
+        for &pc in &due {
+            self.coded.insert(pc, now);
+        }
+        due
     }
 
     /// A code turn: instruction breakpoints on `pcs`.
