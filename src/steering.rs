@@ -335,23 +335,14 @@ impl Steering {
                     || hits.saturating_sub(self.hits_at_start)
                         >= SURVEY_WINDOWS * watcher.duty_cycle().max_hits_per_window
             }
-            // One window: its edges are all it asks about. (Armed in a cooldown, it waits
-            // for the cooldown's end before it counts.)
-            Some((Turn::Probe, _)) => {
-                (!counting && self.counted > Duration::ZERO)
-                    || self.counted >= SURVEY_TURN
-                    || hits.saturating_sub(self.hits_at_start)
-                        >= watcher.duty_cycle().max_hits_per_window
-            }
-            // An exploring code turn asks one window where the threads' stores go; a front
-            // window follows if they meet on a line. Longer, on code whose parts never meet
-            // (stalling_writer's per-thread counters), it took the four windows of the 0.6 s
-            // in which the line known to be contended could have been watched.
+            // One window. A probe: its edges are all it asks about. An exploring code turn:
+            // where the threads' stores go (a front window follows if they meet on a line);
+            // longer, on code whose parts never meet (stalling_writer's per-thread
+            // counters), it took the four windows of the 0.6 s in which the line known to be
+            // contended could have been watched.
+            Some((Turn::Probe, _)) => self.one_window_over(counting, hits, watcher),
             Some((Turn::Code, _)) if self.exploring => {
-                (!counting && self.counted > Duration::ZERO)
-                    || self.counted >= SURVEY_TURN
-                    || hits.saturating_sub(self.hits_at_start)
-                        >= watcher.duty_cycle().max_hits_per_window
+                self.one_window_over(counting, hits, watcher)
             }
             Some((Turn::Survey | Turn::Code, _)) => {
                 self.turn_spent(hits, watcher.duty_cycle().max_hits_per_window)
@@ -564,6 +555,15 @@ impl Steering {
     fn turn_spent(&self, hits: u64, cap: u64) -> bool {
         self.counted >= SURVEY_TURN
             || hits.saturating_sub(self.hits_at_start) >= SURVEY_WINDOWS * cap
+    }
+
+    /// Whether a one-window turn is over: its window ended, or counted a survey turn's time
+    /// or a window's hits. (Armed in a cooldown, it waits for the cooldown's end before it
+    /// counts.)
+    fn one_window_over(&self, counting: bool, hits: u64, watcher: &laser_driver::Watcher) -> bool {
+        (!counting && self.counted > Duration::ZERO)
+            || self.counted >= SURVEY_TURN
+            || hits.saturating_sub(self.hits_at_start) >= watcher.duty_cycle().max_hits_per_window
     }
 
     /// Whether the armed survey turn's last window trapped one thread alone.

@@ -120,10 +120,10 @@ impl ArmedCostSummary {
         if self.armed_samples < MIN_ARMED_SAMPLES {
             return None;
         }
-        let share = |n: u64, of: u64| (n as f64 / of as f64).min(MAX_SHARE);
         if self.armed_fast_string < MIN_ARMED_FAST_STRING {
             return Some(1.0);
         }
+        let share = |n: u64, of: u64| (n as f64 / of as f64).min(MAX_SHARE);
         let armed = share(self.armed_fast_string, self.armed_samples);
         let unarmed = if self.unarmed_samples >= MIN_UNARMED_SAMPLES {
             share(self.unarmed_fast_string, self.unarmed_samples)

@@ -108,6 +108,15 @@ pub struct FilterStats {
 /// that never meet do not keep taking turns from lines known to be contended.
 pub const NEIGHBOUR_CODE_WINDOWS: usize = 5;
 
+/// A contended line's rate as steering weighs it: its data windows' estimate where one
+/// could count transfers (not a code window's), else its sampled events over `duration_s`.
+fn steering_rate(l: &LineStat, estimates: &[LineEstimate], duration_s: f64) -> f64 {
+    estimates
+        .iter()
+        .find(|e| e.line_addr == l.line_addr && e.informative() && !e.code)
+        .map_or(l.events as f64 / duration_s, |e| e.rate_per_s)
+}
+
 impl FilterStats {
     /// Samples dropped by the filter (everything but "touches no memory").
     pub fn dropped(&self) -> u64 {
@@ -1130,12 +1139,7 @@ impl<C: CodeSource> Detector<C> {
             return Vec::new();
         }
         let estimates = self.estimator.estimates();
-        let rate = |l: &LineStat| {
-            estimates
-                .iter()
-                .find(|e| e.line_addr == l.line_addr && e.informative() && !e.code)
-                .map_or(l.events as f64 / duration, |e| e.rate_per_s)
-        };
+        let rate = |l: &LineStat| steering_rate(l, &estimates, duration);
         // Per instruction: contended lines under the threshold, events on them, whether it
         // stores, and whether it also contends on a line above the threshold.
         #[derive(Default)]
@@ -1229,28 +1233,26 @@ impl<C: CodeSource> Detector<C> {
 
     /// Store instructions that samples showed two threads making into neighbouring memory
     /// ([`crate::model::neighbours`]): where their parts meet a line may be shared that no
-    /// sample showed contended. Each is worth a code window or two to look
+    /// sample showed contended. Each is worth a few looks, a code window each
     /// ([`NEIGHBOUR_CODE_WINDOWS`]): one that finds the parts meeting on a line makes that
     /// line contended, and its instruction one of [`Detector::code_candidates`]; one that
     /// does not has found parts that keep to their own lines (per-thread counters a few
     /// hundred bytes apart). Instructions that contend on a line above `threshold` are left
     /// to that line's data windows; at most `max`, lowest address first.
     pub fn neighbour_candidates(&self, threshold: f64, max: usize) -> Vec<u64> {
-        let duration = self.duration_s();
+        let near = self.neighbours.near(|pc| store_after_load(&self.code, pc));
+        if near.is_empty() {
+            return near; // the common case: no estimates to compute
+        }
+        let duration = self.duration_s().max(1e-9);
         let estimates = self.estimator.estimates();
         let hot = |pc: u64| {
             self.model.contended().any(|l| {
                 l.sources.iter().any(|s| s.pc == pc)
-                    && estimates
-                        .iter()
-                        .find(|e| e.line_addr == l.line_addr && e.informative() && !e.code)
-                        .map_or(l.events as f64 / duration.max(1e-9), |e| e.rate_per_s)
-                        >= threshold
+                    && steering_rate(l, &estimates, duration) >= threshold
             })
         };
-        self.neighbours
-            .near(|pc| store_after_load(&self.code, pc))
-            .into_iter()
+        near.into_iter()
             .filter(|&pc| self.estimator.code_windows_on(pc) < NEIGHBOUR_CODE_WINDOWS && !hot(pc))
             .take(max)
             .collect()
