@@ -103,6 +103,23 @@ const FRONTS_PER_CHAIN: u32 = 4;
 /// cap about a millisecond after it opens (every execution traps), and the front window must
 /// start inside that window, on what is left of its budget.
 const MOVING_POLL: Duration = Duration::from_micros(50);
+/// The longest wait between looks at a code turn that has seen no new hit: each look that
+/// finds none doubles the wait from [`MOVING_POLL`] up to this. Code that runs rarely would
+/// otherwise wake laser, real-time on the target's CPUs, every 50 µs of its window for
+/// nothing (a program that starts its threads afresh every few milliseconds: ~1,000 wake-ups
+/// a second, 2–3% of its run). A burst after a quiet spell is seen within this, or at the
+/// window's hit cap, which wakes the reader anyway.
+const MOVING_POLL_MAX: Duration = Duration::from_micros(1600);
+
+/// The wait before the next look at a counting code turn, after a look that waited `wait`
+/// and did or did not find new hits ([`MOVING_POLL_MAX`]).
+fn moving_poll_after(wait: Duration, new_hits: bool) -> Duration {
+    if new_hits {
+        MOVING_POLL
+    } else {
+        (wait * 2).clamp(MOVING_POLL, MOVING_POLL_MAX)
+    }
+}
 
 /// A line whose estimate was good at `at`, with the totals it had then.
 #[derive(Clone, Copy, Debug)]
@@ -179,6 +196,10 @@ pub struct Steering {
     explore_next: bool,
     /// Whether the watchpoints were counting at the last step (not cooling down).
     counting: bool,
+    /// The wait before the next look at a counting code turn, and the watcher's hit count
+    /// at the last look ([`MOVING_POLL_MAX`]).
+    moving_poll: Duration,
+    hits_at_look: u64,
     /// What the armed store-only survey turn watches (a target from the plan).
     surveying: Option<WatchCandidate>,
     /// What the armed probe watches, and the lines probed so far.
@@ -265,7 +286,7 @@ impl Steering {
         match self.turn {
             // Only while the window counts: a cooldown is waited out at the duty cycle's
             // own deadline.
-            Some((Turn::Code, _)) if self.counting => Some(MOVING_POLL),
+            Some((Turn::Code, _)) if self.counting => Some(self.moving_poll.max(MOVING_POLL)),
             Some((Turn::Code | Turn::Front, _)) => None,
             Some((Turn::Survey | Turn::Probe, _)) => Some(SURVEY_TURN / 2),
             _ => None,
@@ -286,6 +307,8 @@ impl Steering {
         };
         let (counting, hits) = (watcher.is_counting(), watcher.stats().hits);
         self.note_step(now, counting);
+        self.moving_poll = moving_poll_after(self.moving_poll, hits != self.hits_at_look);
+        self.hits_at_look = hits;
         let started = *self.started.get_or_insert(now);
         // Armed watchpoints slow code that copies with fast strings even when nothing traps:
         // once that has cost the budget's share of the run so far, nothing is armed until
@@ -626,6 +649,8 @@ impl Steering {
         self.exploring = false;
         self.counted = Duration::ZERO;
         self.hits_at_start = hits;
+        self.moving_poll = MOVING_POLL;
+        self.hits_at_look = hits;
         self.trace(now, turn, specs);
     }
 
@@ -817,6 +842,35 @@ fn filled_at_cap(e: &LineEstimate, duty: &laser_driver::DutyCycle) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A code turn whose window sees no new hit is looked at less and less often (a window
+    /// on code that runs rarely woke laser every 50 µs: ~1,000 wake-ups a second of a
+    /// program that starts threads every few milliseconds); one new hit brings the looks
+    /// back to every 50 µs, and the poll hint follows.
+    #[test]
+    fn looks_at_a_quiet_code_turn_back_off_and_a_hit_resets_them() {
+        let mut wait = MOVING_POLL;
+        let mut waits = Vec::new();
+        for _ in 0..7 {
+            wait = moving_poll_after(wait, false);
+            waits.push(wait.as_micros());
+        }
+        assert_eq!(waits, [100, 200, 400, 800, 1600, 1600, 1600]);
+        assert_eq!(moving_poll_after(wait, true), MOVING_POLL);
+        let s = Steering {
+            turn: Some((Turn::Code, Instant::now())),
+            counting: true,
+            moving_poll: wait,
+            ..Steering::default()
+        };
+        assert_eq!(s.poll_hint(), Some(MOVING_POLL_MAX));
+        let fresh = Steering {
+            turn: Some((Turn::Code, Instant::now())),
+            counting: true,
+            ..Steering::default()
+        };
+        assert_eq!(fresh.poll_hint(), Some(MOVING_POLL), "never below 50 µs");
+    }
 
     fn est(line: u64, transfers: u64, armed_s: f64) -> LineEstimate {
         LineEstimate {
