@@ -216,8 +216,9 @@ pub fn run_loop(
 
 /// What watching cost the target, for the report, against the run and the budget that
 /// bounded it (`--watch-budget`): the traps (hits × the per-trap cost laser measured on this
-/// machine), laser's own work on the window events, and the watched threads' context
-/// switches while armed (each reloads the debug registers) — what the duty cycle charged.
+/// machine), laser's own work on the window events and between polls while they counted, and
+/// the watched threads' context switches while armed (each reloads the debug registers) —
+/// what the duty cycle charged.
 pub fn watch_cost_note(
     cost: Option<(laser_driver::WatchStats, laser_driver::DutyCycle)>,
     elapsed: Duration,
@@ -228,11 +229,12 @@ pub fn watch_cost_note(
         return None;
     }
     let traps = duty.hit_cost.as_secs_f64() * hits as f64;
-    let (ops, switches) = (
+    let (ops, reader, switches) = (
         stats.ops_time.as_secs_f64(),
+        stats.reader_time.as_secs_f64(),
         stats.switch_time.as_secs_f64(),
     );
-    let spent = traps + ops + switches;
+    let spent = traps + ops + reader + switches;
     let run = elapsed.as_secs_f64().max(1e-3);
     // An access history's watchpoints follow the object unbounded (`--history-site`).
     let budget = if duty.max_slowdown < 1.0 {
@@ -251,9 +253,11 @@ pub fn watch_cost_note(
              standing in for the windows' other costs)"
         ),
         laser_driver::CostModel::Full => format!(
-            "{trap_text}, laser's work on the window events {:.1} ms, {} context switch(es) \
-             of watched threads {:.1} ms",
+            "{trap_text}, laser's work on the window events {:.1} ms, laser's reading and \
+             steering while windows counted {:.1} ms, {} context switch(es) of watched threads \
+             {:.1} ms",
             ops * 1e3,
+            reader * 1e3,
             stats.switches,
             switches * 1e3,
         ),

@@ -94,7 +94,9 @@ pub enum CostModel {
     /// RESULTS before it was measured with it).
     Traps,
     /// The trap alone (no wake-up per hit), plus laser's own work on the window events
-    /// ([`DutyState::charge`]) and the watched threads' context switches while armed
+    /// ([`DutyState::charge`]) and between polls while a window counts
+    /// ([`DutyState::charge_reader`], since the thirtieth session), and the watched threads'
+    /// context switches while armed
     /// ([`DutyState::charge_switches`], `crate::switches`): what a window really costs. On
     /// two threads in barrier rounds (`scripts/watch-cost`) the measured extra wall time is
     /// 2.2–2.7% under a 2% budget, against 3.6–5.1% with `Traps`. The default: in the
@@ -170,6 +172,10 @@ pub struct WatchStats {
     /// CPU time laser spent opening, enabling, renewing and closing window events
     /// ([`DutyState::charge`]), paid for by cooldowns like the traps.
     pub ops_time: Duration,
+    /// CPU time laser's reader spent between polls while a window counted (draining and
+    /// decoding the rings, the detector, steering: [`DutyState::charge_reader`]), paid for
+    /// the same way.
+    pub reader_time: Duration,
     /// Context switches of watched threads while a window was armed, and what they cost
     /// ([`DutyState::charge_switches`]), paid for the same way.
     pub switches: u64,
@@ -258,6 +264,18 @@ impl DutyState {
     /// 2% budget.
     pub fn charge(&mut self, d: Duration) {
         self.stats.ops_time += d;
+        self.add_cost(d);
+    }
+
+    /// laser's own work between two polls while a window counted, paid for like
+    /// [`DutyState::charge`]. laser shares the CPUs with the target and reads at real-time
+    /// priority while a window counts, so each of its wake-ups takes a CPU from a target
+    /// thread; on a program whose threads meet at barriers that delays them all. Left out,
+    /// the windows cost parsec streamcluster ~1.7% of its wall time under a 1% budget
+    /// (laser's thread used 33–39 ms with the watch, 8 without, 4 of them charged as
+    /// window-event work; benchmarks/RESULTS.md, thirtieth session).
+    pub fn charge_reader(&mut self, d: Duration) {
+        self.stats.reader_time += d;
         self.add_cost(d);
     }
 

@@ -316,6 +316,9 @@ pub struct Watcher {
     /// laser's thread CPU time the calibration took, left out of the window work charged
     /// next ([`Watcher::charge_ops`]).
     calibration_cpu: Duration,
+    /// laser's thread CPU clock at the end of the last tick that left a window counting
+    /// ([`Watcher::charge_reader`]).
+    reader_mark: Option<Duration>,
     /// The target's processes, whose CPU time the duty cycle budgets against: the one laser
     /// launched or attached to, and (launch) every process it forks, since its windows open
     /// events on those too. Empty: a watcher whose clock stands still (the
@@ -439,6 +442,7 @@ impl Watcher {
             floor: duty.hit_cost,
             provisional: false,
             calibration_cpu: Duration::ZERO,
+            reader_mark: None,
             procs: Vec::new(),
             markers: Vec::new(),
             last_marked_empty: true,
@@ -1598,6 +1602,7 @@ impl Watcher {
 
     /// Advances the duty cycle: `new_hits` watch samples were just read.
     pub(crate) fn tick(&mut self, now: Instant, new_hits: u64) -> Result<(), DriverError> {
+        self.charge_reader();
         if self.state.is_idle() {
             self.state.tick(&self.duty, now, new_hits, Duration::ZERO);
             return Ok(());
@@ -1655,7 +1660,26 @@ impl Watcher {
             self.charge_ops(ops);
         }
         self.restart_switches();
+        self.mark_reader();
         r
+    }
+
+    /// Charges laser's work since the last tick, when a window counted through it
+    /// ([`DutyState::charge_reader`], [`CostModel::Full`]): draining and decoding what the
+    /// window wrote, the detector and steering. Its own calibration traps are left out, as
+    /// in [`Watcher::charge_ops`].
+    fn charge_reader(&mut self) {
+        if let Some(mark) = self.reader_mark.take() {
+            let own = std::mem::take(&mut self.calibration_cpu);
+            let spent = thread_cpu_time().saturating_sub(mark);
+            self.state.charge_reader(spent.saturating_sub(own));
+        }
+    }
+
+    /// Notes laser's thread CPU clock after a tick that leaves a window counting.
+    fn mark_reader(&mut self) {
+        self.reader_mark =
+            (self.duty.model == CostModel::Full && self.state.is_armed()).then(thread_cpu_time);
     }
 
     /// Charges the watched threads' context switches since they were last read, over which
@@ -2037,6 +2061,38 @@ mod tests {
             len: 8,
             kind: WatchKind::ReadWrite,
         }
+    }
+
+    /// laser's own work between two polls while a window counts is a cost of the window,
+    /// charged like its events; its work while none counts is not.
+    #[test]
+    fn the_readers_work_while_a_window_counts_is_charged() {
+        let burn = |d: Duration| {
+            let t = thread_cpu_time();
+            while thread_cpu_time().saturating_sub(t) < d {
+                std::hint::spin_loop();
+            }
+        };
+        let duty = DutyCycle::new(Duration::from_millis(20), 0.02, Duration::from_micros(10));
+        let mut w = Watcher::new(Binding::Attach, duty, None);
+        w.arm(&[spec(0x1000)]).unwrap();
+        w.tick(Instant::now(), 0).unwrap();
+        assert!(w.is_counting());
+        assert_eq!(w.stats().reader_time, Duration::ZERO);
+        burn(Duration::from_millis(3));
+        w.tick(Instant::now(), 0).unwrap();
+        let charged = w.stats().reader_time;
+        assert!(
+            charged >= Duration::from_millis(3) && charged < Duration::from_millis(100),
+            "{charged:?}"
+        );
+        w.disarm().unwrap();
+        w.tick(Instant::now(), 0).unwrap();
+        assert!(!w.is_counting());
+        let at_disarm = w.stats().reader_time;
+        burn(Duration::from_millis(3));
+        w.tick(Instant::now(), 0).unwrap();
+        assert_eq!(w.stats().reader_time, at_disarm, "no window counted");
     }
 
     /// The hit that spends an event's limit ends the counting window right after it; hits
