@@ -240,8 +240,7 @@ pub struct MonitorArgs {
     #[arg(long = "watch-budget", value_name = "PERCENT", default_value_t = laser_driver::duty::DEFAULT_MAX_SLOWDOWN * 100.0, value_parser = parse_budget_percent)]
     pub watch_budget: f64,
     /// What the watch budget is charged with: `full` (the trap alone, plus laser's work
-    /// opening and closing the window events and between polls while a window counts, plus
-    /// the watched threads' context switches
+    /// opening and closing the window events, plus the watched threads' context switches
     /// while armed, each of which reloads the debug registers: what a window really costs,
     /// which keeps barrier-heavy programs within the budget) or `traps` (each trap priced as
     /// measured with a wake-up of laser per hit, about twice the trap alone on a VM, standing

@@ -216,9 +216,9 @@ pub fn run_loop(
 
 /// What watching cost the target, for the report, against the run and the budget that
 /// bounded it (`--watch-budget`): the traps (hits × the per-trap cost laser measured on this
-/// machine), laser's own work on the window events and between polls while they counted, and
-/// the watched threads' context switches while armed (each reloads the debug registers) —
-/// what the duty cycle charged.
+/// machine), laser's own work on the window events, and the watched threads' context switches
+/// while armed (each reloads the debug registers) — what the duty cycle charged; and laser's
+/// work between polls while windows counted, which it does not charge.
 pub fn watch_cost_note(
     cost: Option<(laser_driver::WatchStats, laser_driver::DutyCycle)>,
     elapsed: Duration,
@@ -234,7 +234,7 @@ pub fn watch_cost_note(
         stats.reader_time.as_secs_f64(),
         stats.switch_time.as_secs_f64(),
     );
-    let spent = traps + ops + reader + switches;
+    let spent = traps + ops + switches;
     let run = elapsed.as_secs_f64().max(1e-3);
     // An access history's watchpoints follow the object unbounded (`--history-site`).
     let budget = if duty.max_slowdown < 1.0 {
@@ -253,14 +253,23 @@ pub fn watch_cost_note(
              standing in for the windows' other costs)"
         ),
         laser_driver::CostModel::Full => format!(
-            "{trap_text}, laser's work on the window events {:.1} ms, laser's reading and \
-             steering while windows counted {:.1} ms, {} context switch(es) of watched threads \
-             {:.1} ms",
+            "{trap_text}, laser's work on the window events {:.1} ms, {} context switch(es) \
+             of watched threads {:.1} ms",
             ops * 1e3,
-            reader * 1e3,
             stats.switches,
             switches * 1e3,
         ),
+    };
+    // Not charged (`DutyState::note_reader`), but the target pays for it too.
+    let reading = if reader > 0.0 {
+        format!(
+            "; not charged: laser's reading and steering while windows counted, {:.1} ms \
+             ({:.2}%)",
+            reader * 1e3,
+            100.0 * reader / run
+        )
+    } else {
+        String::new()
     };
     // Where windows opened for whole CPUs (`laser_driver::Watcher::set_cpu_wide`).
     let windows = match (stats.cpu_wide_opens, stats.thread_opens) {
@@ -274,7 +283,7 @@ pub fn watch_cost_note(
         ),
     };
     Some(format!(
-        "watchpoint cost: {parts}, {:.2}% of the {:.2} s run ({budget}){windows}",
+        "watchpoint cost: {parts}, {:.2}% of the {:.2} s run ({budget}){reading}{windows}",
         100.0 * spent / run,
         run,
     ))

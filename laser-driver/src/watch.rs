@@ -317,8 +317,9 @@ pub struct Watcher {
     /// next ([`Watcher::charge_ops`]).
     calibration_cpu: Duration,
     /// laser's thread CPU clock at the end of the last tick that left a window counting
-    /// ([`Watcher::charge_reader`]).
-    reader_mark: Option<Duration>,
+    /// ([`Watcher::note_reader`]).
+    /// With the calibration CPU not yet charged at that moment (left out of the note).
+    reader_mark: Option<(Duration, Duration)>,
     /// The target's processes, whose CPU time the duty cycle budgets against: the one laser
     /// launched or attached to, and (launch) every process it forks, since its windows open
     /// events on those too. Empty: a watcher whose clock stands still (the
@@ -1602,7 +1603,7 @@ impl Watcher {
 
     /// Advances the duty cycle: `new_hits` watch samples were just read.
     pub(crate) fn tick(&mut self, now: Instant, new_hits: u64) -> Result<(), DriverError> {
-        self.charge_reader();
+        self.note_reader();
         if self.state.is_idle() {
             self.state.tick(&self.duty, now, new_hits, Duration::ZERO);
             return Ok(());
@@ -1664,22 +1665,24 @@ impl Watcher {
         r
     }
 
-    /// Charges laser's work since the last tick, when a window counted through it
-    /// ([`DutyState::charge_reader`], [`CostModel::Full`]): draining and decoding what the
-    /// window wrote, the detector and steering. Its own calibration traps are left out, as
-    /// in [`Watcher::charge_ops`].
-    fn charge_reader(&mut self) {
-        if let Some(mark) = self.reader_mark.take() {
-            let own = std::mem::take(&mut self.calibration_cpu);
+    /// Notes laser's work since the last tick, when a window counted through it
+    /// ([`DutyState::note_reader`]): draining and decoding what the window wrote, the
+    /// detector and steering. Its own calibration traps are left out, as in
+    /// [`Watcher::charge_ops`].
+    fn note_reader(&mut self) {
+        if let Some((mark, calibration)) = self.reader_mark.take() {
+            let own = self.calibration_cpu.saturating_sub(calibration);
             let spent = thread_cpu_time().saturating_sub(mark);
-            self.state.charge_reader(spent.saturating_sub(own));
+            self.state.note_reader(spent.saturating_sub(own));
         }
     }
 
     /// Notes laser's thread CPU clock after a tick that leaves a window counting.
     fn mark_reader(&mut self) {
-        self.reader_mark =
-            (self.duty.model == CostModel::Full && self.state.is_armed()).then(thread_cpu_time);
+        self.reader_mark = self
+            .state
+            .is_armed()
+            .then(|| (thread_cpu_time(), self.calibration_cpu));
     }
 
     /// Charges the watched threads' context switches since they were last read, over which
@@ -2063,10 +2066,10 @@ mod tests {
         }
     }
 
-    /// laser's own work between two polls while a window counts is a cost of the window,
-    /// charged like its events; its work while none counts is not.
+    /// laser's own work between two polls while a window counts is noted for the report,
+    /// its work while none counts is not, and neither delays the next window.
     #[test]
-    fn the_readers_work_while_a_window_counts_is_charged() {
+    fn the_readers_work_while_a_window_counts_is_noted() {
         let burn = |d: Duration| {
             let t = thread_cpu_time();
             while thread_cpu_time().saturating_sub(t) < d {
@@ -2093,6 +2096,12 @@ mod tests {
         burn(Duration::from_millis(3));
         w.tick(Instant::now(), 0).unwrap();
         assert_eq!(w.stats().reader_time, at_disarm, "no window counted");
+        // What the events' own opening and closing took is charged; the reader's 3 ms not.
+        let ops = w.stats().ops_time;
+        assert!(
+            ops < Duration::from_millis(1),
+            "noted, not charged: {ops:?}"
+        );
     }
 
     /// The hit that spends an event's limit ends the counting window right after it; hits
