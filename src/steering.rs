@@ -107,8 +107,8 @@ const MOVING_POLL: Duration = Duration::from_micros(50);
 /// finds none doubles the wait from [`MOVING_POLL`] up to this. Code that runs rarely would
 /// otherwise wake laser, real-time on the target's CPUs, every 50 µs of its window for
 /// nothing (a program that starts its threads afresh every few milliseconds: ~1,000 wake-ups
-/// a second, 2–3% of its run). A burst after a quiet spell is seen within this, or at the
-/// window's hit cap, which wakes the reader anyway.
+/// and ~10 ms of laser's CPU a second). A burst after a quiet spell is seen within this, or at
+/// the window's hit cap, which wakes the reader anyway.
 const MOVING_POLL_MAX: Duration = Duration::from_micros(1600);
 
 /// The wait before the next look at a counting code turn, after a look that waited `wait`

@@ -316,9 +316,8 @@ pub struct Watcher {
     /// laser's thread CPU time the calibration took, left out of the window work charged
     /// next ([`Watcher::charge_ops`]).
     calibration_cpu: Duration,
-    /// laser's thread CPU clock at the end of the last tick that left a window counting
-    /// ([`Watcher::note_reader`]).
-    /// With the calibration CPU not yet charged at that moment (left out of the note).
+    /// laser's thread CPU clock, and the calibration CPU not yet taken by `charge_ops`, at the
+    /// end of the last tick that left a window counting ([`Watcher::note_reader`]).
     reader_mark: Option<(Duration, Duration)>,
     /// The target's processes, whose CPU time the duty cycle budgets against: the one laser
     /// launched or attached to, and (launch) every process it forks, since its windows open
@@ -2084,10 +2083,10 @@ mod tests {
         assert_eq!(w.stats().reader_time, Duration::ZERO);
         burn(Duration::from_millis(3));
         w.tick(Instant::now(), 0).unwrap();
-        let charged = w.stats().reader_time;
+        let noted = w.stats().reader_time;
         assert!(
-            charged >= Duration::from_millis(3) && charged < Duration::from_millis(100),
-            "{charged:?}"
+            noted >= Duration::from_millis(3) && noted < Duration::from_millis(100),
+            "{noted:?}"
         );
         w.disarm().unwrap();
         w.tick(Instant::now(), 0).unwrap();
