@@ -1246,14 +1246,17 @@ impl<C: CodeSource> Detector<C> {
         }
         let duration = self.duration_s().max(1e-9);
         let estimates = self.estimator.estimates();
-        let hot = |pc: u64| {
-            self.model.contended().any(|l| {
-                l.sources.iter().any(|s| s.pc == pc)
-                    && steering_rate(l, &estimates, duration) >= threshold
-            })
-        };
+        // The instructions of lines above the threshold, rated once for all of `near`.
+        let hot: HashSet<u64> = self
+            .model
+            .contended()
+            .filter(|l| steering_rate(l, &estimates, duration) >= threshold)
+            .flat_map(|l| l.sources.iter().map(|s| s.pc))
+            .collect();
         near.into_iter()
-            .filter(|&pc| self.estimator.code_windows_on(pc) < NEIGHBOUR_CODE_WINDOWS && !hot(pc))
+            .filter(|pc| {
+                self.estimator.code_windows_on(*pc) < NEIGHBOUR_CODE_WINDOWS && !hot.contains(pc)
+            })
             .take(max)
             .collect()
     }
