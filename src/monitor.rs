@@ -253,8 +253,9 @@ pub fn watch_cost_note(
              standing in for the windows' other costs)"
         ),
         laser_driver::CostModel::Full => format!(
-            "{trap_text}, laser's work on the window events {:.1} ms, {} context switch(es) \
-             of watched threads {:.1} ms",
+            "{trap_text}, laser's work on the events of {} window(s) {:.1} ms, {} context \
+             switch(es) of watched threads {:.1} ms",
+            stats.windows,
             ops * 1e3,
             stats.switches,
             switches * 1e3,

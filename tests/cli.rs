@@ -272,7 +272,7 @@ fn both_cost_models_stay_within_the_budget_and_the_note_says_which() {
             .unwrap_or_else(|| panic!("no watchpoint cost note: {report:#}\n{t}"));
         assert!(note.contains(says), "{model}: {note}");
         assert_eq!(
-            note.contains("laser's work on the window events"),
+            note.contains("laser's work on the events of"),
             model == "full",
             "{note}"
         );
@@ -323,7 +323,7 @@ fn the_watch_budget_bounds_what_traps_cost_and_the_report_says_it() {
                 .unwrap();
             assert!(
                 note.contains("(budget 1%, --watch-budget)")
-                    && note.contains("laser's work on the window events"),
+                    && note.contains("laser's work on the events of"),
                 "{note}"
             );
         }
