@@ -1,13 +1,21 @@
-// What re-pointing a whole-CPU watch window costs laser, per window, three ways (issue 11:
-// most of laser's own CPU on a busy program is the cross-CPU calls of its window events).
-// Four write breakpoints bound to CPU 1 (where a thread spins, as a target would), moved
-// between two sets of words each "window" from a thread pinned to CPU 0:
-//   mode 0: open 4 + REFRESH 4 + close 4 (what laser's launch windows do)
+// What a whole-CPU watch window's events cost laser and the CPU they watch, per window, five
+// ways (issue 11: most of laser's own CPU on a busy program is the cross-CPU calls of its
+// window events). Four write breakpoints bound to CPU 1 (where a thread spins, as a target
+// would), moved between two sets of words each "window" from a thread pinned to CPU 0:
+//   mode 0: open 4 + REFRESH 4 + close 4 (what laser's launch windows did until the
+//           thirty-first session, and its per-thread windows still do)
 //   mode 1: MODIFY_ATTRIBUTES 4 (disabled) + REFRESH 4 + DISABLE 4 (events kept open)
 //   mode 2: one group (leader disabled, members enabled): DISABLE leader, MODIFY 4,
 //           ENABLE + REFRESH members, REFRESH leader (one enable for the group)
-// Prints laser's CPU and wall time per window and the spinner's rate.
-//   gcc -O2 -pthread -o window_ops window_ops.c && for m in 0 1 2; do ./window_ops $m 2000; done
+//   mode 3: one group opened afresh each window (leader disabled, members enabled): open 4,
+//           REFRESH members (no interrupt: their leader is off), REFRESH leader, close
+//           members then leader (what laser's whole-CPU launch windows do since the
+//           thirty-first session)
+//   mode 4: as 3, with the leader disabled before the closes
+// NS=1..4 in the environment: that many slots (default 4).
+// Prints laser's CPU and wall time per window and the spinner's rate; the cross-CPU calls a
+// window takes are the CAL line of /proc/interrupts before and after, over WINDOWS.
+//   gcc -O2 -pthread -o window_ops window_ops.c && for m in 0 1 2 3 4; do ./window_ops $m 2000; done
 // (root or perf_event_paranoid <= 0: the events are CPU-wide.)
 #define _GNU_SOURCE
 #include <linux/hw_breakpoint.h>
@@ -84,21 +92,22 @@ static double now(clockid_t c) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s MODE(0|1|2) WINDOWS\n", argv[0]);
+        fprintf(stderr, "usage: %s MODE(0-4) WINDOWS\n", argv[0]);
         return 2;
     }
     int mode = atoi(argv[1]), n = atoi(argv[2]);
+    int ns = getenv("NS") ? atoi(getenv("NS")) : 4;
     pin(0);
     pthread_t t;
     pthread_create(&t, NULL, spin, NULL);
     usleep(100000);
     int fds[4];
     if (mode == 1)
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < ns; i++)
             fds[i] = open_bp(i, -1, 1);
     if (mode == 2) {
         fds[0] = open_bp(0, -1, 1);
-        for (int i = 1; i < 4; i++)
+        for (int i = 1; i < ns; i++)
             fds[i] = open_bp(i, fds[0], 0);
     }
     long s0 = spins;
@@ -106,28 +115,49 @@ int main(int argc, char **argv) {
     for (int k = 0; k < n; k++) {
         int off = (k % 2) * 4; /* alternate between two sets of words */
         if (mode == 0) {
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < ns; i++)
                 fds[i] = open_bp(i + off, -1, 1);
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < ns; i++)
                 ioctl(fds[i], PERF_EVENT_IOC_REFRESH, LIMIT);
             usleep(200);
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < ns; i++)
                 close(fds[i]);
         } else if (mode == 1) {
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < ns; i++)
                 repoint(fds[i], i + off);
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < ns; i++)
                 ioctl(fds[i], PERF_EVENT_IOC_REFRESH, LIMIT);
             usleep(200);
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < ns; i++)
                 ioctl(fds[i], PERF_EVENT_IOC_DISABLE, 0);
+        } else if (mode == 3) {
+            fds[0] = open_bp(off, -1, 1);
+            for (int i = 1; i < ns; i++)
+                fds[i] = open_bp(i + off, fds[0], 0);
+            for (int i = 1; i < ns; i++)
+                ioctl(fds[i], PERF_EVENT_IOC_REFRESH, LIMIT);
+            ioctl(fds[0], PERF_EVENT_IOC_REFRESH, LIMIT);
+            usleep(200);
+            for (int i = ns - 1; i >= 0; i--)
+                close(fds[i]);
+        } else if (mode == 4) {
+            fds[0] = open_bp(off, -1, 1);
+            for (int i = 1; i < ns; i++)
+                fds[i] = open_bp(i + off, fds[0], 0);
+            for (int i = 1; i < ns; i++)
+                ioctl(fds[i], PERF_EVENT_IOC_REFRESH, LIMIT);
+            ioctl(fds[0], PERF_EVENT_IOC_REFRESH, LIMIT);
+            usleep(200);
+            ioctl(fds[0], PERF_EVENT_IOC_DISABLE, 0);
+            for (int i = ns - 1; i >= 0; i--)
+                close(fds[i]);
         } else {
             ioctl(fds[0], PERF_EVENT_IOC_DISABLE, 0);
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < ns; i++)
                 repoint(fds[i], i + off);
-            for (int i = 1; i < 4; i++)
+            for (int i = 1; i < ns; i++)
                 ioctl(fds[i], PERF_EVENT_IOC_ENABLE, 0);
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < ns; i++)
                 ioctl(fds[i], PERF_EVENT_IOC_REFRESH, LIMIT);
             usleep(200);
             ioctl(fds[0], PERF_EVENT_IOC_DISABLE, 0);

@@ -33,8 +33,11 @@
 //! watches whatever runs there; other processes' hits are dropped as read. No per-thread
 //! events, rings or opens at thread creation, every thread watched from its first
 //! instruction, and no debug-register reload at each context switch of a watched thread
-//! (5–6 µs each on this VM: kmeans 1.12 → 1.06 of its bare time, side by side). Where
-//! another tool's breakpoints leave no room (`ENOSPC`), that window opens per thread.
+//! (5–6 µs each on this VM: kmeans 1.12 → 1.06 of its bare time, side by side). A CPU's
+//! events are one group led by slot 0's ([`GroupRole`]): the leader's enable starts them all
+//! and the members' limits are set without interrupting that CPU, so a window of n slots
+//! takes n + 2 cross-CPU calls a CPU instead of 2n + 1. Where another tool's breakpoints
+//! leave no room (`ENOSPC`), that window opens per thread.
 //!
 //! **The kernel ends a window's traps.** Every event is enabled with
 //! `PERF_EVENT_IOC_REFRESH(limit)`, its share of the window's hit cap ([`Watcher::limit`]):
@@ -299,6 +302,27 @@ struct WatchEvent {
     /// The kernel stops it at a hit limit (`PERF_EVENT_IOC_REFRESH`). An attached thread's
     /// events are opened without one and given theirs at their first enable.
     limited: bool,
+    /// Its place in its CPU's event group (whole-CPU windows, [`Watcher::open_cpu_group`]).
+    group: GroupRole,
+}
+
+/// A whole-CPU window's events of one CPU form one group: slot 0's event leads, opened
+/// disabled, and the others are opened enabled under it, so that the leader's enable starts
+/// the whole group with one interrupt of that CPU, and a member's `REFRESH` (its own hit
+/// limit) needs none. Opened as separate events, each open, enable and close interrupted the
+/// CPU and rescheduled its events: `benchmarks/watch-cost/window_ops.c` (a thread spinning on
+/// the events' CPU, a window every ~0.4 ms), mode 3 against mode 0, four slots: 6 cross-CPU
+/// calls a window instead of 9, laser's work 133–135 µs instead of 186–188, the spinner 7–11%
+/// faster; two slots: 4 calls instead of 5, 75–87 µs instead of 89–103; one slot is the same
+/// either way. Members are kept before their leader in [`Watcher::events`] and so close
+/// first: a leader closed before its members would leave them as enabled events of their
+/// own, counting with no leader to stop them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GroupRole {
+    /// An event of its own (per-thread windows, attach, a whole-CPU window of one slot).
+    Alone,
+    Leader,
+    Member,
 }
 
 /// The watchpoints of one session. Obtained from `Session::watch_mut`.
@@ -582,6 +606,7 @@ impl Watcher {
                 attr: a,
                 id,
                 limited: false,
+                group: GroupRole::Alone,
             });
             slot += 1;
         }
@@ -780,10 +805,11 @@ impl Watcher {
         let (first, rest): (Vec<WatchEvent>, Vec<WatchEvent>) = self
             .events
             .drain(..)
-            .partition(|e| hot.contains(&(e.key, e.slot)));
+            .partition(|e| e.group == GroupRole::Alone && hot.contains(&(e.key, e.slot)));
         self.closed_ids
             .extend(first.iter().chain(rest.iter()).map(|e| e.id));
         drop(first);
+        // Members before their leaders, as they were kept ([`GroupRole`]).
         drop(rest);
         // Only now that its breakpoints are gone: a session waiting for them retries at once.
         self.hold_window(false);
@@ -879,19 +905,53 @@ impl Watcher {
         if std::mem::take(&mut self.trapped_unknown) {
             return self.sync_window();
         }
+        // A whole CPU's events are one group ([`GroupRole`]): a spent member is replaced
+        // inside it, but a spent leader stopped the whole group, which then opens anew.
+        let regroup: BTreeSet<i64> = self
+            .events
+            .iter()
+            .filter(|e| e.group == GroupRole::Leader && hot.contains(&(e.key, e.slot)))
+            .map(|e| e.key)
+            .collect();
         let (spent, keep): (Vec<WatchEvent>, Vec<WatchEvent>) = std::mem::take(&mut self.events)
             .into_iter()
-            .partition(|e| hot.contains(&(e.key, e.slot)));
+            .partition(|e| hot.contains(&(e.key, e.slot)) || regroup.contains(&e.key));
         self.events = keep;
         self.closed_ids.extend(spent.iter().map(|e| e.id));
         // Each is replaced where it counted: on its CPU, or on its thread's own ring.
-        let places: BTreeSet<(i64, u8, i32)> =
-            spent.iter().map(|e| (e.key, e.slot, e.cpu)).collect();
-        // Closed before the new ones open: a thread has 4 debug registers per CPU.
+        let places: BTreeSet<(i64, u8, i32)> = spent
+            .iter()
+            .filter(|e| !regroup.contains(&e.key))
+            .map(|e| (e.key, e.slot, e.cpu))
+            .collect();
+        let groups: BTreeSet<i32> = spent
+            .iter()
+            .filter(|e| regroup.contains(&e.key))
+            .map(|e| e.cpu)
+            .collect();
+        // Closed before the new ones open (a thread has 4 debug registers per CPU), members
+        // before their leaders, as they were kept.
         drop(spent);
         let now = now_ns();
         for &(key, slot) in &hot {
             self.renewed_since.insert((key, slot), now);
+        }
+        for &key in &regroup {
+            for slot in 0..self.specs.len() {
+                self.renewed_since.insert((key, slot as u8), now);
+            }
+        }
+        for cpu in groups {
+            let Some(leader) = self.leaders.iter().position(|l| l.cpu == cpu) else {
+                continue;
+            };
+            match open_replacing(|| self.open_cpu_group(leader, true)) {
+                Ok(()) => {}
+                // Another tool's breakpoints took the room: the window opens again, per
+                // thread if they are still there.
+                Err(e) if Unwatched::of(&e).is_some() => return self.sync_window(),
+                Err(e) => return Err(e),
+            }
         }
         let mut gone = BTreeSet::new();
         for (key, slot, cpu) in places {
@@ -900,14 +960,18 @@ impl Watcher {
                 continue; // a straggler of a set armed before, or a thread that exited
             }
             if key < 0 {
-                // A whole CPU's event.
+                // A member of a whole CPU's group, or a CPU's only event.
+                let alone = self.specs.len() == 1;
                 let Some(leader) = self.leaders.iter().position(|l| l.cpu == cpu) else {
                     continue;
                 };
-                match open_replacing(|| self.open_cpu_slot(leader, slot as usize)) {
-                    Ok(ev) => self.adopt(ev),
-                    // Another tool's breakpoints took the room: the window opens again, per
-                    // thread if they are still there.
+                let r = if alone {
+                    open_replacing(|| self.open_cpu_group(leader, true))
+                } else {
+                    open_replacing(|| self.open_member(key, slot as usize))
+                };
+                match r {
+                    Ok(()) => {}
                     Err(e) if Unwatched::of(&e).is_some() => return self.sync_window(),
                     Err(e) => return Err(e),
                 }
@@ -931,6 +995,30 @@ impl Watcher {
             };
             self.adopt(ev);
         }
+        Ok(())
+    }
+
+    /// Opens slot `slot` anew in the group of whole-CPU key `key`, whose leader counts, limited
+    /// at once, and keeps it before its leader ([`GroupRole`]).
+    fn open_member(&mut self, key: i64, slot: usize) -> Result<(), DriverError> {
+        let Some(at) = self
+            .events
+            .iter()
+            .position(|e| e.key == key && e.group == GroupRole::Leader)
+        else {
+            return Ok(()); // no group there any more
+        };
+        let cpu = self.events[at].cpu;
+        let Some(leader) = self.leaders.iter().find(|l| l.cpu == cpu) else {
+            return Ok(());
+        };
+        let (out, wake) = (leader.fd.as_raw_fd(), leader.wake);
+        let mut ev = self.open_event(-1, cpu, out, wake, slot, false, Some(&self.events[at].fd))?;
+        ev.key = key;
+        ev.group = GroupRole::Member;
+        sys::refresh(&ev.fd, self.limit())?;
+        self.opened_ids.push((ev.id, ev.slot));
+        self.events.insert(at, ev);
         Ok(())
     }
 
@@ -1026,19 +1114,45 @@ impl Watcher {
 
     fn open_every_cpu(&mut self) -> Result<(), DriverError> {
         for i in 0..self.leaders.len() {
-            for slot in 0..self.specs.len() {
-                let ev = self.open_cpu_slot(i, slot)?;
-                self.adopt(ev);
-            }
+            self.open_cpu_group(i, false)?;
         }
         Ok(())
     }
 
-    /// A whole-CPU event: slot `slot` on leader `leader`'s CPU, keyed [`cpu_key`].
-    fn open_cpu_slot(&self, leader: usize, slot: usize) -> Result<WatchEvent, DriverError> {
-        let mut ev = self.open_slot(-1, leader, slot)?;
-        ev.key = cpu_key(ev.cpu);
-        Ok(ev)
+    /// Opens the armed set on leader `leader`'s CPU as one group ([`GroupRole`]) and adopts
+    /// its events, members first. With `enable`, limits and enables them at once (a group
+    /// renewed while its window counts); otherwise they wait for
+    /// [`Watcher::enable_opened`], which goes through them in that order too: each member's
+    /// limit is set while its leader is still disabled, and the leader's enable starts all.
+    fn open_cpu_group(&mut self, leader: usize, enable: bool) -> Result<(), DriverError> {
+        let RingLeader { cpu, fd: out, wake } = &self.leaders[leader];
+        let (cpu, out, wake) = (*cpu, out.as_raw_fd(), *wake);
+        let mut head = self.open_event(-1, cpu, out, wake, 0, true, None)?;
+        head.key = cpu_key(cpu);
+        if self.specs.len() > 1 {
+            head.group = GroupRole::Leader;
+        }
+        let mut members = Vec::with_capacity(self.specs.len().saturating_sub(1));
+        for slot in 1..self.specs.len() {
+            // On failure the members opened so far close before the leader (`members` is
+            // dropped first).
+            let mut ev = self.open_event(-1, cpu, out, wake, slot, false, Some(&head.fd))?;
+            ev.key = cpu_key(cpu);
+            ev.group = GroupRole::Member;
+            members.push(ev);
+        }
+        if enable {
+            let limit = self.limit();
+            members
+                .iter()
+                .chain(std::iter::once(&head))
+                .try_for_each(|e| sys::refresh(&e.fd, limit))?;
+        }
+        for ev in members {
+            self.adopt(ev);
+        }
+        self.adopt(head);
+        Ok(())
     }
 
     /// Opens the window's events on every thread of the target.
@@ -1229,6 +1343,26 @@ impl Watcher {
         wake: RingWake,
         slot: usize,
     ) -> Result<WatchEvent, DriverError> {
+        let ev = self.open_event(tid, cpu, out, wake, slot, self.opening, None)?;
+        if !self.inherit && !self.opening {
+            sys::refresh(&ev.fd, self.limit())?;
+        }
+        Ok(ev)
+    }
+
+    /// Opens one event of slot `slot` on `tid`/`cpu` into the ring of `out`, disabled or
+    /// not, alone or as a member of `group`'s group (limited by the caller).
+    #[allow(clippy::too_many_arguments)]
+    fn open_event(
+        &self,
+        tid: i32,
+        cpu: i32,
+        out: RawFd,
+        wake: RingWake,
+        slot: usize,
+        disabled: bool,
+        group: Option<&OwnedFd>,
+    ) -> Result<WatchEvent, DriverError> {
         // Set when the window opened (`open_window`); the limit before any window did.
         let wake = if wake.wake == 0 {
             self.limit()
@@ -1239,12 +1373,9 @@ impl Watcher {
         // A whole-CPU event (tid -1) cannot be inherited; its windows never are anyway.
         base.set_inherit(u64::from(self.inherit && tid >= 0));
         let s = self.specs[slot];
-        let a = attr::repoint(&base, s.addr, s.len, s.kind, self.opening);
+        let a = attr::repoint(&base, s.addr, s.len, s.kind, disabled);
         let what = format!("watchpoint slot {slot}");
-        let fd = sys::open(&a, tid, cpu, &what)?;
-        if !self.inherit && !self.opening {
-            sys::refresh(&fd, self.limit())?;
-        }
+        let fd = sys::open_in_group(&a, tid, cpu, group, &what)?;
         sys::set_output(&fd, out)?;
         let id = sys::event_id(&fd)?;
         Ok(WatchEvent {
@@ -1255,6 +1386,7 @@ impl Watcher {
             fd,
             attr: base,
             limited: !self.inherit,
+            group: GroupRole::Alone,
         })
     }
 
@@ -1848,6 +1980,7 @@ impl Watcher {
                     attr: base,
                     id,
                     limited: true,
+                    group: GroupRole::Alone,
                 });
             }
         }

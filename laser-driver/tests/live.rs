@@ -1236,6 +1236,72 @@ fn a_rolled_over_window_gets_a_fresh_cap() {
     );
 }
 
+/// A whole CPU's window events are one group, slot 0 leading (laser-driver's `GroupRole`):
+/// each event is stopped at its own limit by the kernel, and a window that rolls over renews
+/// what trapped: a spent member inside its group, a spent leader (which stopped its group)
+/// with a whole new group. The reader sleeps 300 ms in each of three 25 ms windows (see
+/// `a_rolled_over_window_gets_a_fresh_cap`): each window must stop at its cap, and each must
+/// have hits, which only a renewed event gives. Once with the hot word a member, once the
+/// leader.
+#[test]
+fn a_whole_cpu_windows_group_stops_at_its_cap_and_rolls_over_fresh() {
+    let _serial = exclusive();
+    let t = target();
+    for hot_leads in [false, true] {
+        let specs = if hot_leads {
+            [shared_word_writes(t), quiet_word(t)]
+        } else {
+            [quiet_word(t), shared_word_writes(t)]
+        };
+        let Some((per_window, w, cap)) = whole_cpu_late_windows(t, &specs) else {
+            eprintln!("note: whole-CPU windows refused here (CPU-wide events not allowed)");
+            return;
+        };
+        eprintln!("whole-CPU, hot word leads {hot_leads}: hits per window {per_window:?}, cap {cap}, {w:?}");
+        assert_eq!(w.cooldown_time, Duration::ZERO, "rolled over: {w:?}");
+        // One event per slot and CPU, each limited to its share of the cap.
+        let cpus = laser_driver::sys::online_cpus().unwrap().len() as u64;
+        let share = cap.div_ceil(cpus);
+        assert!(
+            per_window.iter().all(|&h| h >= share && h <= share * cpus),
+            "hot word leads {hot_leads}: {per_window:?}, share {share} a CPU"
+        );
+    }
+}
+
+/// The fixture's hot mode under whole-CPU windows on `specs` (rolling over: 25 ms windows, a
+/// 50% budget), read late three times: the hits of each window, the watch's stats and the
+/// cap. `None` where whole-CPU windows are refused.
+fn whole_cpu_late_windows(
+    t: &Target,
+    specs: &[WatchSpec],
+) -> Option<(Vec<u64>, laser_driver::WatchStats, u64)> {
+    let duty =
+        laser_driver::DutyCycle::new(Duration::from_millis(25), 0.5, Duration::from_micros(250));
+    let cap = duty.max_hits_per_window;
+    let cfg = Config {
+        backend: BackendKind::Watch,
+        sample_cpus: true,
+        duty_cycle: duty,
+        ..Config::default()
+    };
+    let mut s = Session::launch(&argv(t, &["3.0", "0", "hot"]), &cfg).unwrap();
+    wait_for_threads(&mut s, 3);
+    s.watch_mut().unwrap().arm(specs).unwrap();
+    s.watch_mut().unwrap().enable_opened().unwrap();
+    let whole = s.watch_mut().unwrap().window_is_cpu_wide();
+    let mut per_window = Vec::new();
+    if whole {
+        for _ in 0..3 {
+            per_window.push(late_read_hits(&mut s));
+        }
+    }
+    let w = s.watch_mut().unwrap().stats();
+    s.signal(libc::SIGKILL).unwrap();
+    let _ = run_to_exit(&mut s);
+    whole.then_some((per_window, w, cap))
+}
+
 /// Launch windows are not inherited: a thread created while one counts gets its events when
 /// its creation record is read. One window spans the run; the second worker starts 200 ms
 /// after it opened, and both workers' stores are seen in it.
