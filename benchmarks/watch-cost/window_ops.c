@@ -91,8 +91,9 @@ static double now(clockid_t c) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3) {
-        fprintf(stderr, "usage: %s MODE(0-4) WINDOWS\n", argv[0]);
+    if (argc < 3 || (getenv("NS") && (atoi(getenv("NS")) < 1 || atoi(getenv("NS")) > 4))) {
+        fprintf(stderr, "usage: %s MODE(0-4) WINDOWS (NS=1..4 in the environment: slots)\n",
+                argv[0]);
         return 2;
     }
     int mode = atoi(argv[1]), n = atoi(argv[2]);
@@ -130,7 +131,7 @@ int main(int argc, char **argv) {
             usleep(200);
             for (int i = 0; i < ns; i++)
                 ioctl(fds[i], PERF_EVENT_IOC_DISABLE, 0);
-        } else if (mode == 3) {
+        } else if (mode == 3 || mode == 4) {
             fds[0] = open_bp(off, -1, 1);
             for (int i = 1; i < ns; i++)
                 fds[i] = open_bp(i + off, fds[0], 0);
@@ -138,17 +139,8 @@ int main(int argc, char **argv) {
                 ioctl(fds[i], PERF_EVENT_IOC_REFRESH, LIMIT);
             ioctl(fds[0], PERF_EVENT_IOC_REFRESH, LIMIT);
             usleep(200);
-            for (int i = ns - 1; i >= 0; i--)
-                close(fds[i]);
-        } else if (mode == 4) {
-            fds[0] = open_bp(off, -1, 1);
-            for (int i = 1; i < ns; i++)
-                fds[i] = open_bp(i + off, fds[0], 0);
-            for (int i = 1; i < ns; i++)
-                ioctl(fds[i], PERF_EVENT_IOC_REFRESH, LIMIT);
-            ioctl(fds[0], PERF_EVENT_IOC_REFRESH, LIMIT);
-            usleep(200);
-            ioctl(fds[0], PERF_EVENT_IOC_DISABLE, 0);
+            if (mode == 4)
+                ioctl(fds[0], PERF_EVENT_IOC_DISABLE, 0);
             for (int i = ns - 1; i >= 0; i--)
                 close(fds[i]);
         } else {

@@ -158,6 +158,13 @@ fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// The ring a window event writes into: its descriptor and its wake-up counter.
+#[derive(Clone, Copy)]
+struct RingOut {
+    fd: RawFd,
+    wake: RingWake,
+}
+
 /// Launch: one CPU's leader, whose ring that CPU's window events write into, and the ring's
 /// wake-up counter as laser follows it.
 struct RingLeader {
@@ -165,6 +172,15 @@ struct RingLeader {
     /// A duplicate of the session's leader descriptor.
     fd: OwnedFd,
     wake: RingWake,
+}
+
+impl RingLeader {
+    fn out(&self) -> RingOut {
+        RingOut {
+            fd: self.fd.as_raw_fd(),
+            wake: self.wake,
+        }
+    }
 }
 
 /// Data pages of a thread's watch ring ([`ThreadRing`]): 32 KiB, about 130 hits with their
@@ -185,6 +201,13 @@ struct ThreadRing {
 }
 
 impl ThreadRing {
+    fn out(&self) -> RingOut {
+        RingOut {
+            fd: self.fd.as_raw_fd(),
+            wake: self.wake,
+        }
+    }
+
     fn open(tid: i32) -> Result<Self, DriverError> {
         let fd = sys::open(&attr::watch_ring(), tid, -1, "watch ring")?;
         let ring = MmapRing::new(&fd, THREAD_RING_PAGES)?;
@@ -981,8 +1004,8 @@ impl Watcher {
                 let Some(Some(ring)) = self.thread_rings.get(&tid) else {
                     continue; // its thread exited and its ring went
                 };
-                let (out, wake) = (ring.fd.as_raw_fd(), ring.wake);
-                open_replacing(|| self.open_slot_to(tid, -1, out, wake, slot as usize))
+                let out = ring.out();
+                open_replacing(|| self.open_slot_to(tid, -1, out, slot as usize))
             } else {
                 let Some(leader) = self.leaders.iter().position(|l| l.cpu == cpu) else {
                     continue;
@@ -1009,11 +1032,15 @@ impl Watcher {
             return Ok(()); // no group there any more
         };
         let cpu = self.events[at].cpu;
-        let Some(leader) = self.leaders.iter().find(|l| l.cpu == cpu) else {
+        let Some(out) = self
+            .leaders
+            .iter()
+            .find(|l| l.cpu == cpu)
+            .map(RingLeader::out)
+        else {
             return Ok(());
         };
-        let (out, wake) = (leader.fd.as_raw_fd(), leader.wake);
-        let mut ev = self.open_event(-1, cpu, out, wake, slot, false, Some(&self.events[at].fd))?;
+        let mut ev = self.open_event(-1, cpu, out, slot, false, Some(&self.events[at].fd))?;
         ev.key = key;
         ev.group = GroupRole::Member;
         sys::refresh(&ev.fd, self.limit())?;
@@ -1125,9 +1152,8 @@ impl Watcher {
     /// [`Watcher::enable_opened`], which goes through them in that order too: each member's
     /// limit is set while its leader is still disabled, and the leader's enable starts all.
     fn open_cpu_group(&mut self, leader: usize, enable: bool) -> Result<(), DriverError> {
-        let RingLeader { cpu, fd: out, wake } = &self.leaders[leader];
-        let (cpu, out, wake) = (*cpu, out.as_raw_fd(), *wake);
-        let mut head = self.open_event(-1, cpu, out, wake, 0, true, None)?;
+        let (cpu, out) = (self.leaders[leader].cpu, self.leaders[leader].out());
+        let mut head = self.open_event(-1, cpu, out, 0, true, None)?;
         head.key = cpu_key(cpu);
         if self.specs.len() > 1 {
             head.group = GroupRole::Leader;
@@ -1136,7 +1162,7 @@ impl Watcher {
         for slot in 1..self.specs.len() {
             // On failure the members opened so far close before the leader (`members` is
             // dropped first).
-            let mut ev = self.open_event(-1, cpu, out, wake, slot, false, Some(&head.fd))?;
+            let mut ev = self.open_event(-1, cpu, out, slot, false, Some(&head.fd))?;
             ev.key = cpu_key(cpu);
             ev.group = GroupRole::Member;
             members.push(ev);
@@ -1303,9 +1329,9 @@ impl Watcher {
     /// on.
     fn open_thread(&mut self, tid: i32, from: usize) -> Result<(), DriverError> {
         if from == 0 {
-            if let Some((out, wake)) = self.thread_ring(tid)? {
+            if let Some(out) = self.thread_ring(tid)? {
                 for slot in 0..self.specs.len() {
-                    let ev = self.open_slot_to(tid, -1, out, wake, slot)?;
+                    let ev = self.open_slot_to(tid, -1, out, slot)?;
                     self.adopt(ev);
                 }
                 return Ok(());
@@ -1329,45 +1355,41 @@ impl Watcher {
     /// [`Watcher::open_window`] enables it with the others. An inherited window's events have
     /// no limit (the kernel allows none).
     fn open_slot(&self, tid: i32, leader: usize, slot: usize) -> Result<WatchEvent, DriverError> {
-        let RingLeader { cpu, fd: out, wake } = &self.leaders[leader];
-        self.open_slot_to(tid, *cpu, out.as_raw_fd(), *wake, slot)
+        let l = &self.leaders[leader];
+        self.open_slot_to(tid, l.cpu, l.out(), slot)
     }
 
-    /// [`Watcher::open_slot`] on `cpu` (-1: wherever the thread runs) into the ring of `out`,
-    /// whose wake-up counter is `wake`.
+    /// [`Watcher::open_slot`] on `cpu` (-1: wherever the thread runs) into the ring `out`.
     fn open_slot_to(
         &self,
         tid: i32,
         cpu: i32,
-        out: RawFd,
-        wake: RingWake,
+        out: RingOut,
         slot: usize,
     ) -> Result<WatchEvent, DriverError> {
-        let ev = self.open_event(tid, cpu, out, wake, slot, self.opening, None)?;
+        let ev = self.open_event(tid, cpu, out, slot, self.opening, None)?;
         if !self.inherit && !self.opening {
             sys::refresh(&ev.fd, self.limit())?;
         }
         Ok(ev)
     }
 
-    /// Opens one event of slot `slot` on `tid`/`cpu` into the ring of `out`, disabled or
-    /// not, alone or as a member of `group`'s group (limited by the caller).
-    #[allow(clippy::too_many_arguments)]
+    /// Opens one event of slot `slot` on `tid`/`cpu` into the ring `out`, disabled or not,
+    /// alone or as a member of `group`'s group (limited by the caller).
     fn open_event(
         &self,
         tid: i32,
         cpu: i32,
-        out: RawFd,
-        wake: RingWake,
+        out: RingOut,
         slot: usize,
         disabled: bool,
         group: Option<&OwnedFd>,
     ) -> Result<WatchEvent, DriverError> {
         // Set when the window opened (`open_window`); the limit before any window did.
-        let wake = if wake.wake == 0 {
+        let wake = if out.wake.wake == 0 {
             self.limit()
         } else {
-            wake.wake
+            out.wake.wake
         };
         let mut base = attr::watch(Binding::Launch, wake);
         // A whole-CPU event (tid -1) cannot be inherited; its windows never are anyway.
@@ -1376,7 +1398,7 @@ impl Watcher {
         let a = attr::repoint(&base, s.addr, s.len, s.kind, disabled);
         let what = format!("watchpoint slot {slot}");
         let fd = sys::open_in_group(&a, tid, cpu, group, &what)?;
-        sys::set_output(&fd, out)?;
+        sys::set_output(&fd, out.fd)?;
         let id = sys::event_id(&fd)?;
         Ok(WatchEvent {
             key: tid as i64,
@@ -1395,17 +1417,17 @@ impl Watcher {
     /// inherited window, whose events the kernel copies into new threads, or a ring that
     /// could not be made: the reason is the per-CPU events' to report if they fail too). A
     /// thread that exited (`ESRCH`) is the caller's to pass over.
-    fn thread_ring(&mut self, tid: i32) -> Result<Option<(RawFd, RingWake)>, DriverError> {
+    fn thread_ring(&mut self, tid: i32) -> Result<Option<RingOut>, DriverError> {
         if self.inherit || self.binding != Binding::Launch {
             return Ok(None);
         }
         if let Some(r) = self.thread_rings.get(&tid) {
-            return Ok(r.as_ref().map(|r| (r.fd.as_raw_fd(), r.wake)));
+            return Ok(r.as_ref().map(ThreadRing::out));
         }
         match ThreadRing::open(tid) {
             Ok(mut r) => {
                 r.wake.rearm(self.limit());
-                let got = (r.fd.as_raw_fd(), r.wake);
+                let got = r.out();
                 self.thread_rings.insert(tid, Some(r));
                 Ok(Some(got))
             }
