@@ -335,7 +335,7 @@ struct WatchEvent {
 /// limit) needs none. Opened as separate events, each open, enable and close interrupted the
 /// CPU and rescheduled its events: `benchmarks/watch-cost/window_ops.c` (a thread spinning on
 /// the events' CPU, a window every ~0.4 ms), mode 3 against mode 0, four slots: 6 cross-CPU
-/// calls a window instead of 9, laser's work 133–135 µs instead of 186–188, the spinner 7–11%
+/// calls a window instead of 9, laser's work 133–135 µs instead of 186–188, the spinner 8–11%
 /// faster; two slots: 4 calls instead of 5, 75–87 µs instead of 89–103; one slot is the same
 /// either way. Members are kept before their leader in [`Watcher::events`] and so close
 /// first: a leader closed before its members would leave them as enabled events of their
