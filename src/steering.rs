@@ -417,11 +417,12 @@ impl Steering {
             return Ok(());
         }
         // A store-only candidate turn is over: did its last window see one thread alone?
-        if let Some(line) = self.storing.take() {
-            if hits > self.hits_at_start && watcher.last_hitters() == 1 {
-                let n = self.stores_alone.get(&line).map_or(0, |&(n, _)| n);
-                self.stores_alone.insert(line, (n + 1, now));
-            } else if hits > self.hits_at_start {
+        // (A turn without hits says nothing either way.)
+        if let Some(line) = self.storing.take().filter(|_| hits > self.hits_at_start) {
+            if watcher.last_hitters() == 1 {
+                let (n, at) = self.stores_alone.entry(line).or_insert((0, now));
+                (*n, *at) = (*n + 1, now);
+            } else {
                 self.stores_alone.remove(&line);
             }
         }
