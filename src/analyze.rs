@@ -50,6 +50,14 @@ impl CodeSource for Code {
         self.elf.function_bounds(addr)
     }
 
+    fn direct_callers(&self, addr: u64) -> Vec<u64> {
+        self.elf.direct_callers(addr)
+    }
+
+    fn call_target(&self, addr: u64) -> Option<u64> {
+        self.elf.call_target(addr)
+    }
+
     fn map_file(&mut self, m: &FileMapping<'_>) -> Option<ModuleLayout> {
         let path = self.map.apply(m.path);
         self.elf.map_file(&FileMapping { path: &path, ..*m })

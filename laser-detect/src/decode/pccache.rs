@@ -15,7 +15,7 @@
 //! cannot be seen; that residual risk is the linear sweep's.
 
 use hashbrown::HashMap;
-use iced_x86::{Decoder, DecoderOptions};
+use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind};
 
 use crate::decode::classify::{Classifier, Insn};
 use crate::decode::code::CodeSource;
@@ -23,6 +23,17 @@ use crate::decode::skid::{FunctionFlow, SkidPaths};
 
 /// Longest function swept (bytes); larger ones are assumed to be mis-sized symbols.
 const MAX_SWEEP: u64 = 1 << 20;
+
+/// Most direct callers of a swept function that are looked at for atomic updates
+/// ([`PcCache::atomic_globals`]): a helper called from a few places (glibc's `random_r`, from
+/// `__random` and `random_r`'s own wrappers) is often called with a lock its caller holds; a
+/// function called from everywhere (`memcpy`) says nothing about any one caller.
+const MAX_CALLERS_LOOKED_AT: usize = 4;
+
+/// Most direct callees of one function that are looked at for atomic updates, two levels
+/// down from a swept function (through the PLT: the program's `rand()` is glibc's `rand`,
+/// which calls `__random`, which takes the lock).
+const MAX_CALLEES_LOOKED_AT: usize = 8;
 
 /// Everything known about one PC.
 #[derive(Clone, Copy, Debug, Default)]
@@ -55,6 +66,8 @@ struct Sweep {
     targets: Vec<u64>,
     /// (target, branch pc, branch next ip, condition) of every direct branch, by target.
     branches: Vec<(u64, u64, u64, Option<iced_x86::ConditionCode>)>,
+    /// Targets of the function's direct calls, each once, in the order they come.
+    callees: Vec<u64>,
 }
 
 /// Entries of [`PcCache::front`] (a power of two).
@@ -73,6 +86,11 @@ pub struct PcCache {
     skids: Vec<SkidPaths>,
     classifier: Classifier,
     buf: Vec<u8>,
+    /// `(address, bytes)` of the words the swept functions and their few direct callers
+    /// update atomically at a fixed address ([`atomic_global`]), in the order found, each once.
+    atomics: Vec<(u64, u32)>,
+    /// Starts of the functions looked at for atomic updates.
+    scanned: hashbrown::HashSet<u64>,
 }
 
 impl Default for PcCache {
@@ -91,6 +109,8 @@ impl PcCache {
             skids: Vec::new(),
             classifier: Classifier::new(),
             buf: Vec::new(),
+            atomics: Vec::new(),
+            scanned: hashbrown::HashSet::new(),
         }
     }
 
@@ -109,6 +129,20 @@ impl PcCache {
         self.front.fill((u64::MAX, 0));
         self.sweeps.clear();
         self.skids.clear();
+        self.atomics.clear();
+        self.scanned.clear();
+    }
+
+    /// The words updated with atomic instructions at fixed (RIP-relative) addresses by the
+    /// functions around the PCs seen so far, by their direct callers where they have few
+    /// ([`MAX_CALLERS_LOOKED_AT`]), and by what either calls, two levels down
+    /// ([`MAX_CALLEES_LOOKED_AT`]): lock words and shared counters of the program and of its
+    /// libraries, found without a sample on the access itself. glibc's `rand()` takes a lock
+    /// in `libc.so`'s data: a program that calls it between long computations is sampled in
+    /// the caller, rarely in `rand`, and `random_r`, where the rest of its samples land, is
+    /// called with the lock held.
+    pub fn atomic_globals(&self) -> &[(u64, u32)] {
+        &self.atomics
     }
 
     /// The paths by which execution can have reached `info`'s PC (see [`crate::decode::skid`]).
@@ -207,7 +241,11 @@ impl PcCache {
         }
         if !self.sweeps.contains_key(&fs) {
             let s = self.sweep(fs, fe, code);
+            let callees = s.callees.clone();
             self.sweeps.insert(fs, s);
+            self.scanned.insert(fs);
+            self.look_at_callees(&callees, 1, code);
+            self.look_at_callers(fs, code);
         }
         let s = &self.sweeps[&fs];
         info.join = s.targets.binary_search(&pc).is_ok();
@@ -255,20 +293,88 @@ impl PcCache {
         info
     }
 
+    /// Notes the atomic updates of the functions that call `start` directly, when they are few,
+    /// and two levels of their callees: a program whose samples land in a leaf function
+    /// (the long computation) calls `rand()` from the function that calls the leaf.
+    fn look_at_callers<C: CodeSource + ?Sized>(&mut self, start: u64, code: &C) {
+        let sites = code.direct_callers(start);
+        if sites.len() > MAX_CALLERS_LOOKED_AT {
+            return;
+        }
+        for site in sites {
+            if let Some((cs, ce)) = code.function_bounds(site) {
+                self.scan(cs, ce, 2, code);
+            }
+        }
+    }
+
+    /// Notes the atomic updates of the functions called at `targets` (PLT stubs resolved),
+    /// and `depth` levels of their callees.
+    fn look_at_callees<C: CodeSource + ?Sized>(&mut self, targets: &[u64], depth: u32, code: &C) {
+        for &t in targets.iter().take(MAX_CALLEES_LOOKED_AT) {
+            let Some((cs, ce)) = code.call_target(t).and_then(|f| code.function_bounds(f)) else {
+                continue;
+            };
+            self.scan(cs, ce, depth, code);
+        }
+    }
+
+    /// Notes the atomic updates of the function `[start, end)` once, and `depth` levels of its
+    /// callees.
+    fn scan<C: CodeSource + ?Sized>(&mut self, start: u64, end: u64, depth: u32, code: &C) {
+        if !self.scanned.insert(start) {
+            return;
+        }
+        let len = end.saturating_sub(start).min(MAX_SWEEP) as usize;
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(len, 0);
+        let n = code.read_code(start, &mut buf);
+        let mut d = Decoder::with_ip(64, &buf[..n], start, DecoderOptions::NONE);
+        let mut callees = Vec::new();
+        while d.can_decode() {
+            let ins = d.decode();
+            if ins.is_invalid() {
+                break;
+            }
+            self.note_atomic(&ins);
+            if let Some(t) = direct_call(&ins) {
+                if !callees.contains(&t) {
+                    callees.push(t);
+                }
+            }
+        }
+        self.buf = buf;
+        if depth > 0 {
+            self.look_at_callees(&callees, depth - 1, code);
+        }
+    }
+
+    fn note_atomic(&mut self, ins: &Instruction) {
+        if let Some(w) = atomic_global(ins).filter(|w| !self.atomics.contains(w)) {
+            self.atomics.push(w);
+        }
+    }
+
     fn sweep<C: CodeSource + ?Sized>(&mut self, start: u64, end: u64, code: &C) -> Sweep {
         let len = end.saturating_sub(start).min(MAX_SWEEP) as usize;
-        self.buf.resize(len, 0);
-        let n = code.read_code(start, &mut self.buf);
-        let mut d = Decoder::with_ip(64, &self.buf[..n], start, DecoderOptions::NONE);
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(len, 0);
+        let n = code.read_code(start, &mut buf);
+        let mut d = Decoder::with_ip(64, &buf[..n], start, DecoderOptions::NONE);
         let mut starts = Vec::new();
         let mut targets = Vec::new();
         let mut branches = Vec::new();
+        let mut callees = Vec::new();
         while d.can_decode() {
             let ins = d.decode();
             if ins.is_invalid() {
                 break; // data or padding: later boundaries are unreliable
             }
             starts.push(ins.ip());
+            self.note_atomic(&ins);
+            if let Some(t) = direct_call(&ins).filter(|t| !callees.contains(t)) {
+                callees.push(t);
+            }
             let c = self.classifier.classify_decoded(&ins);
             if let Some(t) = c.branch_target {
                 if t >= start && t < end {
@@ -277,6 +383,7 @@ impl PcCache {
                 }
             }
         }
+        self.buf = buf;
         targets.sort_unstable();
         targets.dedup();
         branches.sort_unstable_by_key(|b| (b.0, b.1));
@@ -284,8 +391,27 @@ impl PcCache {
             starts,
             targets,
             branches,
+            callees,
         }
     }
+}
+
+/// The target of a direct `call` (a PLT stub, for a call into another file).
+fn direct_call(ins: &Instruction) -> Option<u64> {
+    (ins.flow_control() == FlowControl::Call && ins.op0_kind() == OpKind::NearBranch64)
+        .then(|| ins.near_branch_target())
+}
+
+/// The word an atomic read-modify-write (a `lock`-prefixed instruction, or `xchg` with
+/// memory, which locks without the prefix) updates at a RIP-relative address, with its size.
+fn atomic_global(ins: &Instruction) -> Option<(u64, u32)> {
+    let locked = ins.has_lock_prefix() || ins.mnemonic() == Mnemonic::Xchg;
+    let memory = (0..ins.op_count()).any(|i| ins.op_kind(i) == OpKind::Memory);
+    if !(locked && memory && ins.is_ip_rel_memory_operand()) {
+        return None;
+    }
+    let size = ins.memory_size().size() as u32;
+    (size > 0).then(|| (ins.ip_rel_memory_address(), size))
 }
 
 #[cfg(test)]

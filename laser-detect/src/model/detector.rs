@@ -188,8 +188,8 @@ type ModuleGlobals = (u64, Arc<[(u64, u64)]>);
 /// The report's account of the watchpoint survey: what was covered, and what it found.
 fn survey_note(s: &SurveySummary) -> String {
     format!(
-        "watch survey: {} line(s) no timer sample showed contended ({} in the program's \
-         globals, {} heap) watched for stores in {} window(s), {} bytes in all; contention \
+        "watch survey: {} line(s) no timer sample showed contended ({} in globals of the \
+         program or its libraries, {} heap) watched for stores in {} window(s), {} bytes in all; contention \
          found on {} of them; survey windows see stores only, so transfers that loads cause \
          there are not counted (lower bounds), and bytes never watched (most heap data) are \
          not covered",
@@ -886,6 +886,25 @@ impl<C: CodeSource> Detector<C> {
         globals
     }
 
+    /// Words the sampled code of the main process updates atomically at fixed addresses
+    /// ([`PcCache::atomic_globals`]) that lie in a module's data (not its code, the heap or a
+    /// stack), in the order found.
+    fn atomic_globals(&self) -> Vec<(u64, u64)> {
+        let Some(space) = self.main_pid.and_then(|p| self.spaces.get(p)) else {
+            return Vec::new();
+        };
+        self.pcs
+            .atomic_globals()
+            .iter()
+            .filter(|&&(a, _)| {
+                space
+                    .find(a)
+                    .is_some_and(|m| !m.exec && matches!(m.owner, maps::Owner::Module(_)))
+            })
+            .map(|&(a, n)| (a, u64::from(n)))
+            .collect()
+    }
+
     /// Heap blocks the program's globals point to, read from the live target through `mem`
     /// ([`crate::model::survey::pointed_blocks`]).
     pub fn pointed_heap_blocks(&self, mem: &mut dyn Memory) -> Vec<(u64, u64)> {
@@ -905,6 +924,7 @@ impl<C: CodeSource> Detector<C> {
         let mut plan = crate::model::survey::plan(
             &self.hot,
             &self.program_globals(),
+            &self.atomic_globals(),
             pointed,
             self.model.line_size(),
             // A line samples showed contended is the candidates' to watch, once they do: one

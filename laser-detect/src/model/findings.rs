@@ -169,7 +169,8 @@ pub struct Analysis {
 /// Lines watched in windows that opened while no sample had shown contention there.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SurveySummary {
-    /// Lines surveyed, and of them in the program's globals (module data) and the heap.
+    /// Lines surveyed, and of them in module data (globals of the program or its libraries) and
+    /// the heap.
     pub lines: u64,
     pub global_lines: u64,
     pub heap_lines: u64,

@@ -143,6 +143,9 @@ pub enum SurveySource {
     SampledShared,
     /// A writable global of the program (ELF data symbol).
     Global,
+    /// A word that code samples landed in updates atomically at a fixed address, in the
+    /// program or a library (a lock word, a shared counter).
+    Atomic,
     /// A heap block a global of the program points to.
     PointedHeap,
     /// Samples saw it read often, and never written.
@@ -151,9 +154,10 @@ pub enum SurveySource {
 
 impl SurveySource {
     /// Every source, in priority order.
-    pub const ALL: [SurveySource; 4] = [
+    pub const ALL: [SurveySource; 5] = [
         SurveySource::SampledShared,
         SurveySource::Global,
+        SurveySource::Atomic,
         SurveySource::PointedHeap,
         SurveySource::SampledHot,
     ];
@@ -162,6 +166,7 @@ impl SurveySource {
         match self {
             SurveySource::SampledShared => "sampled line",
             SurveySource::Global => "global",
+            SurveySource::Atomic => "word sampled code updates atomically",
             SurveySource::PointedHeap => "heap block a global points to",
             SurveySource::SampledHot => "hot sampled line",
         }
@@ -335,6 +340,7 @@ pub fn pointed_blocks(
 pub fn plan(
     hot: &HotLines,
     globals: &[(u64, u64)],
+    atomics: &[(u64, u64)],
     pointed: &[(u64, u64)],
     line_size: u32,
     skip: impl Fn(u64) -> bool,
@@ -361,18 +367,27 @@ pub fn plan(
         .into_iter()
         .filter(|s| !skip(s & !(ls - 1)))
         .collect();
+    // Like the globals, atomically updated words keep their turns on lines tier 1 lists: a
+    // lock word's line is sampled by both threads whenever the lock is (glibc's `rand()`).
+    let atomic_slots: Vec<u64> = object_slots(atomics, line_size)
+        .into_iter()
+        .filter(|s| !skip(s & !(ls - 1)) && !global_slots.contains(s))
+        .collect();
     let pointed_slots: Vec<u64> = object_slots(pointed, line_size)
         .into_iter()
-        .filter(|s| keep(s) && !global_slots.contains(s))
+        .filter(|s| keep(s) && !global_slots.contains(s) && !atomic_slots.contains(s))
         .collect();
     let covered = |line: u64| {
         global_slots
             .iter()
+            .chain(&atomic_slots)
             .chain(&pointed_slots)
             .any(|s| s & !(ls - 1) == line)
     };
     let mut tier2 = Vec::new();
     turns(&global_slots, line_size, SurveySource::Global, &mut tier2);
+    let mut tier2b = Vec::new();
+    turns(&atomic_slots, line_size, SurveySource::Atomic, &mut tier2b);
     let mut tier3 = Vec::new();
     turns(
         &pointed_slots,
@@ -390,11 +405,11 @@ pub fn plan(
         line_turns(line, h, line_size, source, &mut tier4, &mut tier4_rest);
     }
     tier4.append(&mut tier4_rest);
-    interleave([tier1, tier2, tier3, tier4])
+    interleave([tier1, tier2, tier2b, tier3, tier4])
 }
 
 /// One target of each tier in turn, in tier order, until all are taken.
-fn interleave(tiers: [Vec<SurveyTarget>; 4]) -> Vec<SurveyTarget> {
+fn interleave(tiers: [Vec<SurveyTarget>; 5]) -> Vec<SurveyTarget> {
     let n = tiers.iter().map(Vec::len).sum();
     let mut its = tiers.map(Vec::into_iter);
     let mut out = Vec::with_capacity(n);
@@ -431,7 +446,7 @@ mod tests {
             hot.note(0x5000, t, false, byte_mask(0, 8));
         }
         let globals = [(0x4010, 4), (0x4014, 4)];
-        let p = plan(&hot, &globals, &[], 64, |_| false);
+        let p = plan(&hot, &globals, &[], &[], 64, |_| false);
         let order: Vec<(u64, SurveySource)> =
             p.iter().map(|t| (t.watch.line_addr, t.source)).collect();
         use SurveySource::*;
@@ -469,7 +484,7 @@ mod tests {
         hot.note(0x4000, 1, true, byte_mask(12, 4));
         hot.note(0x4000, 2, true, byte_mask(12, 4));
         let globals = [(0x400c, 4), (0x4018, 4)];
-        let p = plan(&hot, &globals, &[], 64, |_| false);
+        let p = plan(&hot, &globals, &[], &[], 64, |_| false);
         let second = p.iter().position(|t| t.source == SurveySource::Global);
         assert_eq!(
             second,
@@ -486,7 +501,7 @@ mod tests {
         for _ in 0..3 {
             hot.note(0x1000, 1, false, byte_mask(48, 4));
         }
-        let p = plan(&hot, &[], &[], 64, |_| false);
+        let p = plan(&hot, &[], &[], &[], 64, |_| false);
         assert_eq!(words(&p[0]), [0x1020, 0x1028, 0x1030, 0x1038]);
         assert_eq!(words(&p[1]), [0x1000, 0x1008, 0x1010, 0x1018]);
     }
@@ -502,7 +517,7 @@ mod tests {
         for _ in 0..4 {
             hot.note(0x2000, 2, false, byte_mask(40, 8));
         }
-        let p = plan(&hot, &[], &[], 64, |_| false);
+        let p = plan(&hot, &[], &[], &[], 64, |_| false);
         let w: Vec<u64> = p.iter().map(|t| t.watch.words[0].0).collect();
         assert_eq!(w, [0x1000, 0x2020, 0x1020, 0x2000]);
     }
@@ -516,7 +531,7 @@ mod tests {
         for _ in 0..10 {
             hot.note(0x3000, 1, true, 1); // one thread's own stores: not either
         }
-        let p = plan(&hot, &[(0x1008, 8)], &[], 64, |l| l == 0x1000);
+        let p = plan(&hot, &[(0x1008, 8)], &[], &[], 64, |l| l == 0x1000);
         assert!(p.is_empty(), "{p:?}");
     }
 
@@ -535,7 +550,7 @@ mod tests {
             ]
         );
         // 4 slots a turn, whatever lines they are on.
-        let p = plan(&HotLines::default(), &g, &[], 64, |_| false);
+        let p = plan(&HotLines::default(), &g, &[], &[], 64, |_| false);
         assert_eq!(p.len(), 3);
         assert_eq!(words(&p[0]), [0x10000, 0x11020, 0x12000, 0x12008]);
         assert!(p.iter().all(|t| t.source == SurveySource::Global));
@@ -592,7 +607,7 @@ mod tests {
         let is_heap = |a: u64| (heap_base..heap_base + 0x1000).contains(&a);
         let blocks = pointed_blocks(&globals, &mut mem, is_heap);
         assert_eq!(blocks, [(heap_base + 0x10, 24)]);
-        let p = plan(&HotLines::default(), &[], &blocks, 64, |_| false);
+        let p = plan(&HotLines::default(), &[], &[], &blocks, 64, |_| false);
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].source, SurveySource::PointedHeap);
         assert_eq!(words(&p[0]), [0x9010, 0x9018, 0x9020]);

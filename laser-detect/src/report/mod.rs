@@ -212,7 +212,7 @@ pub struct Extent {
 /// The watchpoint survey's coverage (see `laser_detect::model::survey`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Survey {
-    /// Lines surveyed, of them in the program's globals and on the heap.
+    /// Lines surveyed, of them in globals (the program's or its libraries') and on the heap.
     pub lines: u64,
     pub global_lines: u64,
     pub heap_lines: u64,
