@@ -52,6 +52,9 @@ pub struct PcInfo {
     /// ([`PcCache::skid_paths`]); 0: none known (no function around the PC, or not an
     /// instruction boundary).
     skid: u32,
+    /// The function around the PC, an index + 1 into [`PcCache::funcs`] (0: none known):
+    /// which threads it was sampled in ([`PcCache::note_thread`]).
+    pub func: u32,
 }
 
 /// What the caller of [`PcCache::get_with`] knows about where a new PC lies.
@@ -66,8 +69,17 @@ struct Sweep {
     targets: Vec<u64>,
     /// (target, branch pc, branch next ip, condition) of every direct branch, by target.
     branches: Vec<(u64, u64, u64, Option<iced_x86::ConditionCode>)>,
-    /// Targets of the function's direct calls, each once, in the order they come.
-    callees: Vec<u64>,
+}
+
+/// A function samples landed in, and the first thread they were taken in.
+#[derive(Clone, Copy, Debug)]
+struct Func {
+    start: u64,
+    end: u64,
+    /// The first thread sampled in it (0: none yet).
+    tid: u32,
+    /// A second thread was sampled in it: its atomic updates were looked for.
+    scanned: bool,
 }
 
 /// Entries of [`PcCache::front`] (a power of two).
@@ -86,11 +98,17 @@ pub struct PcCache {
     skids: Vec<SkidPaths>,
     classifier: Classifier,
     buf: Vec<u8>,
-    /// `(address, bytes)` of the words the swept functions and their few direct callers
-    /// update atomically at a fixed address ([`atomic_global`]), in the order found, each once.
+    /// Functions PCs were decoded in, by start ([`PcInfo::func`]).
+    funcs: Vec<Func>,
+    func_index: HashMap<u64, u32>,
+    /// `(address, bytes)` of the words updated atomically at a fixed address
+    /// ([`atomic_global`]) near code two threads were sampled in, in the order found, once each.
     atomics: Vec<(u64, u32)>,
-    /// Starts of the functions looked at for atomic updates.
-    scanned: hashbrown::HashSet<u64>,
+    /// Functions looked at for atomic updates, with the call depth they were looked at to.
+    scanned: HashMap<u64, u32>,
+    /// Call targets resolved ([`CodeSource::call_target`]: a PLT stub's costs a look at the
+    /// file's dynamic relocations and symbols).
+    call_targets: HashMap<u64, Option<u64>>,
 }
 
 impl Default for PcCache {
@@ -109,8 +127,11 @@ impl PcCache {
             skids: Vec::new(),
             classifier: Classifier::new(),
             buf: Vec::new(),
+            funcs: Vec::new(),
+            func_index: HashMap::new(),
             atomics: Vec::new(),
-            scanned: hashbrown::HashSet::new(),
+            scanned: HashMap::new(),
+            call_targets: HashMap::new(),
         }
     }
 
@@ -129,18 +150,20 @@ impl PcCache {
         self.front.fill((u64::MAX, 0));
         self.sweeps.clear();
         self.skids.clear();
+        self.funcs.clear();
+        self.func_index.clear();
         self.atomics.clear();
         self.scanned.clear();
+        self.call_targets.clear();
     }
 
-    /// The words updated with atomic instructions at fixed (RIP-relative) addresses by the
-    /// functions around the PCs seen so far, by their direct callers where they have few
-    /// ([`MAX_CALLERS_LOOKED_AT`]), and by what either calls, two levels down
-    /// ([`MAX_CALLEES_LOOKED_AT`]): lock words and shared counters of the program and of its
-    /// libraries, found without a sample on the access itself. glibc's `rand()` takes a lock
-    /// in `libc.so`'s data: a program that calls it between long computations is sampled in
-    /// the caller, rarely in `rand`, and `random_r`, where the rest of its samples land, is
-    /// called with the lock held.
+    /// The words updated with atomic instructions at fixed (RIP-relative) addresses near code
+    /// that two threads were sampled in ([`PcCache::note_thread`]): by the function, by its
+    /// direct callers where it has few ([`MAX_CALLERS_LOOKED_AT`]), and by what either calls,
+    /// two levels down ([`MAX_CALLEES_LOOKED_AT`]). Lock words and shared counters of the
+    /// program and of its libraries, found without a sample on the access itself: glibc's
+    /// `rand()` takes a lock in `libc.so`'s data, and a program that calls it between long
+    /// computations is sampled in the computation, hardly ever in `rand`.
     pub fn atomic_globals(&self) -> &[(u64, u32)] {
         &self.atomics
     }
@@ -180,6 +203,18 @@ impl PcCache {
         code: &C,
         place: impl FnOnce() -> Where,
     ) -> (&PcInfo, Option<&SkidPaths>) {
+        self.lookup_sampled(pc, 0, code, place)
+    }
+
+    /// As [`Self::lookup_with`], for a sample taken in thread `tid` ([`Self::note_thread`]).
+    #[inline]
+    pub fn lookup_sampled<C: CodeSource + ?Sized>(
+        &mut self,
+        pc: u64,
+        tid: u32,
+        code: &C,
+        place: impl FnOnce() -> Where,
+    ) -> (&PcInfo, Option<&SkidPaths>) {
         let slot = (pc ^ (pc >> 9)) as usize % FRONT;
         let i = match self.front[slot] {
             (p, i) if p == pc => i as usize,
@@ -197,6 +232,9 @@ impl PcCache {
                 i
             }
         };
+        if tid != 0 {
+            self.note_thread(self.infos[i].func, tid, code);
+        }
         let info = &self.infos[i];
         (info, self.skid_paths(info))
     }
@@ -239,13 +277,23 @@ impl PcCache {
             info.join = true;
             return info;
         }
+        info.func = match self.func_index.get(&fs) {
+            Some(&i) => i,
+            None => {
+                self.funcs.push(Func {
+                    start: fs,
+                    end: fe,
+                    tid: 0,
+                    scanned: false,
+                });
+                let i = self.funcs.len() as u32;
+                self.func_index.insert(fs, i);
+                i
+            }
+        };
         if !self.sweeps.contains_key(&fs) {
             let s = self.sweep(fs, fe, code);
-            let callees = s.callees.clone();
             self.sweeps.insert(fs, s);
-            self.scanned.insert(fs);
-            self.look_at_callees(&callees, 1, code);
-            self.look_at_callers(fs, code);
         }
         let s = &self.sweeps[&fs];
         info.join = s.targets.binary_search(&pc).is_ok();
@@ -293,6 +341,32 @@ impl PcCache {
         info
     }
 
+    /// A sample of thread `tid` was taken in the function `func` ([`PcInfo::func`]). The second
+    /// thread sampled there has the code around it looked at for atomic updates
+    /// ([`PcCache::atomic_globals`]): code one thread runs cannot contend, and a program's
+    /// start-up (Phoenix kmeans draws its points with `rand()` in the main thread alone) would
+    /// otherwise give the survey words no other thread updates.
+    #[inline]
+    fn note_thread<C: CodeSource + ?Sized>(&mut self, func: u32, tid: u32, code: &C) {
+        let Some(f) = func
+            .checked_sub(1)
+            .and_then(|i| self.funcs.get_mut(i as usize))
+        else {
+            return;
+        };
+        if f.scanned || f.tid == tid || tid == 0 {
+            return;
+        }
+        if f.tid == 0 {
+            f.tid = tid;
+            return;
+        }
+        f.scanned = true;
+        let (start, end) = (f.start, f.end);
+        self.scan(start, end, 2, code);
+        self.look_at_callers(start, code);
+    }
+
     /// Notes the atomic updates of the functions that call `start` directly, when they are few,
     /// and two levels of their callees: a program whose samples land in a leaf function
     /// (the long computation) calls `rand()` from the function that calls the leaf.
@@ -312,19 +386,24 @@ impl PcCache {
     /// and `depth` levels of their callees.
     fn look_at_callees<C: CodeSource + ?Sized>(&mut self, targets: &[u64], depth: u32, code: &C) {
         for &t in targets.iter().take(MAX_CALLEES_LOOKED_AT) {
-            let Some((cs, ce)) = code.call_target(t).and_then(|f| code.function_bounds(f)) else {
+            let target = *self
+                .call_targets
+                .entry(t)
+                .or_insert_with(|| code.call_target(t));
+            let Some((cs, ce)) = target.and_then(|f| code.function_bounds(f)) else {
                 continue;
             };
             self.scan(cs, ce, depth, code);
         }
     }
 
-    /// Notes the atomic updates of the function `[start, end)` once, and `depth` levels of its
-    /// callees.
+    /// Notes the atomic updates of the function `[start, end)`, and `depth` levels of its
+    /// callees (again only to look deeper than before).
     fn scan<C: CodeSource + ?Sized>(&mut self, start: u64, end: u64, depth: u32, code: &C) {
-        if !self.scanned.insert(start) {
+        if self.scanned.get(&start).is_some_and(|&d| d >= depth) {
             return;
         }
+        self.scanned.insert(start, depth);
         let len = end.saturating_sub(start).min(MAX_SWEEP) as usize;
         let mut buf = std::mem::take(&mut self.buf);
         buf.resize(len, 0);
@@ -364,17 +443,12 @@ impl PcCache {
         let mut starts = Vec::new();
         let mut targets = Vec::new();
         let mut branches = Vec::new();
-        let mut callees = Vec::new();
         while d.can_decode() {
             let ins = d.decode();
             if ins.is_invalid() {
                 break; // data or padding: later boundaries are unreliable
             }
             starts.push(ins.ip());
-            self.note_atomic(&ins);
-            if let Some(t) = direct_call(&ins).filter(|t| !callees.contains(t)) {
-                callees.push(t);
-            }
             let c = self.classifier.classify_decoded(&ins);
             if let Some(t) = c.branch_target {
                 if t >= start && t < end {
@@ -391,7 +465,6 @@ impl PcCache {
             starts,
             targets,
             branches,
-            callees,
         }
     }
 }

@@ -492,19 +492,19 @@ impl<C: CodeSource> Detector<C> {
         self.main_pid.get_or_insert(s.pid);
         // One map lookup per sample; the fields below are borrowed disjointly.
         let space = self.spaces.entry(s.pid);
-        let (info, skid) = self
-            .pcs
-            .lookup_with(s.ip, &self.code, || match space.classify(s.ip) {
-                Class::Special => Where {
-                    special: true,
-                    library: false,
-                },
-                Class::Module { module, .. } => Where {
-                    special: false,
-                    library: is_shared_library(&space.modules[module as usize].path),
-                },
-                _ => Where::default(),
-            });
+        let (info, skid) =
+            self.pcs
+                .lookup_sampled(s.ip, s.tid, &self.code, || match space.classify(s.ip) {
+                    Class::Special => Where {
+                        special: true,
+                        library: false,
+                    },
+                    Class::Module { module, .. } => Where {
+                        special: false,
+                        library: is_shared_library(&space.modules[module as usize].path),
+                    },
+                    _ => Where::default(),
+                });
         if info.special {
             self.filter.special_pc += 1;
             return;
