@@ -221,6 +221,8 @@ pub struct Steering {
     hits_at_look: u64,
     /// What the armed store-only survey turn watches (a target from the plan).
     surveying: Option<WatchCandidate>,
+    /// Why the last survey target was chosen (its plan tier): for `LASER_TRACE_STEERING`.
+    survey_source: Option<SurveySource>,
     /// What the armed probe watches, and the lines probed so far.
     probing: Option<WatchCandidate>,
     probed: HashMap<u64, Probed>,
@@ -728,8 +730,12 @@ impl Steering {
             .iter()
             .map(|s| format!("{:#x}/{}", s.addr, s.len))
             .collect();
+        let why = match (turn, self.survey_source) {
+            (Turn::Survey, Some(s)) => format!(" ({})", s.as_str()),
+            _ => String::new(),
+        };
         eprintln!(
-            "laser steering: {ms:9.1} ms {turn:?} {kind:?} [{}]",
+            "laser steering: {ms:9.1} ms {turn:?} {kind:?} [{}]{why}",
             words.join(" ")
         );
     }
@@ -809,6 +815,7 @@ impl Steering {
             .min_by_key(|t| self.surveyed.get(&t.key()).copied());
         if let Some(t) = retry {
             self.surveyed.insert(t.key(), now);
+            self.survey_source = Some(t.source);
             return Some(t.watch.clone());
         }
         // The tiers take turns (a tier whose lines change as samples come in, the hot lines,
@@ -831,6 +838,7 @@ impl Steering {
             })?;
         self.next_tier = tier + 1;
         self.surveyed.insert(t.key(), now);
+        self.survey_source = Some(t.source);
         Some(t.watch)
     }
 
