@@ -5,6 +5,8 @@
 //! names `rand`, glibc's `rand` calls `__random`, and `__random` updates the lock with a
 //! `lock cmpxchg` at a RIP-relative address (issue 11, class 2).
 
+mod elf_common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -60,30 +62,6 @@ fn own_libc() -> String {
         .find(|p| p.contains("/libc.so"))
         .expect("this test is linked with glibc")
         .to_string()
-}
-
-/// `/proc/PID/maps` lines for the file loaded at `bias`, from its PT_LOAD segments.
-fn maps_text(path: &str, data: &[u8], bias: u64) -> String {
-    let f = object::File::parse(data).unwrap();
-    let mut s = String::new();
-    for seg in f.segments() {
-        let (off, _) = seg.file_range();
-        let start = (seg.address() & !0xfff) + bias;
-        let end = ((seg.address() + seg.size() + 0xfff) & !0xfff) + bias;
-        let perms = match seg.flags() {
-            object::SegmentFlags::Elf { p_flags, .. } => format!(
-                "r{}{}p",
-                if p_flags.0 & 2 != 0 { 'w' } else { '-' },
-                if p_flags.0 & 1 != 0 { 'x' } else { '-' },
-            ),
-            _ => "r--p".into(),
-        };
-        s += &format!(
-            "{start:x}-{end:x} {perms} {:08x} 08:01 42 {path}\n",
-            off & !0xfff
-        );
-    }
-    s
 }
 
 /// ELF vaddrs of the words the function `name` of `data` updates with a locked instruction at
@@ -160,7 +138,8 @@ fn a_sample_in_the_computation_puts_glibcs_rand_lock_in_the_survey() {
         // The program first, then its C library: the order the loader maps them.
         d.add_maps(
             7,
-            &(maps_text(&path, &data, bias) + &maps_text(&libc, &libc_data, libc_bias)),
+            &(elf_common::maps_text(&path, &data, bias)
+                + &elf_common::maps_text(&libc, &libc_data, libc_bias)),
         );
         for &(ip, tid) in samples {
             d.feed(&sample_at(ip, tid));

@@ -3,6 +3,8 @@
 //! the real instructions, compute the addresses from registers, and name the global's line
 //! and the instructions by module + ELF vaddr.
 
+mod elf_common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -41,32 +43,6 @@ fn build(seed: Seed) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     exe
-}
-
-/// `/proc/PID/maps` text for the file loaded at `bias`, from its PT_LOAD segments.
-fn maps_text(path: &str, data: &[u8], bias: u64) -> String {
-    let f = object::File::parse(data).unwrap();
-    let mut s = String::new();
-    for seg in f.segments() {
-        let (off, _) = seg.file_range();
-        let start = (seg.address() & !0xfff) + bias;
-        let end = ((seg.address() + seg.size() + 0xfff) & !0xfff) + bias;
-        let perms = match seg.flags() {
-            // p_flags: PF_X = 1, PF_W = 2, PF_R = 4.
-            object::SegmentFlags::Elf { p_flags, .. } => format!(
-                "{}{}{}p",
-                if p_flags.0 & 4 != 0 { 'r' } else { '-' },
-                if p_flags.0 & 2 != 0 { 'w' } else { '-' },
-                if p_flags.0 & 1 != 0 { 'x' } else { '-' },
-            ),
-            _ => "r--p".into(),
-        };
-        s += &format!(
-            "{start:x}-{end:x} {perms} {:08x} 08:01 42 {path}\n",
-            off & !0xfff
-        );
-    }
-    s
 }
 
 /// How the detector learns the address space: maps text (attach, recording header) or Mmap
@@ -127,7 +103,7 @@ fn run(seed: Seed) {
 
     let bias = 0x5555_5555_0000u64;
     let mut d = Detector::new(Config::default(), ElfCode::new());
-    let maps = maps_text(&path, &data, bias);
+    let maps = elf_common::maps_text(&path, &data, bias);
     match seed {
         Seed::MapsText => d.add_maps(7, &maps),
         Seed::MmapEvents => {

@@ -404,11 +404,8 @@ impl PcCache {
             return;
         }
         self.scanned.insert(start, depth);
-        let len = end.saturating_sub(start).min(MAX_SWEEP) as usize;
-        let mut buf = std::mem::take(&mut self.buf);
-        buf.resize(len, 0);
-        let n = code.read_code(start, &mut buf);
-        let mut d = Decoder::with_ip(64, &buf[..n], start, DecoderOptions::NONE);
+        let buf = self.function_code(start, end, code);
+        let mut d = Decoder::with_ip(64, &buf, start, DecoderOptions::NONE);
         let mut callees = Vec::new();
         while d.can_decode() {
             let ins = d.decode();
@@ -434,12 +431,20 @@ impl PcCache {
         }
     }
 
-    fn sweep<C: CodeSource + ?Sized>(&mut self, start: u64, end: u64, code: &C) -> Sweep {
+    /// The code of the function `[start, end)` (at most [`MAX_SWEEP`] bytes, as far as it is
+    /// known), in the cache's buffer, which the caller hands back (`self.buf = …`).
+    fn function_code<C: CodeSource + ?Sized>(&mut self, start: u64, end: u64, code: &C) -> Vec<u8> {
         let len = end.saturating_sub(start).min(MAX_SWEEP) as usize;
         let mut buf = std::mem::take(&mut self.buf);
         buf.resize(len, 0);
         let n = code.read_code(start, &mut buf);
-        let mut d = Decoder::with_ip(64, &buf[..n], start, DecoderOptions::NONE);
+        buf.truncate(n);
+        buf
+    }
+
+    fn sweep<C: CodeSource + ?Sized>(&mut self, start: u64, end: u64, code: &C) -> Sweep {
+        let buf = self.function_code(start, end, code);
+        let mut d = Decoder::with_ip(64, &buf, start, DecoderOptions::NONE);
         let mut starts = Vec::new();
         let mut targets = Vec::new();
         let mut branches = Vec::new();
