@@ -8,7 +8,6 @@
 mod elf_common;
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use iced_x86::{Decoder, DecoderOptions};
 use laser_detect::model::survey::SurveySource;
@@ -35,23 +34,7 @@ int main(int argc, char **argv) { (void)argv; return (int)run(argc, argc); }
 "#;
 
 fn build() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("laser-atomic-survey-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("rnd.c");
-    std::fs::write(&src, SRC).unwrap();
-    let exe = dir.join("rnd");
-    let out = Command::new("gcc")
-        .args(["-O2", "-g", "-fPIE", "-pie", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("gcc must be installed for this test (apt-get install gcc)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
+    elf_common::gcc_pie("atomic-survey", SRC, "-O2")
 }
 
 /// The C library this test runs with (the one gcc links against on this machine).

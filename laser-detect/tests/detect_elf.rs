@@ -6,7 +6,6 @@
 mod elf_common;
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use iced_x86::{Decoder, DecoderOptions, OpKind, Register};
 use laser_detect::{Config, Detector, ElfCode, Kind, Location};
@@ -25,24 +24,7 @@ int main(int argc, char **argv) { (void)argv; work(&shared.a, argc); work(&share
 "#;
 
 fn build(seed: Seed) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("laser-detect-elf-{}-{seed:?}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("fs.c");
-    std::fs::write(&src, SRC).unwrap();
-    let exe = dir.join("fs");
-    let out = Command::new("gcc")
-        .args(["-O1", "-g", "-fPIE", "-pie", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("gcc must be installed for this test (apt-get install gcc)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
+    elf_common::gcc_pie(&format!("detect-elf-{seed:?}"), SRC, "-O1")
 }
 
 /// How the detector learns the address space: maps text (attach, recording header) or Mmap

@@ -27,3 +27,25 @@ pub fn maps_text(path: &str, data: &[u8], bias: u64) -> String {
     }
     s
 }
+
+/// Compiles the C source `src` with gcc as a PIE with debug info at `opt` (`-O1`, `-O2`) into
+/// a fresh temporary directory named for `tag` and this process; returns the executable.
+pub fn gcc_pie(tag: &str, src: &str, opt: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("laser-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("prog.c");
+    std::fs::write(&file, src).unwrap();
+    let exe = dir.join("prog");
+    let out = std::process::Command::new("gcc")
+        .args([opt, "-g", "-fPIE", "-pie", "-o"])
+        .arg(&exe)
+        .arg(&file)
+        .output()
+        .expect("gcc must be installed for this test (apt-get install gcc)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
