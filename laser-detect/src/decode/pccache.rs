@@ -24,15 +24,16 @@ use crate::decode::skid::{FunctionFlow, SkidPaths};
 /// Longest function swept (bytes); larger ones are assumed to be mis-sized symbols.
 const MAX_SWEEP: u64 = 1 << 20;
 
-/// Most direct callers of a swept function that are looked at for atomic updates
-/// ([`PcCache::atomic_globals`]): a helper called from a few places (glibc's `random_r`, from
-/// `__random` and `random_r`'s own wrappers) is often called with a lock its caller holds; a
-/// function called from everywhere (`memcpy`) says nothing about any one caller.
+/// Most direct callers of a function two threads were sampled in that are looked at for
+/// atomic updates ([`PcCache::atomic_globals`]): a helper called from a few places (glibc's
+/// `random_r`, from `__random`) is often called with a lock its caller holds, and a leaf
+/// computation's caller is where the program calls the library; a function called from
+/// everywhere (`memcpy`) says nothing about any one caller.
 const MAX_CALLERS_LOOKED_AT: usize = 4;
 
 /// Most direct callees of one function that are looked at for atomic updates, two levels
-/// down from a swept function (through the PLT: the program's `rand()` is glibc's `rand`,
-/// which calls `__random`, which takes the lock).
+/// down from a function two threads were sampled in or its callers (through the PLT: the
+/// program's `rand()` is glibc's `rand`, which calls `__random`, which takes the lock).
 const MAX_CALLEES_LOOKED_AT: usize = 8;
 
 /// Everything known about one PC.
@@ -52,8 +53,8 @@ pub struct PcInfo {
     /// ([`PcCache::skid_paths`]); 0: none known (no function around the PC, or not an
     /// instruction boundary).
     skid: u32,
-    /// The function around the PC, an index + 1 into [`PcCache::funcs`] (0: none known):
-    /// which threads it was sampled in ([`PcCache::note_thread`]).
+    /// The function around the PC, an index + 1 into the cache's functions (0: none known):
+    /// which threads it was sampled in ([`PcCache::lookup_sampled`]).
     pub func: u32,
 }
 
@@ -158,9 +159,9 @@ impl PcCache {
     }
 
     /// The words updated with atomic instructions at fixed (RIP-relative) addresses near code
-    /// that two threads were sampled in ([`PcCache::note_thread`]): by the function, by its
-    /// direct callers where it has few ([`MAX_CALLERS_LOOKED_AT`]), and by what either calls,
-    /// two levels down ([`MAX_CALLEES_LOOKED_AT`]). Lock words and shared counters of the
+    /// that two threads were sampled in ([`PcCache::lookup_sampled`]): by the function, by its
+    /// direct callers where it has few (`MAX_CALLERS_LOOKED_AT`), and by what either calls,
+    /// two levels down (`MAX_CALLEES_LOOKED_AT`). Lock words and shared counters of the
     /// program and of its libraries, found without a sample on the access itself: glibc's
     /// `rand()` takes a lock in `libc.so`'s data, and a program that calls it between long
     /// computations is sampled in the computation, hardly ever in `rand`.

@@ -917,8 +917,9 @@ impl<C: CodeSource> Detector<C> {
     }
 
     /// Survey turns worth taking now, highest priority first ([`crate::model::survey::plan`]): lines
-    /// samples touched without showing contention, the program's writable globals, and the
-    /// heap blocks `pointed` to by them. Lines the survey found contended stay in it (their
+    /// samples touched without showing contention, the program's writable globals, the words
+    /// code near the samples updates atomically ([`PcCache::atomic_globals`]), and the heap
+    /// blocks `pointed` to by the globals. Lines the survey found contended stay in it (their
     /// store-only windows keep the estimate honest when read+write windows drown in loads).
     pub fn survey_plan(&self, pointed: &[(u64, u64)]) -> Vec<SurveyTarget> {
         let mut plan = crate::model::survey::plan(
