@@ -1,9 +1,10 @@
 //! Integration: a real C program that calls `rand()` between long computations, compiled with
 //! gcc, and the machine's own glibc, both read through `ElfCode` at load biases. Timer samples
 //! of two threads in the computation (a leaf function) must put glibc's `rand()` lock, which no
-//! sample touched, into the watch survey's plan: the leaf's caller calls `rand@plt`, the PLT stub
-//! names `rand`, glibc's `rand` calls `__random`, and `__random` updates the lock with a
-//! `lock cmpxchg` at a RIP-relative address (issue 11, class 2).
+//! sample touched, into the watch survey's plan: the leaf's caller calls a helper beside it,
+//! the helper calls `rand@plt`, the PLT stub names `rand`, glibc's `rand` calls `__random`, and
+//! `__random` updates the lock with a `lock cmpxchg` at a RIP-relative address (issue 11,
+//! class 2).
 
 mod elf_common;
 
@@ -22,11 +23,14 @@ unsigned long __attribute__((noinline)) work(unsigned long h, int k) {
         h = h * 6364136223846793005UL + 1442695040888963407UL;
     return h;
 }
+unsigned long __attribute__((noinline)) draw(unsigned long acc) {
+    return acc + (unsigned long)rand();
+}
 unsigned long __attribute__((noinline)) run(long n, int k) {
     unsigned long h = 1, acc = 0;
     for (long i = 0; i < n; i++) {
         h = work(h, k);
-        acc += (unsigned long)rand();
+        acc = draw(acc);
     }
     return acc ^ h;
 }

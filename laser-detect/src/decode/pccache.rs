@@ -207,7 +207,9 @@ impl PcCache {
         self.lookup_sampled(pc, 0, code, place)
     }
 
-    /// As [`Self::lookup_with`], for a sample taken in thread `tid` ([`Self::note_thread`]).
+    /// As [`Self::lookup_with`], for a sample taken in thread `tid`: the second thread sampled
+    /// in a function has the code around it looked at for atomic updates
+    /// ([`Self::atomic_globals`]).
     #[inline]
     pub fn lookup_sampled<C: CodeSource + ?Sized>(
         &mut self,
@@ -384,7 +386,11 @@ impl PcCache {
     }
 
     /// Notes the atomic updates of the functions called at `targets` (PLT stubs resolved),
-    /// and `depth` levels of their callees.
+    /// and `depth` levels of their callees. A call into another file through its PLT costs
+    /// no level: a library's exported function is often a thin wrapper of the one that does
+    /// the work (glibc's `rand` of `__random`), and a program that calls `rand()` from a
+    /// helper beside its computation reaches the lock three calls down from the
+    /// computation's caller.
     fn look_at_callees<C: CodeSource + ?Sized>(&mut self, targets: &[u64], depth: u32, code: &C) {
         for &t in targets.iter().take(MAX_CALLEES_LOOKED_AT) {
             let target = *self
@@ -394,7 +400,8 @@ impl PcCache {
             let Some((cs, ce)) = target.and_then(|f| code.function_bounds(f)) else {
                 continue;
             };
-            self.scan(cs, ce, depth, code);
+            let through_plt = target != Some(t);
+            self.scan(cs, ce, depth + u32::from(through_plt), code);
         }
     }
 
