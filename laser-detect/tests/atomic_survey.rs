@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use iced_x86::{Decoder, DecoderOptions};
 use laser_detect::model::survey::SurveySource;
 use laser_detect::{Config, Detector, ElfCode};
-use laser_driver::{BackendKind, Event, Reg, Sample, UserRegs};
+use laser_driver::{Event, Reg, Sample, UserRegs};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 const SRC: &str = r#"
@@ -86,20 +86,7 @@ fn sample_at(ip: u64, tid: u32) -> Event {
         regs.set(r, 0);
     }
     regs.set(Reg::Sp, 0x7ffd_0000_1000);
-    Event::Sample(Sample {
-        backend: BackendKind::Soft,
-        pid: 7,
-        tid,
-        cpu: tid,
-        time: 1_000_000,
-        ip,
-        addr: None,
-        data_src: None,
-        weight: 1,
-        regs: Some(regs),
-        watch_slot: None,
-        callers: Default::default(),
-    })
+    Event::Sample(Sample::soft(7, tid, tid, 1_000_000, ip, regs))
 }
 
 #[test]

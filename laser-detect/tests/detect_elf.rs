@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use iced_x86::{Decoder, DecoderOptions, OpKind, Register};
 use laser_detect::{Config, Detector, ElfCode, Kind, Location};
-use laser_driver::{BackendKind, Event, Mmap, Reg, Sample, UserRegs};
+use laser_driver::{Event, Mmap, Reg, Sample, UserRegs};
 use object::{Object, ObjectSegment, ObjectSymbol};
 
 const SRC: &str = r#"
@@ -117,20 +117,7 @@ fn run(seed: Seed) {
             regs.set(base, bias + shared + field);
             regs.set(Reg::Sp, 0x7ffd_0000_1000);
             t += 50_000;
-            d.feed(&Event::Sample(Sample {
-                backend: BackendKind::Soft,
-                pid: 7,
-                tid,
-                cpu: tid,
-                time: t,
-                ip,
-                addr: None,
-                data_src: None,
-                weight: 1,
-                regs: Some(regs),
-                watch_slot: None,
-                callers: Default::default(),
-            }));
+            d.feed(&Event::Sample(Sample::soft(7, tid, tid, t, ip, regs)));
         }
     }
     let a = d.finish();

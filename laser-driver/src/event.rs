@@ -220,6 +220,27 @@ pub struct Sample {
     pub callers: Callers,
 }
 
+impl Sample {
+    /// A timer sample (`soft`) of thread `tid` at `ip` with registers `regs`, standing for one
+    /// event: what tests and synthetic streams feed a detector.
+    pub fn soft(pid: u32, tid: u32, cpu: u32, time: u64, ip: u64, regs: UserRegs) -> Sample {
+        Sample {
+            backend: BackendKind::Soft,
+            pid,
+            tid,
+            cpu,
+            time,
+            ip,
+            addr: None,
+            data_src: None,
+            weight: 1,
+            regs: Some(regs),
+            watch_slot: None,
+            callers: Callers::default(),
+        }
+    }
+}
+
 /// A new executable or data mapping in the target (`PERF_RECORD_MMAP2`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mmap {

@@ -15,7 +15,7 @@
 use std::time::Instant;
 
 use laser_detect::{Config, Detector, MemoryCode};
-use laser_driver::{BackendKind, Event, Reg, Sample, UserRegs};
+use laser_driver::{Event, Reg, Sample, UserRegs};
 
 const CODE: u64 = 0x40_1000;
 const HEAP: u64 = 0x1000_0000;
@@ -97,20 +97,7 @@ fn main() {
         regs.set(r, 1);
     }
     regs.set(Reg::Sp, 0x7ffd_0000_8000);
-    let mut ev = Event::Sample(Sample {
-        backend: BackendKind::Soft,
-        pid: 1,
-        tid: 1,
-        cpu: 0,
-        time: 0,
-        ip: CODE,
-        addr: None,
-        data_src: None,
-        weight: 1,
-        regs: Some(regs),
-        watch_slot: None,
-        callers: Default::default(),
-    });
+    let mut ev = Event::Sample(Sample::soft(1, 1, 0, 0, CODE, regs));
 
     // Baseline: generate every sample, touch it, do not analyse it.
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;

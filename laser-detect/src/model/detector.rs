@@ -189,10 +189,10 @@ type ModuleGlobals = (u64, Arc<[(u64, u64)]>);
 fn survey_note(s: &SurveySummary) -> String {
     format!(
         "watch survey: {} line(s) no timer sample showed contended ({} in globals of the \
-         program or its libraries, {} heap) watched for stores in {} window(s), {} bytes in all; contention \
-         found on {} of them; survey windows see stores only, so transfers that loads cause \
-         there are not counted (lower bounds), and bytes never watched (most heap data) are \
-         not covered",
+         program or its libraries, {} heap) watched for stores in {} window(s), {} bytes in \
+         all; contention found on {} of them; survey windows see stores only, so transfers \
+         that loads cause there are not counted (lower bounds), and bytes never watched (most \
+         heap data) are not covered",
         s.lines,
         s.global_lines,
         s.heap_lines,

@@ -51,7 +51,7 @@ mod tests {
     #[test]
     fn neighbour_accesses_of_an_exchanged_word_make_the_line_true_sharing() {
         use crate::{Config, Detector, MemoryCode};
-        use laser_driver::{BackendKind, Event, Reg, Sample, UserRegs};
+        use laser_driver::{Event, Reg, Sample, UserRegs};
         const CODE: u64 = 0x40_1000;
         const LINE: u64 = 0x60_1000;
         // 401000 mov rsi,[rcx]; 401003 add rsi,1; 401007 mov [rcx],rsi; 40100a dec rax;
@@ -75,20 +75,7 @@ mod tests {
                 regs.set(r, v);
             }
             regs.set(Reg::Sp, 0x7ffd_0001_0000);
-            Event::Sample(Sample {
-                backend: BackendKind::Soft,
-                pid: 1,
-                tid,
-                cpu: tid % 2,
-                time,
-                ip,
-                addr: None,
-                data_src: None,
-                weight: 1,
-                regs: Some(regs),
-                watch_slot: None,
-                callers: Default::default(),
-            })
+            Event::Sample(Sample::soft(1, tid, tid % 2, time, ip, regs))
         };
         let mut t = 1_000_000_000u64;
         for i in 0..200u64 {
