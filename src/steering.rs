@@ -130,6 +130,13 @@ const STORES_ALONE_FOR: Duration = Duration::from_secs(1);
 /// counting time, but not less ([`Steering::poll_hint`]).
 const SURVEY_POLL_MIN: Duration = Duration::from_millis(1);
 
+/// The longest wait between looks while watchpoints count and their fast-string cost is not
+/// known yet (`Detector::armed_slowdown` is `None`): a program that copies with `rep movs`
+/// runs ~2x slower armed, and a survey turn looked at only at its end (20 ms) paid that
+/// whole turn before the estimate could stop it. At ~250 samples/s a CPU, 4 ms brings a
+/// sample or two a look; a run has a few such looks, until its estimate forms.
+const ARMED_COST_LOOK: Duration = Duration::from_millis(4);
+
 /// The wait before the next look at a counting code turn, after a look that waited `wait`
 /// and did or did not find new hits ([`MOVING_POLL_MAX`]).
 fn moving_poll_after(wait: Duration, new_hits: bool) -> Duration {
@@ -215,6 +222,15 @@ pub struct Steering {
     explore_next: bool,
     /// Whether the watchpoints were counting at the last step (not cooling down).
     counting: bool,
+    /// Whether the watchpoints counted when the last step ended (after it re-pointed them),
+    /// and the time up to which their armed time is in `armed`.
+    armed_after_step: bool,
+    armed_mark: Option<Instant>,
+    /// The detector's estimate of how much slower the program runs armed, at the last step
+    /// (`Detector::armed_slowdown`: fast strings), and the share of the run's time that
+    /// slowdown may cost ([`ARMED_COST_SHARE`] of the trap budget).
+    slowdown: Option<f64>,
+    armed_budget: f64,
     /// The wait before the next look at a counting code turn, and the watcher's hit count
     /// at the last look ([`MOVING_POLL_MAX`]).
     moving_poll: Duration,
@@ -314,6 +330,15 @@ impl Steering {
     /// its wake-ups, and each took a CPU from the program at real-time priority. A window's
     /// hits wake the reader anyway, at its events' limit.)
     pub fn poll_hint(&self) -> Option<Duration> {
+        let hint = self.turn_poll_hint();
+        match self.cost_look_wait() {
+            Some(w) => Some(hint.map_or(w, |h| h.min(w))),
+            None => hint,
+        }
+    }
+
+    /// [`Self::poll_hint`] for the turn alone.
+    fn turn_poll_hint(&self) -> Option<Duration> {
         match self.turn {
             // Only while the window counts: a cooldown is waited out at the duty cycle's
             // own deadline.
@@ -335,32 +360,56 @@ impl Steering {
         detector: &Detector<crate::analyze::Code>,
         forced: &[WatchCandidate],
     ) -> Result<()> {
+        let out = self.step_turn(session, detector, forced);
+        if let Ok(w) = session.watch_mut() {
+            let armed = w.is_counting();
+            if armed && !self.armed_after_step {
+                // Armed by this step: from now, after the events were opened (an open can
+                // wait several ms for the kernel's breakpoint slots).
+                self.armed_mark = Some(Instant::now());
+            }
+            self.armed_after_step = armed;
+        }
+        out
+    }
+
+    fn step_turn(
+        &mut self,
+        session: &mut Session,
+        detector: &Detector<crate::analyze::Code>,
+        forced: &[WatchCandidate],
+    ) -> Result<()> {
         let now = Instant::now();
         let pid = session.pid();
         let Ok(watcher) = session.watch_mut() else {
             return Ok(());
         };
         let (counting, hits) = (watcher.is_counting(), watcher.stats().hits);
+        self.slowdown = detector.armed_slowdown();
+        self.armed_budget = ARMED_COST_SHARE * watcher.duty_cycle().max_slowdown;
+        // Woken before the turn's own look by `ARMED_COST_LOOK` alone: the armed cost is
+        // all there is to look at. The turn's counting time is added up at its own looks,
+        // as without these.
+        if self.cost_look_only(now, hits) {
+            self.note_armed(now, counting);
+            if self.armed_cost_spent(now) {
+                self.go_idle(watcher)?;
+                self.trace_armed_cost(now);
+            }
+            return Ok(());
+        }
         self.note_step(now, counting);
         self.moving_poll = moving_poll_after(self.moving_poll, hits != self.hits_at_look);
         self.hits_at_look = hits;
-        let started = *self.started.get_or_insert(now);
+        self.started.get_or_insert(now);
         // Armed watchpoints slow code that copies with fast strings even when nothing traps:
         // once that has cost the budget's share of the run so far, nothing is armed until
         // the run has grown enough to pay for more.
-        if let Some(slowdown) = detector.armed_slowdown() {
-            let cost = self.armed.as_secs_f64() * (slowdown - 1.0);
-            let budget = ARMED_COST_SHARE * watcher.duty_cycle().max_slowdown;
-            if cost > budget * now.duration_since(started).as_secs_f64() {
-                if !self.idle {
-                    watcher.disarm().context("disarming watchpoints")?;
-                    self.idle = true;
-                }
-                self.turn = None;
-                self.surveying = None;
-                self.probing = None;
-                return Ok(());
+        if self.armed_cost_spent(now) {
+            if self.turn.is_some() {
+                self.trace_armed_cost(now);
             }
+            return self.go_idle(watcher);
         }
         // A code turn that has seen its instructions contend hands the debug registers to a
         // front window on that line at once: the line is measured while it is hot, at a trap
@@ -618,6 +667,78 @@ impl Steering {
         }
     }
 
+    /// Disarms (if armed) and ends the turn: nothing is armed until the next step arms it.
+    fn go_idle(&mut self, watcher: &mut laser_driver::Watcher) -> Result<()> {
+        if !self.idle {
+            watcher.disarm().context("disarming watchpoints")?;
+            self.idle = true;
+        }
+        self.turn = None;
+        self.surveying = None;
+        self.probing = None;
+        Ok(())
+    }
+
+    /// Whether the armed time so far has cost the target more in fast-string slowdown
+    /// ([`Self::slowdown`]) than its share of the budget for the run so far.
+    fn armed_cost_spent(&self, now: Instant) -> bool {
+        let (Some(slowdown), Some(started)) = (self.slowdown, self.started) else {
+            return false;
+        };
+        let cost = self.armed.as_secs_f64() * (slowdown - 1.0);
+        cost > self.armed_budget * now.duration_since(started).as_secs_f64()
+    }
+
+    /// Adds the armed time up to `now`: since the last mark, when the watchpoints counted
+    /// at the end of the last step and count now. Armed time counts from the step that
+    /// armed the window (it slowed the program from then): counted from the next step, as
+    /// a turn's counting time is, a survey turn's first 20 ms went uncharged.
+    fn note_armed(&mut self, now: Instant, counting: bool) {
+        if let Some(mark) = self
+            .armed_mark
+            .filter(|_| counting && self.armed_after_step)
+        {
+            self.armed += now.saturating_duration_since(mark);
+        }
+        self.armed_mark = Some(now);
+    }
+
+    /// Whether this step comes before the armed turn's own look is due, woken for the armed
+    /// cost alone ([`Self::cost_look_wait`]): no new hits, and the turn's poll hint not
+    /// yet spent.
+    fn cost_look_only(&self, now: Instant, hits: u64) -> bool {
+        let due = self
+            .last_step
+            .zip(self.turn_poll_hint())
+            .map(|(last, wait)| last + wait);
+        self.turn.is_some() && hits == self.hits_at_look && due.is_some_and(|d| now < d)
+    }
+
+    /// How long the loop may wait before the armed cost must be looked at again, while
+    /// watchpoints count: [`ARMED_COST_LOOK`] while there is no estimate of what they cost
+    /// in fast-string slowdown, and with one above 1, the armed time left before that cost
+    /// reaches its budget (the budget grows with the run, at `armed_budget` of it).
+    fn cost_look_wait(&self) -> Option<Duration> {
+        if !self.armed_after_step {
+            return None;
+        }
+        let Some(slowdown) = self.slowdown else {
+            return Some(ARMED_COST_LOOK);
+        };
+        let (Some(started), Some(last)) = (self.started, self.armed_mark) else {
+            return None;
+        };
+        // Armed r longer from the mark: (armed + r)(s - 1) ≤ b (elapsed + r).
+        let rate = slowdown - 1.0 - self.armed_budget;
+        if rate <= 0.0 {
+            return None;
+        }
+        let elapsed = last.duration_since(started).as_secs_f64();
+        let left =
+            (self.armed_budget * elapsed - self.armed.as_secs_f64() * (slowdown - 1.0)) / rate;
+        Some(Duration::from_secs_f64(left.max(0.0)).max(SURVEY_POLL_MIN))
+    }
+
     /// Accounts the time since the last step: counting time is the time since the last step
     /// when the window counted then and counts now. Counted whenever it counts now, the first
     /// step after a cooldown took the whole cooldown for counting time and ended a survey turn
@@ -625,10 +746,10 @@ impl Steering {
     /// run, armed 7 ms of its 20 ms after a 124 ms cooldown, fell in a phase without its
     /// stores, and the line went unreported).
     fn note_step(&mut self, now: Instant, counting: bool) {
+        self.note_armed(now, counting);
         let was_counting = std::mem::replace(&mut self.counting, counting);
         if let (Some(last), true, true) = (self.last_step, counting, was_counting) {
             self.counted += now.duration_since(last);
-            self.armed += now.duration_since(last);
         }
         self.last_step = Some(now);
     }
@@ -718,13 +839,10 @@ impl Steering {
     /// (time since steering began, the turn, the kind and words watched), to see which lines
     /// a live run watched when (a recording has the windows, not why they were chosen).
     fn trace(&self, now: Instant, turn: Turn, specs: &[WatchSpec]) {
-        static ON: OnceLock<bool> = OnceLock::new();
-        if !*ON.get_or_init(|| std::env::var_os("LASER_TRACE_STEERING").is_some()) {
+        if !trace_on() {
             return;
         }
-        let ms = self
-            .started
-            .map_or(0.0, |s| now.duration_since(s).as_secs_f64() * 1e3);
+        let ms = self.ms_since_start(now);
         let kind = specs.first().map(|s| s.kind);
         let words: Vec<String> = specs
             .iter()
@@ -738,6 +856,25 @@ impl Steering {
             "laser steering: {ms:9.1} ms {turn:?} {kind:?} [{}]{why}",
             words.join(" ")
         );
+    }
+
+    /// With `LASER_TRACE_STEERING`: a line when the fast-string cost of armed time ends a
+    /// turn (the estimate and the armed time so far).
+    fn trace_armed_cost(&self, now: Instant) {
+        if trace_on() {
+            eprintln!(
+                "laser steering: {:9.1} ms disarmed: {:.1} ms armed at an estimated {:.2}x \
+                 (fast strings) cost more than the run so far allows",
+                self.ms_since_start(now),
+                self.armed.as_secs_f64() * 1e3,
+                self.slowdown.unwrap_or(1.0)
+            );
+        }
+    }
+
+    fn ms_since_start(&self, now: Instant) -> f64 {
+        self.started
+            .map_or(0.0, |s| now.duration_since(s).as_secs_f64() * 1e3)
     }
 
     /// The instructions of `pcs` whose last code turn was [`CODE_REFRESH`] ago or more,
@@ -883,6 +1020,12 @@ impl Steering {
 }
 
 /// The watchpoints for a candidate's words (at most the debug registers' count).
+/// Whether `LASER_TRACE_STEERING` is set in laser's environment.
+fn trace_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("LASER_TRACE_STEERING").is_some())
+}
+
 fn watch_specs(c: &WatchCandidate, kind: WatchKind) -> Vec<WatchSpec> {
     c.words
         .iter()
@@ -983,6 +1126,84 @@ mod tests {
             Some(SURVEY_TURN - ms(15))
         );
         assert_eq!(at(Turn::Survey, ms(25)).poll_hint(), Some(SURVEY_POLL_MIN));
+    }
+
+    /// While armed watchpoints' fast-string cost is unknown, the loop looks at it every
+    /// few ms, not only at the turn's end; once known to slow the program, at the armed
+    /// time its budget has left; known to cost nothing, only at the turn's end.
+    #[test]
+    fn armed_time_is_looked_at_until_its_cost_is_known_and_within_it() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let armed = |slowdown, run: Duration, armed| Steering {
+            turn: Some((Turn::Survey, t0)),
+            armed_after_step: true,
+            armed_mark: Some(t0 + run),
+            started: Some(t0),
+            armed,
+            slowdown,
+            armed_budget: 0.0075,
+            ..Steering::default()
+        };
+        assert_eq!(armed(None, ms(0), ms(0)).poll_hint(), Some(ARMED_COST_LOOK));
+        assert_eq!(
+            armed(Some(1.0), ms(0), ms(0)).poll_hint(),
+            Some(SURVEY_TURN)
+        );
+        // 2x slower armed, after 1 s of run and 2 ms armed: 7.5 - 2 = 5.5 ms of cost left,
+        // which the budget's growth while armed stretches to 5.5 / (1 - 0.0075).
+        let left = armed(Some(2.0), ms(1000), ms(2)).poll_hint().unwrap();
+        assert!(
+            (left.as_secs_f64() - 5.5e-3 / 0.9925).abs() < 1e-6,
+            "{left:?}"
+        );
+        // Spent: looked at again soon (the step disarms).
+        assert_eq!(
+            armed(Some(2.0), ms(1000), ms(10)).poll_hint(),
+            Some(SURVEY_POLL_MIN)
+        );
+        // Not armed: the turn's own hint (none without a turn).
+        let idle = Steering {
+            armed_after_step: false,
+            ..armed(None, ms(0), ms(0))
+        };
+        assert_eq!(idle.poll_hint(), Some(SURVEY_TURN));
+    }
+
+    /// Armed time counts from the mark the arming step left, while the window counts at
+    /// both ends; a look between the turn's own looks leaves the turn's counting time alone.
+    #[test]
+    fn armed_time_counts_from_the_arming_and_a_cost_look_is_no_turn_look() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut s = Steering {
+            turn: Some((Turn::Survey, t0)),
+            armed_after_step: true,
+            armed_mark: Some(t0),
+            last_step: Some(t0),
+            counting: false,
+            started: Some(t0),
+            ..Steering::default()
+        };
+        assert!(s.cost_look_only(t0 + ms(4), 0));
+        s.note_armed(t0 + ms(4), true);
+        assert_eq!(s.armed, ms(4));
+        assert_eq!(s.counted, Duration::ZERO);
+        // New hits, or the turn's look due: a whole step.
+        assert!(!s.cost_look_only(t0 + ms(8), 1));
+        assert!(!s.cost_look_only(t0 + SURVEY_TURN, 0));
+        // That step counts the armed time since the look, not since the last step.
+        s.note_step(t0 + ms(20), true);
+        assert_eq!(s.armed, ms(20));
+        // A window not counting at either end adds nothing.
+        s.armed_after_step = false;
+        s.note_step(t0 + ms(30), true);
+        assert_eq!(s.armed, ms(20));
+        // The cost: 20 ms at 1.5x is 10 ms, over 0.75% of a 30 ms run.
+        s.slowdown = Some(1.5);
+        s.armed_budget = 0.0075;
+        assert!(s.armed_cost_spent(t0 + ms(30)));
+        assert!(!s.armed_cost_spent(t0 + ms(1400)));
     }
 
     fn est(line: u64, transfers: u64, armed_s: f64) -> LineEstimate {

@@ -106,7 +106,8 @@ impl ArmedCost {
     }
 
     /// How many times longer the target's work takes while watchpoints are armed, once there
-    /// are [`MIN_ARMED_SAMPLES`] of armed time (`None` before). Without enough unarmed samples
+    /// are [`MIN_ARMED_SAMPLES`] of armed time, or earlier where fast-string samples already
+    /// show a cost ([`ArmedCostSummary::early_slowdown`]); `None` before. Without enough unarmed samples
     /// the unarmed share is taken as 0, which charges every fast-string sample to the
     /// watchpoints: an overestimate, on the side of the target.
     pub fn slowdown(&self) -> Option<f64> {
@@ -117,13 +118,13 @@ impl ArmedCost {
 impl ArmedCostSummary {
     /// See [`ArmedCost::slowdown`].
     pub fn slowdown(&self) -> Option<f64> {
+        let share = |n: u64, of: u64| (n as f64 / of as f64).min(MAX_SHARE);
         if self.armed_samples < MIN_ARMED_SAMPLES {
-            return None;
+            return self.early_slowdown();
         }
         if self.armed_fast_string < MIN_ARMED_FAST_STRING {
             return Some(1.0);
         }
-        let share = |n: u64, of: u64| (n as f64 / of as f64).min(MAX_SHARE);
         let armed = share(self.armed_fast_string, self.armed_samples);
         let unarmed = if self.unarmed_samples >= MIN_UNARMED_SAMPLES {
             share(self.unarmed_fast_string, self.unarmed_samples)
@@ -133,6 +134,28 @@ impl ArmedCostSummary {
         let by_shares = (1.0 - unarmed) / (1.0 - armed);
         let by_floor = 1.0 / ((1.0 - armed) + armed / MIN_FAST_STRING_SLOWDOWN);
         Some(by_shares.max(by_floor).max(1.0))
+    }
+
+    /// The estimate before [`MIN_ARMED_SAMPLES`] of armed time, where the evidence is
+    /// already clear: [`MIN_ARMED_FAST_STRING`] fast-string samples of armed time (a third
+    /// or more of it: a copy loop, not luck), or as many among [`MIN_UNARMED_SAMPLES`] of
+    /// unarmed time (a program that copies, before anything was armed). Both at the floor
+    /// slowdown, [`MIN_FAST_STRING_SLOWDOWN`]: the least such a share costs. Waiting for the
+    /// full count let the run's first survey window stay armed its whole 20 ms on Phoenix
+    /// string_match, ~2x slower armed, which alone cost it ~4% of its 0.5 s.
+    fn early_slowdown(&self) -> Option<f64> {
+        let share = |n: u64, of: u64| (n as f64 / of as f64).min(MAX_SHARE);
+        if self.armed_fast_string >= MIN_ARMED_FAST_STRING {
+            let a = share(self.armed_fast_string, self.armed_samples);
+            return Some(1.0 / ((1.0 - a) + a / MIN_FAST_STRING_SLOWDOWN));
+        }
+        if self.unarmed_samples >= MIN_UNARMED_SAMPLES
+            && self.unarmed_fast_string >= MIN_ARMED_FAST_STRING
+        {
+            let u = share(self.unarmed_fast_string, self.unarmed_samples);
+            return Some((1.0 - u) + u * MIN_FAST_STRING_SLOWDOWN);
+        }
+        None
     }
 }
 
@@ -159,11 +182,51 @@ mod tests {
         let mut c = ArmedCost::default();
         c.transition(0, true);
         for t in 0..MIN_ARMED_SAMPLES - 1 {
-            c.sample(t, true);
+            c.sample(t, t < MIN_ARMED_FAST_STRING - 1);
         }
         assert_eq!(c.slowdown(), None);
-        c.sample(100, true);
-        assert!(c.slowdown().unwrap() > 10.0);
+        c.sample(100, false);
+        assert_eq!(c.slowdown(), Some(1.0));
+    }
+
+    /// Three fast-string samples in a few of armed time are a copy loop: estimated at once,
+    /// at the floor. (Phoenix string_match: its first survey window ran 20 ms at ~2x before
+    /// the ten samples came.)
+    #[test]
+    fn fast_strings_early_in_armed_time_are_a_cost_at_once() {
+        let mut c = ArmedCost::default();
+        c.transition(0, true);
+        for t in 0..MIN_ARMED_FAST_STRING {
+            c.sample(t, true);
+        }
+        c.sample(10, false);
+        let a = 0.75;
+        let floor = 1.0 / ((1.0 - a) + a / MIN_FAST_STRING_SLOWDOWN);
+        assert_eq!(c.slowdown(), Some(floor));
+    }
+
+    /// Unarmed time that copies: before anything is armed, the cost its share would have at
+    /// the floor slowdown; the armed time's own share replaces it once there is enough.
+    #[test]
+    fn unarmed_fast_strings_give_the_estimate_before_any_armed_time() {
+        let mut c = ArmedCost::default();
+        for t in 0..MIN_UNARMED_SAMPLES {
+            c.sample(t, t % 5 == 0);
+        }
+        let u = 0.2;
+        let prior = c.slowdown().unwrap();
+        assert!((prior - ((1.0 - u) + u * MIN_FAST_STRING_SLOWDOWN)).abs() < 1e-9);
+        // Fewer unarmed samples, or fewer fast strings among them: no estimate.
+        let mut few = ArmedCost::default();
+        for t in 0..MIN_UNARMED_SAMPLES - 1 {
+            few.sample(t, true);
+        }
+        assert_eq!(few.slowdown(), None);
+        c.transition(1000, true);
+        for t in 0..MIN_ARMED_SAMPLES {
+            c.sample(1000 + t, false);
+        }
+        assert_eq!(c.slowdown(), Some(1.0));
     }
 
     #[test]
