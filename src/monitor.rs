@@ -134,9 +134,7 @@ pub fn run_loop(
                     }
                 }
             };
-            let wait = steering.poll_hint().map_or(Duration::from_millis(50), |h| {
-                h.min(Duration::from_millis(50))
-            });
+            let wait = steering.poll_wait();
             reader.set(session.watch_mut().is_ok_and(|w| w.is_counting()));
             match session.poll(wait, &mut sink) {
                 Ok(st) => st,

@@ -127,14 +127,20 @@ const STORES_ALONE_TURNS: u32 = 2;
 const STORES_ALONE_FOR: Duration = Duration::from_secs(1);
 
 /// The shortest wait before the next look at a survey or probe turn: what is left of its
-/// counting time, but not less ([`Steering::poll_hint`]).
+/// counting time, but not less ([`Steering::poll_wait`]).
 const SURVEY_POLL_MIN: Duration = Duration::from_millis(1);
+
+/// The longest wait of the monitor loop between two steps: a turn whose look has no time
+/// of its own (a code turn's cooldown, a front window) is looked at after this, or at its
+/// hits.
+pub const MAX_POLL: Duration = Duration::from_millis(50);
 
 /// The longest wait between looks while watchpoints count and their fast-string cost is not
 /// known yet (`Detector::armed_slowdown` is `None`): a program that copies with `rep movs`
-/// runs ~2x slower armed, and a survey turn looked at only at its end (20 ms) paid that
-/// whole turn before the estimate could stop it. At ~250 samples/s a CPU, 4 ms brings a
-/// sample or two a look; a run has a few such looks, until its estimate forms.
+/// runs ~2x slower armed, and a survey turn, looked at 20 ms after it was armed and ended
+/// at the look after (its first look counts no time: `note_step`), paid ~40 ms of that
+/// before the estimate could stop it. At ~250 samples/s a CPU, 4 ms brings a sample or two
+/// a look; a run has a few such looks, until its estimate forms.
 const ARMED_COST_LOOK: Duration = Duration::from_millis(4);
 
 /// The wait before the next look at a counting code turn, after a look that waited `wait`
@@ -226,6 +232,8 @@ pub struct Steering {
     /// and the time up to which their armed time is in `armed`.
     armed_after_step: bool,
     armed_mark: Option<Instant>,
+    /// When the loop's wait, cut short for the armed cost's look, ends ([`Self::poll_wait`]).
+    cost_look_at: Option<Instant>,
     /// The detector's estimate of how much slower the program runs armed, at the last step
     /// (`Detector::armed_slowdown`: fast strings), and the share of the run's time that
     /// slowdown may cost ([`ARMED_COST_SHARE`] of the trap budget).
@@ -323,21 +331,30 @@ impl Steering {
         self.last_step = None;
     }
 
-    /// How long the monitor loop may wait before the next `step`: during a survey or probe
+    /// How long the monitor loop waits for the next `step` at most: the turn's own wait
+    /// ([`Self::turn_poll_hint`]), [`MAX_POLL`] without one. When the armed cost's look comes before the turn's
+    /// ([`Self::cost_look_wait`]), a step that finds the loop woken by that wait alone
+    /// looks at the cost only.
+    pub fn poll_wait(&mut self) -> Duration {
+        let turn = self.turn_poll_hint().map_or(MAX_POLL, |h| h.min(MAX_POLL));
+        match self.cost_look_wait().filter(|&c| c < turn) {
+            Some(cost) => {
+                self.cost_look_at = Some(Instant::now() + cost);
+                cost
+            }
+            None => {
+                self.cost_look_at = None;
+                turn
+            }
+        }
+    }
+
+    /// How long the loop may wait before the turn's next look: during a survey or probe
     /// turn, what is left of its counting time, so turns are not stretched to the loop's idle
     /// poll. (Half a turn, as before, woke laser twice a turn, a look in the middle that ends
     /// nothing: parsec streamcluster's reader slept 104 times in 10 ms polls a run, most of
     /// its wake-ups, and each took a CPU from the program at real-time priority. A window's
     /// hits wake the reader anyway, at its events' limit.)
-    pub fn poll_hint(&self) -> Option<Duration> {
-        let hint = self.turn_poll_hint();
-        match self.cost_look_wait() {
-            Some(w) => Some(hint.map_or(w, |h| h.min(w))),
-            None => hint,
-        }
-    }
-
-    /// [`Self::poll_hint`] for the turn alone.
     fn turn_poll_hint(&self) -> Option<Duration> {
         match self.turn {
             // Only while the window counts: a cooldown is waited out at the duty cycle's
@@ -703,15 +720,13 @@ impl Steering {
         self.armed_mark = Some(now);
     }
 
-    /// Whether this step comes before the armed turn's own look is due, woken for the armed
-    /// cost alone ([`Self::cost_look_wait`]): no new hits, and the turn's poll hint not
-    /// yet spent.
-    fn cost_look_only(&self, now: Instant, hits: u64) -> bool {
-        let due = self
-            .last_step
-            .zip(self.turn_poll_hint())
-            .map(|(last, wait)| last + wait);
-        self.turn.is_some() && hits == self.hits_at_look && due.is_some_and(|d| now < d)
+    /// Whether this step was woken for the armed cost alone: the loop waited the cost's
+    /// look ([`Self::poll_wait`]) out, shorter than the turn's, and no hit came meanwhile.
+    /// Woken earlier (the rings, a hit, the duty cycle's deadline), the step is a whole one,
+    /// as it was without these looks.
+    fn cost_look_only(&mut self, now: Instant, hits: u64) -> bool {
+        let timed_out = self.cost_look_at.take().is_some_and(|at| now >= at);
+        timed_out && self.turn.is_some() && hits == self.hits_at_look
     }
 
     /// How long the loop may wait before the armed cost must be looked at again, while
@@ -1078,13 +1093,17 @@ mod tests {
             moving_poll: wait,
             ..Steering::default()
         };
-        assert_eq!(s.poll_hint(), Some(MOVING_POLL_MAX));
+        assert_eq!(s.turn_poll_hint(), Some(MOVING_POLL_MAX));
         let fresh = Steering {
             turn: Some((Turn::Code, Instant::now())),
             counting: true,
             ..Steering::default()
         };
-        assert_eq!(fresh.poll_hint(), Some(MOVING_POLL), "never below 50 µs");
+        assert_eq!(
+            fresh.turn_poll_hint(),
+            Some(MOVING_POLL),
+            "never below 50 µs"
+        );
     }
 
     /// An alternating line's turns go store-only, read+write, … until two store-only turns
@@ -1117,15 +1136,18 @@ mod tests {
             ..Steering::default()
         };
         assert_eq!(
-            at(Turn::Survey, Duration::ZERO).poll_hint(),
+            at(Turn::Survey, Duration::ZERO).turn_poll_hint(),
             Some(SURVEY_TURN)
         );
         let ms = Duration::from_millis;
         assert_eq!(
-            at(Turn::Probe, ms(15)).poll_hint(),
+            at(Turn::Probe, ms(15)).turn_poll_hint(),
             Some(SURVEY_TURN - ms(15))
         );
-        assert_eq!(at(Turn::Survey, ms(25)).poll_hint(), Some(SURVEY_POLL_MIN));
+        assert_eq!(
+            at(Turn::Survey, ms(25)).turn_poll_hint(),
+            Some(SURVEY_POLL_MIN)
+        );
     }
 
     /// While armed watchpoints' fast-string cost is unknown, the loop looks at it every
@@ -1145,29 +1167,28 @@ mod tests {
             armed_budget: 0.0075,
             ..Steering::default()
         };
-        assert_eq!(armed(None, ms(0), ms(0)).poll_hint(), Some(ARMED_COST_LOOK));
-        assert_eq!(
-            armed(Some(1.0), ms(0), ms(0)).poll_hint(),
-            Some(SURVEY_TURN)
-        );
+        assert_eq!(armed(None, ms(0), ms(0)).poll_wait(), ARMED_COST_LOOK);
+        assert_eq!(armed(Some(1.0), ms(0), ms(0)).poll_wait(), SURVEY_TURN);
         // 2x slower armed, after 1 s of run and 2 ms armed: 7.5 - 2 = 5.5 ms of cost left,
         // which the budget's growth while armed stretches to 5.5 / (1 - 0.0075).
-        let left = armed(Some(2.0), ms(1000), ms(2)).poll_hint().unwrap();
+        let left = armed(Some(2.0), ms(1000), ms(2)).poll_wait();
         assert!(
             (left.as_secs_f64() - 5.5e-3 / 0.9925).abs() < 1e-6,
             "{left:?}"
         );
         // Spent: looked at again soon (the step disarms).
         assert_eq!(
-            armed(Some(2.0), ms(1000), ms(10)).poll_hint(),
-            Some(SURVEY_POLL_MIN)
+            armed(Some(2.0), ms(1000), ms(10)).poll_wait(),
+            SURVEY_POLL_MIN
         );
-        // Not armed: the turn's own hint (none without a turn).
+        // Not armed: the turn's own wait, and the loop's longest without a turn.
         let idle = Steering {
             armed_after_step: false,
             ..armed(None, ms(0), ms(0))
         };
-        assert_eq!(idle.poll_hint(), Some(SURVEY_TURN));
+        let mut idle = idle;
+        assert_eq!(idle.poll_wait(), SURVEY_TURN);
+        assert_eq!(Steering::default().poll_wait(), MAX_POLL);
     }
 
     /// Armed time counts from the mark the arming step left, while the window counts at
@@ -1185,13 +1206,26 @@ mod tests {
             started: Some(t0),
             ..Steering::default()
         };
-        assert!(s.cost_look_only(t0 + ms(4), 0));
+        // No estimate yet: the loop waits ARMED_COST_LOOK, not the turn's 20 ms.
+        assert_eq!(s.poll_wait(), ARMED_COST_LOOK);
+        let at = s.cost_look_at.unwrap();
+        // Woken early (the rings, a deadline): a whole step; the next wait is set anew.
+        assert!(!s.cost_look_only(at - ms(1), 0));
+        assert!(!s.cost_look_only(at + ms(1), 0), "taken");
+        // Woken by the wait: the cost alone, unless hits came.
+        s.poll_wait();
+        let at = s.cost_look_at.unwrap();
+        assert!(!s.cost_look_only(at, 1));
+        s.poll_wait();
+        let at = s.cost_look_at.unwrap();
+        assert!(s.cost_look_only(at, 0));
         s.note_armed(t0 + ms(4), true);
         assert_eq!(s.armed, ms(4));
         assert_eq!(s.counted, Duration::ZERO);
-        // New hits, or the turn's look due: a whole step.
-        assert!(!s.cost_look_only(t0 + ms(8), 1));
-        assert!(!s.cost_look_only(t0 + SURVEY_TURN, 0));
+        // Estimate known at 1.0: the turn's own wait, no cost look.
+        s.slowdown = Some(1.0);
+        assert_eq!(s.poll_wait(), SURVEY_TURN);
+        assert_eq!(s.cost_look_at, None);
         // That step counts the armed time since the look, not since the last step.
         s.note_step(t0 + ms(20), true);
         assert_eq!(s.armed, ms(20));
