@@ -232,8 +232,10 @@ pub struct Steering {
     /// and the time up to which their armed time is in `armed`.
     armed_after_step: bool,
     armed_mark: Option<Instant>,
-    /// When the loop's wait, cut short for the armed cost's look, ends ([`Self::poll_wait`]).
+    /// When the loop's wait, cut short for the armed cost's look, ends, and when the turn's
+    /// own look is due ([`Self::poll_wait`]; `None`: from the next wait on).
     cost_look_at: Option<Instant>,
+    turn_look_at: Option<Instant>,
     /// The detector's estimate of how much slower the program runs armed, at the last step
     /// (`Detector::armed_slowdown`: fast strings), and the share of the run's time that
     /// slowdown may cost ([`ARMED_COST_SHARE`] of the trap budget).
@@ -336,10 +338,15 @@ impl Steering {
     /// ([`Self::cost_look_wait`]), a step that finds the loop woken by that wait alone
     /// looks at the cost only.
     pub fn poll_wait(&mut self) -> Duration {
-        let turn = self.turn_poll_hint().map_or(MAX_POLL, |h| h.min(MAX_POLL));
+        let now = Instant::now();
+        // The turn's look is due when it was after the last whole step: a cost look between
+        // does not put it off.
+        let wait = self.turn_poll_hint().map_or(MAX_POLL, |h| h.min(MAX_POLL));
+        let turn_at = *self.turn_look_at.get_or_insert(now + wait);
+        let turn = turn_at.saturating_duration_since(now);
         match self.cost_look_wait().filter(|&c| c < turn) {
             Some(cost) => {
-                self.cost_look_at = Some(Instant::now() + cost);
+                self.cost_look_at = Some(now + cost);
                 cost
             }
             None => {
@@ -412,9 +419,11 @@ impl Steering {
             if self.armed_cost_spent(now) {
                 self.go_idle(watcher)?;
                 self.trace_armed_cost(now);
+                self.turn_look_at = None;
             }
             return Ok(());
         }
+        self.turn_look_at = None;
         self.note_step(now, counting);
         self.moving_poll = moving_poll_after(self.moving_poll, hits != self.hits_at_look);
         self.hits_at_look = hits;
@@ -1209,6 +1218,8 @@ mod tests {
         // No estimate yet: the loop waits ARMED_COST_LOOK, not the turn's 20 ms.
         assert_eq!(s.poll_wait(), ARMED_COST_LOOK);
         let at = s.cost_look_at.unwrap();
+        let turn_at = s.turn_look_at.unwrap();
+        assert_eq!(turn_at - at, SURVEY_TURN - ARMED_COST_LOOK);
         // Woken early (the rings, a deadline): a whole step; the next wait is set anew.
         assert!(!s.cost_look_only(at - ms(1), 0));
         assert!(!s.cost_look_only(at + ms(1), 0), "taken");
@@ -1222,9 +1233,14 @@ mod tests {
         s.note_armed(t0 + ms(4), true);
         assert_eq!(s.armed, ms(4));
         assert_eq!(s.counted, Duration::ZERO);
-        // Estimate known at 1.0: the turn's own wait, no cost look.
+        // Estimate known at 1.0: the turn's own look, where it was before the cost looks.
         s.slowdown = Some(1.0);
-        assert_eq!(s.poll_wait(), SURVEY_TURN);
+        let wait = s.poll_wait();
+        assert!(
+            wait <= SURVEY_TURN && wait > SURVEY_TURN - ms(10),
+            "{wait:?}"
+        );
+        assert_eq!(s.turn_look_at, Some(turn_at));
         assert_eq!(s.cost_look_at, None);
         // That step counts the armed time since the look, not since the last step.
         s.note_step(t0 + ms(20), true);
