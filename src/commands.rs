@@ -494,7 +494,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
             // A forked copy's line is no address in this process.
             .filter(|f| {
                 f.data == laser_detect::Location::Heap
-                    && f.rate_per_s >= args.analysis.threshold
+                    && f.reported_at(args.analysis.threshold)
                     && f.process.is_none()
             })
             .map(|f| f.line_addr)

@@ -664,3 +664,40 @@ fn path_map_rewrites_every_path_in_the_report() {
     assert!(!json.contains("/src/"), "{json}");
     assert!(json.contains("\"file\": \"$BUILD/lr.c\""));
 }
+
+/// A line rated above the threshold from fewer than `MIN_FINDING_EVENTS` events is no
+/// finding: it is counted with the lines below the threshold, and said to be thin.
+#[test]
+fn a_rate_from_too_few_events_is_not_a_finding() {
+    let b = build("golden-thin");
+    let (mut analysis, _) = analysis(&b);
+    let mut sym = b.symbolizer();
+    let full = build_report(&analysis, &mut sym, &ReportOptions::default());
+    let top = analysis
+        .findings
+        .iter_mut()
+        .max_by(|a, c| a.rate_per_s.total_cmp(&c.rate_per_s))
+        .unwrap();
+    let line = top.line_addr;
+    top.events = laser_detect::report::MIN_FINDING_EVENTS - 1;
+    let report = build_report(&analysis, &mut sym, &ReportOptions::default());
+    assert_eq!(report.findings.len(), full.findings.len() - 1);
+    assert!(report.findings.iter().all(|f| f.line_addr != line));
+    assert_eq!(report.below_threshold.lines, full.below_threshold.lines + 1);
+    assert_eq!(report.below_threshold.thin, 1);
+    assert!(
+        render_text(&report).contains("or rated from fewer than 3 events (1 of them;"),
+        "{}",
+        render_text(&report)
+    );
+    // With as many events as needed, it is one again.
+    analysis
+        .findings
+        .iter_mut()
+        .find(|f| f.line_addr == line)
+        .unwrap()
+        .events = laser_detect::report::MIN_FINDING_EVENTS;
+    let again = build_report(&analysis, &mut sym, &ReportOptions::default());
+    assert_eq!(again.findings.len(), full.findings.len());
+    assert_eq!(again.below_threshold.thin, 0);
+}

@@ -96,16 +96,21 @@ pub fn deferral_line(at: Duration, until: Option<Duration>) -> String {
 /// Whether the report built from `analysis` would hold a false-sharing finding at or above
 /// `threshold` events/s: the same rule the report keeps findings by (a line at or above the
 /// threshold, or lines below it that one set of instructions moves along and that add up to
-/// it, `model::migratory`), so a line the report shows is a line the check sees. A forked
+/// it, `model::migratory`, each from at least `MIN_FINDING_EVENTS` events), so a line the
+/// report shows is a line the check sees. A forked
 /// copy's line is not this process's to repair.
 pub fn crossed(analysis: &Analysis, threshold: f64) -> bool {
     analysis
         .findings
         .iter()
-        .any(|f| f.kind == Kind::FalseSharing && f.rate_per_s >= threshold && f.process.is_none())
+        .any(|f| f.kind == Kind::FalseSharing && f.reported_at(threshold) && f.process.is_none())
         || laser_detect::model::migratory::migratory(&analysis.findings, threshold)
             .iter()
-            .any(|(f, _)| f.kind == Kind::FalseSharing && f.process.is_none())
+            .any(|(f, _)| {
+                f.kind == Kind::FalseSharing
+                    && f.events >= laser_detect::report::MIN_FINDING_EVENTS
+                    && f.process.is_none()
+            })
 }
 
 /// Repairs the false-sharing sources of `report` (the run so far) in process `pid`.
@@ -370,5 +375,45 @@ mod tests {
             .section(Duration::from_secs(1), 0)
             .contains("boom 42"));
         assert!(failed.note().contains("boom 42"));
+    }
+
+    /// The check keeps lines by the report's rule: a false-sharing line at the threshold
+    /// crosses it only from `MIN_FINDING_EVENTS` events on.
+    #[test]
+    fn a_line_crosses_the_threshold_only_as_the_report_would_list_it() {
+        use laser_detect::model::findings::{LineFinding, MIN_FINDING_EVENTS};
+        let line = |events| LineFinding {
+            line_addr: 0x1000,
+            line_size: 64,
+            kind: Kind::FalseSharing,
+            events,
+            true_events: 0,
+            false_events: events,
+            rate_per_s: 5000.0,
+            share: 1.0,
+            threads: vec![1, 2],
+            data: laser_detect::Location::Heap,
+            process: None,
+            sources: Vec::new(),
+            by_code: false,
+            front: false,
+        };
+        let analysis = |f| Analysis {
+            backend: laser_driver::BackendKind::Soft,
+            duration_s: 1.0,
+            samples: 100,
+            lost: 0,
+            throttles: 0,
+            filtered: 0,
+            line_size: 64,
+            findings: vec![f],
+            modules: Vec::new(),
+            notes: Vec::new(),
+            survey: None,
+            concurrency: None,
+        };
+        assert!(!crossed(&analysis(line(MIN_FINDING_EVENTS - 1)), 1000.0));
+        assert!(crossed(&analysis(line(MIN_FINDING_EVENTS)), 1000.0));
+        assert!(!crossed(&analysis(line(MIN_FINDING_EVENTS)), 6000.0));
     }
 }

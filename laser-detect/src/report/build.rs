@@ -19,7 +19,8 @@ use crate::report::{
 /// How to build a report.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReportOptions {
-    /// Lines below this many events per second are left out (counted in `below_threshold`).
+    /// Lines below this many events per second are left out (counted in `below_threshold`),
+    /// and so are lines rated from fewer than [`crate::report::MIN_FINDING_EVENTS`] events.
     pub threshold: f64,
     /// Attach the text of each source line when the source file is readable.
     pub source_text: bool,
@@ -62,7 +63,12 @@ pub fn build_report(
     };
     // Lines under the threshold that one loop moves along add up (`migratory`): they are
     // reported as one finding with their extent, not counted below the threshold.
-    let migratory = crate::model::migratory::migratory(&analysis.findings, opts.threshold);
+    // A group resting on fewer than `MIN_FINDING_EVENTS` events is no finding either: its
+    // lines are counted below the threshold, each on its own.
+    let migratory: Vec<_> = crate::model::migratory::migratory(&analysis.findings, opts.threshold)
+        .into_iter()
+        .filter(|(f, _)| f.events >= crate::report::MIN_FINDING_EVENTS)
+        .collect();
     let in_extent = |line: u64| migratory.iter().any(|m| m.1.lines.contains(&line));
     let mut kept: Vec<(&LineFinding, Option<&Extent>)> = Vec::new();
     let mut below = BelowThreshold::default();
@@ -72,12 +78,12 @@ pub fn build_report(
         if in_extent(f.line_addr) {
             continue;
         }
-        // NaN rates (a zero-length run) are never above a threshold.
-        if f.rate_per_s >= opts.threshold {
+        if f.reported_at(opts.threshold) {
             kept.push((f, None));
         } else {
             below.lines += 1;
             below.events += f.events;
+            below.thin += u64::from(f.rate_per_s >= opts.threshold);
         }
     }
     kept.extend(migratory.iter().map(|(f, e)| (f, Some(e))));

@@ -228,7 +228,17 @@ pub struct Survey {
 pub struct BelowThreshold {
     pub lines: u64,
     pub events: u64,
+    /// Of `lines`, those rated at or above the threshold from fewer than
+    /// [`MIN_FINDING_EVENTS`] events (absent when none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub thin: u64,
 }
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+pub use crate::model::findings::MIN_FINDING_EVENTS;
 
 /// One contended cache line.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -637,6 +647,7 @@ mod tests {
             below_threshold: BelowThreshold {
                 lines: 2,
                 events: 40,
+                thin: 0,
             },
             notes: vec!["estimated".into()],
             survey: None,
@@ -774,7 +785,8 @@ mod tests {
             r.below_threshold,
             BelowThreshold {
                 lines: 3,
-                events: 40 + 72316
+                events: 40 + 72316,
+                thin: 0,
             }
         );
         assert_eq!(r.threshold, 50_000.0);

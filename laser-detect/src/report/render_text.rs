@@ -182,14 +182,22 @@ fn header(out: &mut String, r: &Report) {
     for n in &r.notes {
         wrap(out, "note:", n, 6);
     }
-    let below = if r.below_threshold.lines > 0 {
-        format!(
+    let b = &r.below_threshold;
+    let below = match (b.lines, b.thin) {
+        (0, _) => String::new(),
+        (_, 0) => format!(
             "; {} more below it ({} events) not shown",
-            thousands(r.below_threshold.lines),
-            thousands(r.below_threshold.events)
-        )
-    } else {
-        String::new()
+            thousands(b.lines),
+            thousands(b.events)
+        ),
+        _ => format!(
+            "; {} more below it or rated from fewer than {} events ({} of them; {} events in \
+             all) not shown",
+            thousands(b.lines),
+            crate::report::MIN_FINDING_EVENTS,
+            thousands(b.thin),
+            thousands(b.events)
+        ),
     };
     if r.findings.is_empty() {
         let _ = writeln!(
