@@ -259,8 +259,9 @@ fn parse_cost_model(s: &str) -> Result<laser_driver::CostModel, String> {
 
 #[derive(Args, Debug, Clone)]
 pub struct AnalysisArgs {
-    /// Report findings at or above this many contention events per second (rated from 3
-    /// events or more: a rate from one or two is counted with the lines below it).
+    /// Report findings at or above this many contention events per second (a rate from one
+    /// or two events only if the low end of its 95% interval is: else it is counted with the
+    /// lines below it).
     #[arg(long, default_value_t = 1000.0)]
     pub threshold: f64,
     /// Cache-line size for the line model: 64, or 128 to group adjacent-line pairs.

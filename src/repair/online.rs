@@ -96,7 +96,7 @@ pub fn deferral_line(at: Duration, until: Option<Duration>) -> String {
 /// Whether the report built from `analysis` would hold a false-sharing finding at or above
 /// `threshold` events/s: the same rule the report keeps findings by (a line at or above the
 /// threshold, or lines below it that one set of instructions moves along and that add up to
-/// it, `model::migratory`, each from at least `MIN_FINDING_EVENTS` events), so a line the
+/// it, `model::migratory`, each from enough events, `LineFinding::reported_at`), so a line the
 /// report shows is a line the check sees. A forked
 /// copy's line is not this process's to repair.
 pub fn crossed(analysis: &Analysis, threshold: f64) -> bool {
@@ -107,9 +107,7 @@ pub fn crossed(analysis: &Analysis, threshold: f64) -> bool {
         || laser_detect::model::migratory::migratory(&analysis.findings, threshold)
             .iter()
             .any(|(f, _)| {
-                f.kind == Kind::FalseSharing
-                    && f.events >= laser_detect::report::MIN_FINDING_EVENTS
-                    && f.process.is_none()
+                f.kind == Kind::FalseSharing && f.reported_at(threshold) && f.process.is_none()
             })
 }
 
@@ -377,8 +375,8 @@ mod tests {
         assert!(failed.note().contains("boom 42"));
     }
 
-    /// The check keeps lines by the report's rule: a false-sharing line at the threshold
-    /// crosses it only from `MIN_FINDING_EVENTS` events on.
+    /// The check keeps lines by the report's rule: a false-sharing line rated from one or
+    /// two events crosses the threshold only if the low end of its rate's interval does.
     #[test]
     fn a_line_crosses_the_threshold_only_as_the_report_would_list_it() {
         use laser_detect::model::findings::{LineFinding, MIN_FINDING_EVENTS};
@@ -412,7 +410,9 @@ mod tests {
             survey: None,
             concurrency: None,
         };
+        // 5,000 ev/s from 2 events: 605 ev/s at the interval's low end.
         assert!(!crossed(&analysis(line(MIN_FINDING_EVENTS - 1)), 1000.0));
+        assert!(crossed(&analysis(line(MIN_FINDING_EVENTS - 1)), 600.0));
         assert!(crossed(&analysis(line(MIN_FINDING_EVENTS)), 1000.0));
         assert!(!crossed(&analysis(line(MIN_FINDING_EVENTS)), 6000.0));
     }

@@ -134,21 +134,33 @@ pub struct LineFinding {
     pub front: bool,
 }
 
-/// Contention events a line's rate must rest on to be a finding. One or two transfers are
-/// what a line threads share now and then shows (a round counter the main thread stores
-/// while workers read its neighbour), and a rate extrapolated from them is a guess within a
-/// factor of ~30 (the 95% interval of a count of 2 is 0.24-7.2): in full accuracy runs every
-/// finding on an expected line rested on 14 events or more, and the ones from a single event
-/// were a spurious line (`round_threads`, round_no's line at 1,049 ev/s) or a wrong kind
-/// (`locked_queue`, one false-sharing event at 2,722 ev/s beside its true sharing).
+/// Contention events from which a line's rate is taken at its word. One or two transfers
+/// are what a line threads share shows now and then (a round counter the main thread stores
+/// while workers read its neighbour), and a rate extrapolated from them is known only within
+/// a factor of ~40 (one event) or ~8 (two): such a line is a finding only if the low end of
+/// its rate's 95% interval is at or above the threshold ([`POISSON_LOW_95`]). In full
+/// accuracy runs every finding on an expected line rested on 14 events or more, and the ones
+/// from a single event were a spurious line (`round_threads`, round_no's line at 1,049 ev/s)
+/// or a wrong kind (`locked_queue`, one false-sharing event at 2,722 ev/s beside its true
+/// sharing). A low `--threshold` (everything above 1 ev/s) still lists such lines.
 pub const MIN_FINDING_EVENTS: u64 = 3;
+
+/// The low end of the two-sided 95% interval of a Poisson mean, for counts 0, 1 and 2.
+pub const POISSON_LOW_95: [f64; 3] = [0.0, 0.0253, 0.2422];
 
 impl LineFinding {
     /// Whether the report lists this line on its own at `threshold` events/s: its rate is at
-    /// or above it, from at least [`MIN_FINDING_EVENTS`] events.
+    /// or above it, from at least [`MIN_FINDING_EVENTS`] events or, from fewer, even at the
+    /// low end of its 95% interval.
     pub fn reported_at(&self, threshold: f64) -> bool {
         // NaN rates (a zero-length run) are never above a threshold.
-        self.rate_per_s >= threshold && self.events >= MIN_FINDING_EVENTS
+        let above = self.rate_per_s >= threshold;
+        match usize::try_from(self.events) {
+            Ok(n) if n < POISSON_LOW_95.len() => {
+                above && self.rate_per_s * POISSON_LOW_95[n] / n.max(1) as f64 >= threshold
+            }
+            _ => above,
+        }
     }
 }
 

@@ -20,7 +20,8 @@ use crate::report::{
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReportOptions {
     /// Lines below this many events per second are left out (counted in `below_threshold`),
-    /// and so are lines rated from fewer than [`crate::report::MIN_FINDING_EVENTS`] events.
+    /// and so are lines rated from too few events to be above it
+    /// ([`crate::model::findings::LineFinding::reported_at`]).
     pub threshold: f64,
     /// Attach the text of each source line when the source file is readable.
     pub source_text: bool,
@@ -63,11 +64,11 @@ pub fn build_report(
     };
     // Lines under the threshold that one loop moves along add up (`migratory`): they are
     // reported as one finding with their extent, not counted below the threshold.
-    // A group resting on fewer than `MIN_FINDING_EVENTS` events is no finding either: its
-    // lines are counted below the threshold, each on its own.
+    // A group resting on too few events is no finding either (`LineFinding::reported_at`):
+    // its lines are counted below the threshold, each on its own.
     let migratory: Vec<_> = crate::model::migratory::migratory(&analysis.findings, opts.threshold)
         .into_iter()
-        .filter(|(f, _)| f.events >= crate::report::MIN_FINDING_EVENTS)
+        .filter(|(f, _)| f.reported_at(opts.threshold))
         .collect();
     let in_extent = |line: u64| migratory.iter().any(|m| m.1.lines.contains(&line));
     let mut kept: Vec<(&LineFinding, Option<&Extent>)> = Vec::new();

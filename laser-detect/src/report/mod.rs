@@ -229,7 +229,8 @@ pub struct BelowThreshold {
     pub lines: u64,
     pub events: u64,
     /// Of `lines`, those rated at or above the threshold from fewer than
-    /// [`MIN_FINDING_EVENTS`] events (absent when none).
+    /// [`MIN_FINDING_EVENTS`] events whose rate's 95% interval reaches below it
+    /// (`LineFinding::reported_at`; absent when none).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub thin: u64,
 }

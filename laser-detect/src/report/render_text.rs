@@ -191,11 +191,11 @@ fn header(out: &mut String, r: &Report) {
             thousands(b.events)
         ),
         _ => format!(
-            "; {} more below it or rated from fewer than {} events ({} of them; {} events in \
-             all) not shown",
+            "; {} more below it or rated from too few events to be above it ({} of them, \
+             fewer than {} events each; {} events in all) not shown",
             thousands(b.lines),
-            crate::report::MIN_FINDING_EVENTS,
             thousands(b.thin),
+            crate::report::MIN_FINDING_EVENTS,
             thousands(b.events)
         ),
     };
