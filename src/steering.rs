@@ -334,9 +334,9 @@ impl Steering {
     }
 
     /// How long the monitor loop waits for the next `step` at most: the turn's own wait
-    /// ([`Self::turn_poll_hint`]), [`MAX_POLL`] without one. When the armed cost's look comes before the turn's
-    /// ([`Self::cost_look_wait`]), a step that finds the loop woken by that wait alone
-    /// looks at the cost only.
+    /// ([`Self::turn_poll_hint`]), [`MAX_POLL`] without one. When the armed cost's look
+    /// comes before the turn's ([`Self::cost_look_wait`]), a step that finds the loop woken
+    /// by that wait alone looks at the cost only.
     pub fn poll_wait(&mut self) -> Duration {
         let now = Instant::now();
         let wait = self.turn_poll_hint().map_or(MAX_POLL, |h| h.min(MAX_POLL));
@@ -1048,13 +1048,13 @@ impl Steering {
     }
 }
 
-/// The watchpoints for a candidate's words (at most the debug registers' count).
 /// Whether `LASER_TRACE_STEERING` is set in laser's environment.
 fn trace_on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("LASER_TRACE_STEERING").is_some())
 }
 
+/// The watchpoints for a candidate's words (at most the debug registers' count).
 fn watch_specs(c: &WatchCandidate, kind: WatchKind) -> Vec<WatchSpec> {
     c.words
         .iter()
@@ -1196,11 +1196,10 @@ mod tests {
             SURVEY_POLL_MIN
         );
         // Not armed: the turn's own wait, and the loop's longest without a turn.
-        let idle = Steering {
+        let mut idle = Steering {
             armed_after_step: false,
             ..armed(None, ms(0), ms(0))
         };
-        let mut idle = idle;
         assert_eq!(idle.poll_wait(), SURVEY_TURN);
         // A loop that never steps (no steering) waits its longest every time, not what is
         // left of a first wait (which spun the loop at 0 ms: `--watch false` ran 1.43x).

@@ -894,8 +894,6 @@ fn checked(config: &Config) -> Result<Config, DriverError> {
     Ok(config.clone())
 }
 
-/// The kernel rejects `sample_freq` above `perf_event_max_sample_rate` with a bare EINVAL;
-/// say which limit it is and how to raise it instead.
 /// Bytes of records after which a leader wakes the reader: a quarter of its ring.
 fn wakeup_bytes(mode: Mode, config: &Config) -> u32 {
     let pages = match mode {
@@ -915,6 +913,8 @@ fn cpu_wide_allowed(freq: u64) -> bool {
     sys::open(&a, -1, 0, "cpu-clock sampling of cpu 0 (probe)").is_ok()
 }
 
+/// The kernel rejects `sample_freq` above `perf_event_max_sample_rate` with a bare EINVAL;
+/// say which limit it is and how to raise it instead.
 fn check_frequency(requested: u64, max: Option<u64>) -> Result<(), DriverError> {
     if requested == 0 {
         return Err(DriverError::BadFrequency {

@@ -107,9 +107,9 @@ impl ArmedCost {
 
     /// How many times longer the target's work takes while watchpoints are armed, once there
     /// are [`MIN_ARMED_SAMPLES`] of armed time, or earlier where fast-string samples already
-    /// show a cost ([`ArmedCostSummary::early_slowdown`]); `None` before. Without enough unarmed samples
-    /// the unarmed share is taken as 0, which charges every fast-string sample to the
-    /// watchpoints: an overestimate, on the side of the target.
+    /// show a cost (`ArmedCostSummary::early_slowdown`); `None` before. Without enough
+    /// unarmed samples the unarmed share is taken as 0, which charges every fast-string
+    /// sample to the watchpoints: an overestimate, on the side of the target.
     pub fn slowdown(&self) -> Option<f64> {
         self.summary().slowdown()
     }
@@ -141,8 +141,8 @@ impl ArmedCostSummary {
     /// or more of it: a copy loop, not luck), or as many among [`MIN_UNARMED_SAMPLES`] of
     /// unarmed time (a program that copies, before anything was armed). Both at the floor
     /// slowdown, [`MIN_FAST_STRING_SLOWDOWN`]: the least such a share costs. Waiting for the
-    /// full count let the run's first survey window stay armed its whole 20 ms on Phoenix
-    /// string_match, ~2x slower armed, which alone cost it ~4% of its 0.5 s.
+    /// full count let the run's first survey window stay armed its whole turn (~40 ms) on
+    /// Phoenix string_match, ~2x slower armed, which alone cost it ~4% of its 0.5 s.
     fn early_slowdown(&self) -> Option<f64> {
         let share = |n: u64, of: u64| (n as f64 / of as f64).min(MAX_SHARE);
         if self.armed_fast_string >= MIN_ARMED_FAST_STRING {
@@ -190,7 +190,7 @@ mod tests {
     }
 
     /// Three fast-string samples in a few of armed time are a copy loop: estimated at once,
-    /// at the floor. (Phoenix string_match: its first survey window ran 20 ms at ~2x before
+    /// at the floor. (Phoenix string_match: its first survey window ran ~40 ms at ~2x before
     /// the ten samples came.)
     #[test]
     fn fast_strings_early_in_armed_time_are_a_cost_at_once() {

@@ -143,7 +143,7 @@ pub struct LineFinding {
 /// from a single event were a spurious line (`round_threads`, round_no's line at 1,049 ev/s)
 /// or a wrong kind (`locked_queue`, one false-sharing event at 2,722 ev/s beside its true
 /// sharing). A low `--threshold` (everything above 1 ev/s) still lists such lines.
-pub const MIN_FINDING_EVENTS: u64 = 3;
+pub const MIN_FINDING_EVENTS: u64 = POISSON_LOW_95.len() as u64;
 
 /// The low end of the two-sided 95% interval of a Poisson mean, for counts 0, 1 and 2.
 pub const POISSON_LOW_95: [f64; 3] = [0.0, 0.0253, 0.2422];
@@ -155,9 +155,9 @@ impl LineFinding {
     pub fn reported_at(&self, threshold: f64) -> bool {
         // NaN rates (a zero-length run) are never above a threshold.
         let above = self.rate_per_s >= threshold;
-        match usize::try_from(self.events) {
-            Ok(n) if n < POISSON_LOW_95.len() => {
-                above && self.rate_per_s * POISSON_LOW_95[n] / n.max(1) as f64 >= threshold
+        match usize::try_from(self.events).map(|n| POISSON_LOW_95.get(n)) {
+            Ok(Some(low)) => {
+                above && self.rate_per_s * low / self.events.max(1) as f64 >= threshold
             }
             _ => above,
         }
