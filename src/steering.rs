@@ -424,7 +424,6 @@ impl Steering {
             if self.armed_cost_spent(now) {
                 self.go_idle(watcher)?;
                 self.trace_armed_cost(now);
-                self.turn_look_at = None;
             }
             return Ok(());
         }
