@@ -4,8 +4,9 @@
 //! compiled with the system C compiler (`$CC`, else `cc`), which laser's tests need anyway;
 //! no crate is added for one command.
 //!
-//! It also links the `laser` binary with packed relative relocations (`DT_RELR`) where the
-//! toolchain and C library support them ([`packs_relative_relocs`]).
+//! A dynamically linked `laser` (a build without `.cargo/config.toml`'s static flags) is
+//! linked with packed relative relocations (`DT_RELR`) where the toolchain and C library
+//! support them ([`packs_relative_relocs`]); the static build has no run-time relocations.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,7 +34,9 @@ fn main() {
         .status()
         .unwrap_or_else(|e| panic!("running the C compiler `{cc}` for {src}: {e}"));
     assert!(status.success(), "`{cc}` failed to build {src}");
-    if packs_relative_relocs(&cc, &out) {
+    let features = std::env::var("CARGO_CFG_TARGET_FEATURE").unwrap_or_default();
+    let static_build = features.split(',').any(|f| f == "crt-static");
+    if !static_build && packs_relative_relocs(&cc, &out) {
         println!("cargo:rustc-link-arg-bin=laser=-Wl,-z,pack-relative-relocs");
     }
 }

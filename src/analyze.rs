@@ -86,9 +86,9 @@ pub fn detector_with(args: &AnalysisArgs, duration_s: Option<f64>, elf: ElfCode)
 /// Work every launch's detector does once the program runs, done ahead by a thread while
 /// laser probes the machine and starts the program (the CPUs are the program's after its
 /// exec, and on two CPUs each millisecond laser computes then is one the program waits): the
-/// instruction decoder's tables (≈ 0.9 ms) and the parsed images of the C library and the
-/// dynamic loader as laser itself maps them (≈ 0.35 ms), which a dynamically linked program
-/// maps too, and of the program's executable.
+/// instruction decoder's tables (≈ 0.9 ms) and the parsed images of the program's executable,
+/// its dynamic loader and the C library next to that loader (≈ 0.35 ms), which a dynamically
+/// linked program maps.
 pub struct Warm(Option<std::thread::JoinHandle<Preloaded>>);
 
 /// Parsed ELF images by the path they will be mapped at.
@@ -103,14 +103,9 @@ impl Warm {
             .name("laser-warm".into())
             .spawn(move || {
                 laser_detect::decode::warm_up();
-                let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-                let mut paths: Vec<String> = maps
-                    .lines()
-                    .filter_map(|l| l.split_whitespace().nth(5))
-                    .filter(|p| p.contains("/libc.so") || p.contains("/ld-linux"))
-                    .map(str::to_string)
-                    .collect();
+                let mut paths = Vec::new();
                 if let Some(p) = program.and_then(|p| std::fs::canonicalize(p).ok()) {
+                    paths.extend(loader_and_libc(&p));
                     paths.extend(p.to_str().map(str::to_string));
                 }
                 paths.sort();
@@ -131,6 +126,49 @@ impl Warm {
         let images = self.0.and_then(|h| h.join().ok()).unwrap_or_default();
         ElfCode::with_preloaded(images)
     }
+}
+
+/// The dynamic loader `program` names (its `PT_INTERP`) and the C library beside it, as
+/// the kernel will name their mappings (symbolic links resolved): what a dynamically linked
+/// program maps first. Nothing for a static program or a script. (laser itself is static, so
+/// its own mappings cannot say where the system's C library is.)
+fn loader_and_libc(program: &std::path::Path) -> Vec<String> {
+    use object::read::elf::{FileHeader, ProgramHeader};
+    use std::io::Read;
+    // The program headers and the interpreter's name sit at the start of the file.
+    let mut head = Vec::with_capacity(16 << 10);
+    let read = std::fs::File::open(program).and_then(|f| f.take(16 << 10).read_to_end(&mut head));
+    if read.is_err() {
+        return Vec::new();
+    }
+    let Ok(header) = object::elf::FileHeader64::<object::Endianness>::parse(&*head) else {
+        return Vec::new();
+    };
+    let Ok(endian) = header.endian() else {
+        return Vec::new();
+    };
+    let interp = header
+        .program_headers(endian, &*head)
+        .ok()
+        .and_then(|phdrs| {
+            phdrs
+                .iter()
+                .find_map(|ph| ph.interpreter(endian, &*head).ok().flatten())
+        });
+    let Some(loader) = interp
+        .and_then(|i| std::str::from_utf8(i).ok())
+        .and_then(|i| std::fs::canonicalize(i).ok())
+    else {
+        return Vec::new();
+    };
+    let libc = loader
+        .parent()
+        .and_then(|dir| std::fs::canonicalize(dir.join("libc.so.6")).ok());
+    [Some(loader), libc]
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.to_str().map(str::to_string))
+        .collect()
 }
 
 /// What `emit` made: the report, and whether a `--fail-on` gate tripped on it.
@@ -170,6 +208,37 @@ pub fn build(analysis: &Analysis, args: &AnalysisArgs, heap: Option<HeapBlocks>)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The paths the warm-up names are the ones a dynamically linked program's maps show.
+    #[test]
+    fn loader_and_libc_are_named_as_a_program_maps_them() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .expect("sleep runs");
+        let exe = std::fs::read_link(format!("/proc/{}/exe", child.id())).unwrap();
+        let mut maps = String::new();
+        // The loader maps the C library a moment after the exec.
+        for _ in 0..200 {
+            maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
+            if maps.contains("/libc.so") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let named = loader_and_libc(&exe);
+        assert_eq!(named.len(), 2, "{named:?}");
+        assert!(named.iter().any(|p| p.contains("/libc.so")), "{named:?}");
+        for p in &named {
+            assert!(maps.contains(p.as_str()), "{p} not in\n{maps}");
+        }
+        // A static program (laser's own test binary) has no loader to name.
+        let own = std::env::current_exe().unwrap();
+        assert!(loader_and_libc(&own).is_empty());
+        assert!(loader_and_libc(std::path::Path::new("/nonexistent")).is_empty());
+    }
 
     #[test]
     fn path_map_replaces_whole_components_first_match_wins() {

@@ -11,7 +11,7 @@ contending access (0 = the access itself) and prints the histogram over all of t
 """
 import json, re, subprocess, collections, os, sys
 RECDIR = sys.argv[1]
-LASER = sys.argv[2] if len(sys.argv) > 2 else "target/release/laser"
+LASER = sys.argv[2] if len(sys.argv) > 2 else "target/x86_64-unknown-linux-gnu/release/laser"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 m = json.load(open(os.path.join(ROOT, 'asm-tests/manifest.json')))
 hist = collections.Counter(); total = 0; cases = 0

@@ -46,7 +46,7 @@ def functions(binary, names):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--laser", default="target/release/laser")
+    ap.add_argument("--laser", default="target/x86_64-unknown-linux-gnu/release/laser")
     ap.add_argument("--record", default="/tmp/skid_probe.laser")
     ap.add_argument("--recording")
     ap.add_argument("--binary")

@@ -41,14 +41,16 @@ fn build() -> PathBuf {
     elf_common::gcc_pie("atomic-survey", SRC, "-O2")
 }
 
-/// The C library this test runs with (the one gcc links against on this machine).
+/// The C library the test program runs with: the one gcc links against on this machine.
+/// (This test is linked statically, so its own maps have none.)
 fn own_libc() -> String {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    maps.lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|p| p.contains("/libc.so"))
-        .expect("this test is linked with glibc")
-        .to_string()
+    let out = std::process::Command::new("gcc")
+        .arg("-print-file-name=libc.so.6")
+        .output()
+        .expect("gcc runs");
+    let named = String::from_utf8(out.stdout).unwrap();
+    let path = std::fs::canonicalize(named.trim()).expect("gcc names an existing libc.so.6");
+    path.to_str().unwrap().to_string()
 }
 
 /// ELF vaddrs of the words the function `name` of `data` updates with a locked instruction at

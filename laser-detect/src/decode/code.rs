@@ -611,15 +611,15 @@ impl<A: CodeSource, B: CodeSource> CodeSource for Fallback<A, B> {
 mod tests {
     use super::*;
 
-    /// The C library this test runs with, from its own maps.
+    /// The system's C library (laser's tests are linked statically, so their own maps have
+    /// none): the one the C compiler links programs against.
     fn own_libc() -> std::path::PathBuf {
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        let path = maps
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(5))
-            .find(|p| p.contains("/libc.so"))
-            .expect("this test is linked with glibc");
-        std::path::PathBuf::from(path)
+        let out = std::process::Command::new("cc")
+            .arg("-print-file-name=libc.so.6")
+            .output()
+            .expect("cc runs");
+        let named = String::from_utf8(out.stdout).unwrap();
+        std::fs::canonicalize(named.trim()).expect("cc names an existing libc.so.6")
     }
 
     /// glibc's `random` takes its lock around a call of `random_r`: the direct callers of
