@@ -72,6 +72,11 @@ impl Decoder {
         self.by_parent = by_parent;
     }
 
+    /// Adds `pid` to the target's processes (one it forked before the records counted).
+    pub fn add_target(&mut self, pid: u32) {
+        self.target.insert(pid);
+    }
+
     /// Whether `pid` is one of the target's processes as far as the records decoded so far
     /// tell ([`Decoder::follow`]).
     pub fn is_target(&self, pid: u32) -> bool {

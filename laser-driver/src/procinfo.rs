@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use object::{Object, ObjectKind};
 
-use crate::event::Mmap;
+use crate::event::{Event, Mmap};
 
 /// One line of `/proc/PID/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -101,6 +101,118 @@ pub fn mmap_events(
         .collect()
 }
 
+/// The processes `pid`'s threads have forked and not yet reaped (`/proc/PID/task/*/children`;
+/// empty where the kernel lacks `CONFIG_PROC_CHILDREN` or the process is gone).
+pub fn children(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+            out.extend(
+                text.split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// One process of a launched program as /proc shows it: see [`launched_tree`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcState {
+    pub pid: i32,
+    /// `None` for the launched process itself.
+    pub parent: Option<i32>,
+    /// Its `/proc/PID/maps` text.
+    pub maps: String,
+    /// Its `/proc/PID/comm`, without the newline.
+    pub comm: String,
+}
+
+/// The launched process `root` (its maps already read: `root_maps`) and the processes it
+/// and they have forked, parents before children (at most 1,024; a process gone meanwhile
+/// is left out).
+pub fn launched_tree(root: i32, root_maps: String) -> Vec<ProcState> {
+    let comm = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|c| c.trim_end().to_string())
+            .unwrap_or_default()
+    };
+    let mut procs = vec![ProcState {
+        pid: root,
+        parent: None,
+        maps: root_maps,
+        comm: comm(root),
+    }];
+    let mut i = 0;
+    while i < procs.len() && procs.len() < 1024 {
+        let parent = procs[i].pid;
+        i += 1;
+        for child in children(parent) {
+            if procs.iter().all(|p| p.pid != child) {
+                if let Ok(maps) = std::fs::read_to_string(format!("/proc/{child}/maps")) {
+                    procs.push(ProcState {
+                        pid: child,
+                        parent: Some(parent),
+                        maps,
+                        comm: comm(child),
+                    });
+                }
+            }
+        }
+    }
+    procs
+}
+
+/// The records a launch's leaders would have written for `procs` had they counted from the
+/// exec ([`launched_tree`], parents first): for the launched process, its exec and its
+/// mappings; for each process it forked, the fork and, if its maps are no longer its
+/// parent's (it has exec'd, or one of them has mapped since), an exec and its mappings. A
+/// forked copy that has not exec'd gets the fork alone, so the detector gives it its
+/// parent's mappings and keeps its private memory apart, as for a recorded fork.
+/// `build_ids`: the build-ids of a process's mapped files ([`read_build_ids`]).
+pub fn premapped_events(
+    procs: &[ProcState],
+    build_ids: impl Fn(&[MapEntry]) -> BTreeMap<String, Vec<u8>>,
+) -> Vec<Event> {
+    let mut out = Vec::new();
+    for p in procs {
+        let pid = p.pid as u32;
+        let exec = match p.parent {
+            None => true,
+            Some(parent) => {
+                out.push(Event::Fork {
+                    pid,
+                    ppid: parent as u32,
+                    tid: pid,
+                    ptid: parent as u32,
+                    time: 0,
+                });
+                let parents_maps = procs.iter().find(|q| q.pid == parent).map(|q| &q.maps);
+                parents_maps != Some(&p.maps)
+            }
+        };
+        if !exec {
+            continue;
+        }
+        let maps = parse_maps(&p.maps);
+        let ids = build_ids(&maps);
+        out.push(Event::Comm {
+            pid,
+            tid: pid,
+            time: 0,
+            name: p.comm.clone(),
+            exec: true,
+        });
+        out.extend(mmap_events(pid, &maps, &ids).into_iter().map(Event::Mmap));
+    }
+    out
+}
+
 /// The `model name` of the first CPU in `/proc/cpuinfo` text.
 pub fn cpu_model(cpuinfo: &str) -> Option<String> {
     cpuinfo.lines().find_map(|l| {
@@ -164,6 +276,84 @@ mod tests {
 7f0000002000-7f0000003000 ---p 00000000 00:00 0 
 7ffd0000-
 ";
+
+    /// What a launch released before its events counted is told: the launched process's
+    /// exec and mappings; a forked copy (its parent's maps) as a fork alone; a child that
+    /// has exec'd as a fork, an exec and its own mappings, parents first.
+    #[test]
+    fn premapped_events_are_the_records_the_leaders_missed() {
+        let other = "7f1000000000-7f1000001000 r-xp 00000000 08:01 9 /usr/bin/worker\n";
+        let state = |pid, parent, maps: &str, comm: &str| ProcState {
+            pid,
+            parent,
+            maps: maps.to_string(),
+            comm: comm.to_string(),
+        };
+        let procs = [
+            state(10, None, MAPS, "app"),
+            state(11, Some(10), MAPS, "app"),
+            state(12, Some(10), other, "worker"),
+        ];
+        let ids = |maps: &[MapEntry]| {
+            maps.iter()
+                .filter(|m| m.is_file())
+                .map(|m| (m.path.clone(), vec![0xab]))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let events = premapped_events(&procs, ids);
+        let kinds: Vec<String> = events
+            .iter()
+            .map(|e| match e {
+                Event::Comm {
+                    pid, name, exec, ..
+                } => format!("comm {pid} {name} {exec}"),
+                Event::Fork { pid, ppid, .. } => format!("fork {pid}<-{ppid}"),
+                Event::Mmap(m) => format!("mmap {} {}", m.pid, m.path),
+                e => format!("{e:?}"),
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "comm 10 app true",
+                "mmap 10 /usr/bin/app",
+                "mmap 10 /usr/bin/app",
+                "mmap 10 [heap]",
+                "mmap 10 /dev/shm/x (deleted)",
+                "mmap 10 ",
+                "fork 11<-10",
+                "fork 12<-10",
+                "comm 12 worker true",
+                "mmap 12 /usr/bin/worker",
+            ]
+        );
+        let Event::Mmap(m) = &events[2] else {
+            unreachable!()
+        };
+        assert_eq!(
+            (m.addr, m.pgoff, m.build_id.as_deref()),
+            (0x55d0c8a01000, 0x1000, Some(&[0xab][..]))
+        );
+    }
+
+    /// The tree is read from /proc: this test process's own child shows up under it.
+    #[test]
+    fn launched_tree_finds_a_forked_child() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let me = std::process::id() as i32;
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let tree = launched_tree(me, maps);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(tree[0].parent, None);
+        let found = tree.iter().find(|p| p.pid == child.id() as i32);
+        let found = found.expect("the child in the tree");
+        assert_eq!(found.parent, Some(me));
+        assert!(!found.maps.is_empty());
+    }
 
     #[test]
     fn maps_lines_parse_and_bad_ones_are_skipped() {

@@ -233,19 +233,69 @@ impl Session {
     /// threads. Returns once the exec has happened.
     pub fn launch(argv: &[OsString], config: &Config) -> Result<Session, DriverError> {
         let config = checked(config)?;
+        let whole_cpus = config.sample_cpus && cpu_wide_allowed(config.frequency);
+        let cpu_wide = whole_cpus && config.backend == BackendKind::Soft;
         let stopped = launch::spawn_stopped_with(argv, &config.child)?;
-        let mut s = Session::new(Mode::Launched, stopped.pid, &config, Binding::Launch)?;
+        let pid = stopped.pid;
+        // Events of whole CPUs are bound to no task, so they need nothing of the child: it
+        // is released at once and execs while laser opens them (~0.35 ms of every launch
+        // the program no longer waits for, on this VM), and what it mapped before they
+        // counted is read from /proc afterwards, as attach does. Events bound to the child
+        // must exist before its exec (enabled by it), so that launch holds it until then.
+        let held = if cpu_wide {
+            stopped.release()?;
+            None
+        } else {
+            Some(stopped)
+        };
+        // A released program laser cannot observe is not left running on its own: it is
+        // killed and reaped, and the error says why (a held one never runs: it _exits when
+        // `Stopped` is dropped). The machine probe before the launch opened the same kind of
+        // events, so this takes a failure between the two (descriptors or memory run out).
+        let opened = Self::open_launch_events(pid, argv, &config, whole_cpus, cpu_wide);
+        let mut s = match opened {
+            Ok(s) => s,
+            Err(e) => {
+                if held.is_none() {
+                    kill_and_reap(pid);
+                }
+                return Err(e);
+            }
+        };
+        if let Some(stopped) = held {
+            stopped.release()?;
+        }
+        // The exec has happened: from here on the CPUs' samples are the target's when its
+        // pid is theirs.
+        if let Err(e) = s.samplers.iter().try_for_each(sys::enable) {
+            kill_and_reap(pid);
+            return Err(e);
+        }
+        s.maps_snapshot = read_maps(s.pid).unwrap_or_default();
+        if cpu_wide {
+            s.note_premapped();
+        }
+        Ok(s)
+    }
+
+    /// The session's events for a launch of `pid` (the leaders enabled, the samplers not).
+    fn open_launch_events(
+        pid: i32,
+        argv: &[OsString],
+        config: &Config,
+        whole_cpus: bool,
+        cpu_wide: bool,
+    ) -> Result<Session, DriverError> {
+        let mut s = Session::new(Mode::Launched, pid, config, Binding::Launch)?;
         s.command = argv
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
         let cpus = sys::online_cpus()?;
-        let whole_cpus = config.sample_cpus && cpu_wide_allowed(config.frequency);
-        let cpu_wide = whole_cpus && config.backend == BackendKind::Soft;
         if cpu_wide {
-            s.leader_attr = attr::tracking_cpu_wide(wakeup_bytes(Mode::Launched, &config));
+            s.leader_attr = attr::tracking_cpu_wide(wakeup_bytes(Mode::Launched, config));
             s.cpu_wide_leaders = true;
-            s.decoder.follow(stopped.pid as u32, true);
+            s.decoder.follow(pid as u32, true);
         }
         if let (true, Some(w)) = (whole_cpus, &mut s.watcher) {
             // Watch windows for whole CPUs too; their hits in other processes are dropped as
@@ -253,10 +303,10 @@ impl Session {
             w.set_cpu_wide(true);
         }
         s.drop_foreign = cpu_wide || (whole_cpus && s.watcher.is_some());
-        // A CPU-wide leader is bound to no task (so no enable at exec): enabled before the
-        // release, it records the exec and the mappings the new program starts with. The
-        // child only execs once released, so it writes nothing of laser's before that.
-        let leader_pid = if cpu_wide { -1 } else { stopped.pid };
+        // A CPU-wide leader is bound to no task (so no enable at exec): enabled, it records
+        // the mappings, forks and execs from here on ([`Session::note_premapped`] covers what
+        // came before).
+        let leader_pid = if cpu_wide { -1 } else { pid };
         for &cpu in &cpus {
             s.open_leader(leader_pid, cpu as i32, cpu as i64)?;
             if cpu_wide {
@@ -266,12 +316,23 @@ impl Session {
         if cpu_wide {
             s.leaders.iter().try_for_each(|l| sys::enable(&l.fd))?;
         }
-        stopped.release()?;
-        // The exec has happened: from here on the CPUs' samples are the target's when its
-        // pid is theirs.
-        s.samplers.iter().try_for_each(sys::enable)?;
-        s.maps_snapshot = read_maps(s.pid).unwrap_or_default();
         Ok(s)
+    }
+
+    /// Launch with whole-CPU events, released before they counted: what the leaders missed
+    /// of the target and of any process it forked meanwhile, from /proc
+    /// ([`procinfo::premapped_events`]). Later changes come from the leaders' records; a
+    /// mapping made in between is in both, which is harmless.
+    fn note_premapped(&mut self) {
+        let procs = procinfo::launched_tree(self.pid, self.maps_snapshot.clone());
+        for e in procinfo::premapped_events(&procs, procinfo::read_build_ids) {
+            match &e {
+                Event::Mmap(m) => self.decoder.note_mmap(m),
+                Event::Fork { pid, .. } => self.decoder.add_target(*pid),
+                _ => {}
+            }
+            self.pending.push_back(e);
+        }
     }
 
     /// Attaches to a running process: per-thread events for every current thread, new
@@ -943,6 +1004,15 @@ pub(crate) fn clock_ns(clock: libc::clockid_t) -> u64 {
     // SAFETY: clock_gettime writes one timespec into a live local.
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Ends a launched program laser could not go on observing, and reaps it.
+fn kill_and_reap(pid: i32) {
+    // SAFETY: kill has no memory-safety preconditions; `pid` is our unreaped child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    let _ = launch::wait(pid, false);
 }
 
 fn read_maps(pid: i32) -> io::Result<String> {

@@ -356,6 +356,72 @@ fn whole_cpu_leaders_follow_the_processes_the_target_forks() {
     assert!(n >= 60, "{n} samples of the child");
 }
 
+/// A launch with whole-CPU events releases the program before its events count: a program
+/// that forks at once (statically linked, so within ~0.1 ms of its exec) may have forked
+/// before then, and laser then learns of the child, its exec and its mappings from /proc
+/// instead of the leaders' records (`procinfo::premapped_events`, whose unit test covers
+/// that path whatever the timing here). Either way the child is followed, named and
+/// symbolizable.
+#[test]
+fn a_process_forked_before_the_events_count_is_followed() {
+    let _serial = exclusive();
+    let t = target();
+    let dir = t.path.parent().unwrap();
+    let forker = dir.join("early_fork");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/early_fork.c");
+    let st = Command::new("gcc")
+        .args(["-O1", "-static", "-o"])
+        .arg(&forker)
+        .arg(&src)
+        .status()
+        .expect("gcc runs");
+    assert!(
+        st.success(),
+        "gcc -static failed (glibc's static library missing?)"
+    );
+    let cfg = Config {
+        watch: false,
+        sample_cpus: true,
+        frequency: 500,
+        ..Config::default()
+    };
+    let argv: Vec<OsString> = [forker.as_os_str(), t.path.as_os_str()]
+        .into_iter()
+        .map(OsString::from)
+        .chain(["0.3", "0"].map(OsString::from))
+        .collect();
+    let mut s = Session::launch(&argv, &cfg).unwrap();
+    let parent = s.pid() as u32;
+    let whole = s.samples_whole_cpus();
+    let (events, status) = run_to_exit(&mut s);
+    assert_eq!(status, ExitStatus::Code(0));
+    let child = events.iter().find_map(|e| match e {
+        Event::Fork { pid, ppid, .. } if *ppid == parent && *pid != parent => Some(*pid),
+        _ => None,
+    });
+    let child = child.expect("the fork of the child");
+    let early = events
+        .iter()
+        .any(|e| matches!(e, Event::Fork { pid, time: 0, .. } if *pid == child));
+    eprintln!("whole CPUs {whole}; the child was forked before the events counted: {early}");
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::Comm { pid, exec: true, name, .. }
+            if *pid == child && name == "two_threads")),
+        "the child's exec"
+    );
+    assert!(
+        events.iter().any(
+            |e| matches!(e, Event::Mmap(m) if m.pid == child && m.path == t.path.to_str().unwrap())
+        ),
+        "the child's text mapping"
+    );
+    let n = samples(&events).filter(|x| x.pid == child).count();
+    // Two workers for 0.3 s at 500 Hz: ~300 samples.
+    assert!(n >= 60, "{n} samples of the child");
+}
+
 #[test]
 fn launch_reports_exit_status_and_missing_program() {
     let _serial = exclusive();
