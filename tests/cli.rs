@@ -170,6 +170,32 @@ fn run_reports_false_sharing_with_source_lines_and_json() {
     assert_finds_counters(&json(&out), &t);
 }
 
+/// The program runs in a process that the launched one forks at once: with whole-CPU
+/// sampling the launched process is released before laser's events count, and a forker with
+/// no C library to start forks within microseconds of its exec, before then in about half
+/// the runs here (3 of 6 under ftrace), when laser learns of the child from /proc. The
+/// child's false sharing is found with its source lines whichever way it went.
+#[test]
+fn a_program_forked_at_once_by_the_launched_one_is_reported() {
+    let _serial = exclusive();
+    let (bin, _) = fs_program();
+    let forker = workdir().join("early_fork");
+    let src =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("laser-driver/tests/fixtures/early_fork.c");
+    let ok = Command::new("gcc")
+        .args(["-O1", "-static", "-nostdlib", "-fno-stack-protector", "-o"])
+        .arg(&forker)
+        .arg(&src)
+        .status()
+        .expect("gcc runs");
+    assert!(ok.success(), "gcc -static -nostdlib failed");
+    let (o, out) = run_to_json("forked.json", &[], &forker, &[bin.to_str().unwrap(), "1.5"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("done 1"), "{t}");
+    assert_finds_counters(&json(&out), &t);
+}
+
 #[test]
 fn exit_status_of_the_program_passes_through() {
     let o = laser(&["run", "--quiet", "--", "sh", "-c", "exit 3"]);
