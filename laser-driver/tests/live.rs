@@ -52,15 +52,12 @@ fn target() -> &'static Target {
         }
         let dir = std::env::temp_dir().join(format!("laser-driver-live-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/two_threads.c");
         let path = dir.join("two_threads");
-        let st = Command::new("gcc")
-            .args(["-O1", "-g", "-no-pie", "-pthread", "-o"])
-            .arg(&path)
-            .arg(&src)
-            .status()
-            .expect("gcc runs");
-        assert!(st.success(), "gcc failed");
+        build_fixture(
+            "two_threads.c",
+            &path,
+            &["-O1", "-g", "-no-pie", "-pthread"],
+        );
         let nm = Command::new("nm").arg(&path).output().expect("nm runs");
         let syms: BTreeMap<String, u64> = String::from_utf8_lossy(&nm.stdout)
             .lines()
@@ -86,6 +83,21 @@ fn target() -> &'static Target {
             path,
         }
     })
+}
+
+/// Compiles `tests/fixtures/<name>` with gcc and `flags` into `out`.
+fn build_fixture(name: &str, out: &Path, flags: &[&str]) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    let st = Command::new("gcc")
+        .args(flags)
+        .arg("-o")
+        .arg(out)
+        .arg(&src)
+        .status()
+        .expect("gcc runs");
+    assert!(st.success(), "gcc {flags:?} {name} failed");
 }
 
 fn monotonic_ns() -> u64 {
@@ -368,16 +380,10 @@ fn a_process_forked_before_the_events_count_is_followed() {
     let t = target();
     let dir = t.path.parent().unwrap();
     let forker = dir.join("early_fork");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/early_fork.c");
-    let st = Command::new("gcc")
-        .args(["-O1", "-static", "-nostdlib", "-fno-stack-protector", "-o"])
-        .arg(&forker)
-        .arg(&src)
-        .status()
-        .expect("gcc runs");
-    assert!(
-        st.success(),
-        "gcc -static failed (glibc's static library missing?)"
+    build_fixture(
+        "early_fork.c",
+        &forker,
+        &["-O1", "-static", "-nostdlib", "-fno-stack-protector"],
     );
     let cfg = Config {
         watch: false,
