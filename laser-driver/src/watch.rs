@@ -81,10 +81,13 @@ use crate::Event;
 /// Debug registers per thread on x86-64.
 pub const MAX_WATCHES: usize = 4;
 
-/// Traps the hit-cost calibration takes (see `Watcher::add`): enough for a stable mean on
-/// the thread's CPU clock (6 runs here gave 26–35 µs, as 100 traps did), few enough
-/// to keep a launched program's start quick (each trap delays its exec).
-const CALIBRATION_TRAPS: u32 = 40;
+/// Traps the hit-cost calibration takes (see `Watcher::calibrate_once`): enough for a stable
+/// mean on the thread's CPU clock, few enough that laser's thread, which takes them while
+/// the program runs, takes little CPU from it. 40 calibrations of each size, interleaved
+/// (thirty-sixth session): 40 traps gave a median of 10.8 µs (10th–90th percentile
+/// 10.6–13.0) and took 468 µs of laser's CPU a call; 16 traps gave 10.7 µs (10.6–13.8) for
+/// 205 µs. Under a program's load a call took ~0.9 ms at 40.
+const CALIBRATION_TRAPS: u32 = 16;
 
 /// What a launch prices a hit at until a window has trapped and the calibration has run
 /// (`Watcher::calibrate_once`): the top of what it measures here (25–35 µs with the sample
@@ -574,7 +577,7 @@ impl Watcher {
         if self.binding == Binding::Launch {
             // Events are opened per window (`open_window`), on this CPU into this ring. The
             // hit cost is measured at the first arm, while the program runs: here its exec
-            // waits (the 40 traps took ≈ 1.5 ms of every `laser run`'s start).
+            // waits (its traps, 40 then, took ≈ 1.5 ms of every `laser run`'s start).
             let dup = leader
                 .try_clone()
                 .map_err(|e| DriverError::io("duplicating a leader descriptor", e))?;
@@ -647,7 +650,7 @@ impl Watcher {
     ///
     /// A launch measures it only once a window has trapped, between two windows (its own
     /// breakpoint needs a free debug register, which a whole-CPU window takes on every CPU),
-    /// and prices hits at [`PROVISIONAL_HIT_COST`] until then. The 40 traps take ≈ 1 ms of
+    /// and prices hits at [`PROVISIONAL_HIT_COST`] until then. Its traps take ≈ 0.2–0.5 ms of
     /// laser's thread while the program runs, and the breakpoint, bound to laser's thread,
     /// is the run's only task event (see `attr::tracking_cpu_wide`): a program whose windows
     /// never trap (a survey of quiet words) pays neither. One that ends before its first
@@ -666,7 +669,7 @@ impl Watcher {
             }
             return Ok(());
         }
-        // Short (CALIBRATION_TRAPS: ≈ 1–1.5 ms): an attached target runs meanwhile, and on
+        // Short (CALIBRATION_TRAPS: ≈ 0.2–0.5 ms): an attached target runs meanwhile, and on
         // laser's first arm so does a launched one, but both share the CPUs with it.
         let t0 = thread_cpu_time();
         let measured = measure_hit_cost(CALIBRATION_TRAPS, self.duty.model == CostModel::Traps);
