@@ -16,3 +16,4 @@ pub mod prefetch;
 pub(crate) mod reg_track;
 pub(crate) mod scope_vars;
 pub mod symbolize;
+pub(crate) mod unit_lines;

@@ -17,6 +17,7 @@ use crate::naming::access_type::{AccessTyper, TypedAccess};
 use crate::naming::dataname::{DataIndex, LineData};
 use crate::naming::debug_module::{debug_file_candidates, DebugModule, DwarfReader, SymKind};
 use crate::naming::own_frame;
+use crate::naming::unit_lines::UnitLines;
 
 /// Reads a whole file (module, separate debug file, or source file) by path. `Send` so a
 /// symbolizer can move to a worker thread.
@@ -93,11 +94,23 @@ pub fn demangle(name: &str, lang: Option<gimli::DwLang>) -> String {
 
 pub(crate) struct LoadedModule {
     debug: DebugModule,
-    ctx: Option<addr2line::Context<DwarfReader>>,
+    /// Source lookups: `None` without DWARF (or DWARF addr2line refuses).
+    ctx: Option<UnitLines>,
     /// Built on first data lookup: most modules only ever need code lookups.
     data: Option<DataIndex>,
     /// Built on first access typing (the module's code and units, read again from the file).
     typer: Option<AccessTyper>,
+}
+
+#[cfg(test)]
+impl LoadedModule {
+    pub(crate) fn debug(&self) -> &DebugModule {
+        &self.debug
+    }
+
+    pub(crate) fn has_dwarf(&self) -> bool {
+        self.debug.dwarf.is_some()
+    }
 }
 
 /// Opens `path` (and, without DWARF, its separate debug file) through `read`: symbols, DWARF
@@ -123,10 +136,7 @@ pub(crate) fn load_module(
             }
         }
     }
-    let ctx = match &debug.dwarf {
-        Some(dwarf) => addr2line::Context::from_arc_dwarf(dwarf.clone()).ok(),
-        None => None,
-    };
+    let ctx = debug.dwarf.as_ref().and_then(UnitLines::new);
     Ok(LoadedModule {
         debug,
         ctx,
@@ -223,7 +233,8 @@ impl Symbolizer {
         }
         // addr2line computes `probe + 1` (an overflow panic in debug builds at u64::MAX, an
         // address no module has anyway).
-        if let (Some(ctx), true) = (&m.ctx, vaddr < u64::MAX) {
+        let ctx = m.ctx.as_mut().filter(|_| vaddr < u64::MAX);
+        if let Some(ctx) = ctx.and_then(|c| c.context(vaddr)) {
             let roots = ctx
                 .find_dwarf_and_unit(vaddr)
                 .skip_all_loads()
