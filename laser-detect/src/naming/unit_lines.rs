@@ -100,6 +100,11 @@ impl PerUnit {
     }
 
     fn context(&mut self, vaddr: u64) -> Option<&Context> {
+        // Once the whole context exists (a lookup needed it), it answers everything: a unit's
+        // own context would give the same answer or fall back to it anyway.
+        if matches!(self.whole, Some(Some(_))) {
+            return self.whole.as_ref().and_then(Option::as_ref);
+        }
         // Ranges of different units do not overlap in a sane file; take the last start ≤ vaddr
         // that still covers it, looking back a little past nested or duplicate entries.
         let i = self.ranges.partition_point(|r| r.0 <= vaddr);
