@@ -14,6 +14,11 @@
 //! [`SURVEY_WINDOWS`] windows' worth of hits: enough to see two threads on a line contended
 //! at the report threshold, little enough to fit many lines into the budget.
 //!
+//! A candidate line's turn watches the words samples showed accessed on it; the debug
+//! registers those leave free watch its other words, nearest first and in turn from one turn
+//! to the next ([`Steering::with_unsampled_words`]): an access too rare in its loop for a
+//! timer sample to show still traps there.
+//!
 //! Two views a single kind of window lacks:
 //! - a store-only survey window that one thread filled with its stores is followed by one
 //!   read+write *probe* window on the words around those stores (`Detector::edge_probe`):
@@ -259,6 +264,9 @@ pub struct Steering {
     stores_alone: HashMap<u64, (u32, Instant)>,
     /// Survey targets (by key) whose turns one thread alone filled ([`SURVEY_RETRIES`]).
     alone: HashMap<(u64, u64), Alone>,
+    /// Per candidate line, where its next turn's free debug registers start in the line's
+    /// unsampled words ([`Steering::with_unsampled_words`]).
+    unsampled_next: HashMap<u64, usize>,
 }
 
 /// A survey target's turns that one thread alone filled with its stores, in a row.
@@ -661,6 +669,13 @@ impl Steering {
             Turn::Candidate => self.alternate(c.line_addr, now),
             _ => WatchKind::Write,
         };
+        // (The user's words are the ones to watch on a line they named.)
+        let c = match turn {
+            Turn::Candidate if !forced.iter().any(|f| f.line_addr == c.line_addr) => {
+                self.with_unsampled_words(c, detector.line_size())
+            }
+            _ => c,
+        };
         let specs = watch_specs(&c, kind);
         watcher
             .arm(&specs)
@@ -674,6 +689,30 @@ impl Steering {
             self.surveying = Some(c);
         }
         Ok(())
+    }
+
+    /// `c` with its line's words no sample has shown in the debug registers its sampled
+    /// words leave free, nearest to those first and in turn from one turn of the line to the
+    /// next (so a few turns watch all of it). Samples show an access in proportion to its
+    /// share of the loop that makes it: one load among dozens of instructions can go unseen
+    /// for a whole run on a line other accesses already show contended (asm-test
+    /// body_big_rw_false: its fourth line was missing in ~1 run of 10, and the line's byte
+    /// map with it). A window sees every access to the words it watches, so the free
+    /// registers find such an access at no extra budget: the duty cycle caps a window's
+    /// traps whatever it watches.
+    fn with_unsampled_words(&mut self, mut c: WatchCandidate, line_size: u32) -> WatchCandidate {
+        let room = MAX_WATCHES.saturating_sub(c.words.len());
+        let free = unsampled_slots(c.line_addr, line_size, &c.words);
+        if room == 0 || free.is_empty() {
+            return c;
+        }
+        let next = self.unsampled_next.entry(c.line_addr).or_insert(0);
+        let take = room.min(free.len());
+        c.words
+            .extend((0..take).map(|i| (free[(*next + i) % free.len()], 8)));
+        *next = (*next + take) % free.len();
+        c.words.sort_unstable();
+        c
     }
 
     /// The kind of an alternating candidate line's next turn (read+write for any other line):
@@ -1053,6 +1092,21 @@ fn trace_on() -> bool {
     *ON.get_or_init(|| std::env::var_os("LASER_TRACE_STEERING").is_some())
 }
 
+/// The 8-byte words of the line at `line` (`line_size` bytes) that none of `words` falls in,
+/// nearest to one of them first, then by offset.
+fn unsampled_slots(line: u64, line_size: u32, words: &[(u64, u32)]) -> Vec<u64> {
+    let used: Vec<u64> = words
+        .iter()
+        .map(|&(a, _)| a.wrapping_sub(line) / 8)
+        .collect();
+    let mut free: Vec<(u64, u64)> = (0..u64::from(line_size / 8))
+        .filter(|k| !used.contains(k))
+        .map(|k| (used.iter().map(|&u| u.abs_diff(k)).min().unwrap_or(0), k))
+        .collect();
+    free.sort_unstable();
+    free.into_iter().map(|(_, k)| line + 8 * k).collect()
+}
+
 /// The watchpoints for a candidate's words (at most the debug registers' count).
 fn watch_specs(c: &WatchCandidate, kind: WatchKind) -> Vec<WatchSpec> {
     c.words
@@ -1085,6 +1139,52 @@ fn filled_at_cap(e: &LineEstimate, duty: &laser_driver::DutyCycle) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The line's other words, nearest to the sampled ones first (body_big_rw_false's line:
+    /// samples at offsets 0, 8 and 16; its fourth access, a load at 24, had none).
+    #[test]
+    fn unsampled_words_nearest_first() {
+        let words = [(0x1000, 8), (0x1008, 8), (0x1010, 4)];
+        let free = unsampled_slots(0x1000, 64, &words);
+        assert_eq!(free, vec![0x1018, 0x1020, 0x1028, 0x1030, 0x1038]);
+        // Both sides of a word in the middle, then outwards; 128-byte lines have 16 words.
+        let free = unsampled_slots(0x2000, 64, &[(0x2020, 8)]);
+        assert_eq!(&free[..3], &[0x2018, 0x2028, 0x2010]);
+        assert_eq!(unsampled_slots(0x2000, 128, &[(0x2000, 8)]).len(), 15);
+        let all: Vec<(u64, u32)> = (0..8).map(|k| (0x3000 + 8 * k, 8)).collect();
+        assert!(unsampled_slots(0x3000, 64, &all).is_empty());
+    }
+
+    /// A candidate's free registers go round the line's unsampled words turn by turn; a
+    /// candidate that fills the four keeps its own words.
+    #[test]
+    fn a_candidates_free_registers_take_the_unsampled_words_in_turn() {
+        let mut st = Steering::default();
+        let c = WatchCandidate {
+            line_addr: 0x1000,
+            words: vec![(0x1000, 8), (0x1010, 4)],
+        };
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let w = st.with_unsampled_words(c.clone(), 64);
+            assert_eq!(w.words.len(), MAX_WATCHES);
+            assert!(w.words.contains(&(0x1000, 8)) && w.words.contains(&(0x1010, 4)));
+            assert!(w.words.windows(2).all(|p| p[0] < p[1]));
+            seen.extend(w.words.iter().filter(|x| !c.words.contains(x)).map(|x| x.0));
+        }
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(
+            seen.len(),
+            6,
+            "every unsampled word within three turns: {seen:x?}"
+        );
+        let full = WatchCandidate {
+            line_addr: 0x2000,
+            words: (0..4).map(|k| (0x2000 + 16 * k, 8)).collect(),
+        };
+        assert_eq!(st.with_unsampled_words(full.clone(), 64).words, full.words);
+    }
 
     /// A code turn whose window sees no new hit is looked at less and less often (a window
     /// on code that runs rarely woke laser every 50 µs: ~1,000 wake-ups a second of a

@@ -357,6 +357,11 @@ impl<C: CodeSource> Detector<C> {
         self.armed_cost.slowdown()
     }
 
+    /// The cache line size the detector groups accesses by (bytes).
+    pub fn line_size(&self) -> u32 {
+        self.config.line_size
+    }
+
     pub fn estimates(&self) -> Vec<LineEstimate> {
         self.estimator.estimates()
     }
