@@ -310,6 +310,48 @@ fn watch_windows_give_the_rate() {
     assert!(a.notes.iter().any(|n| n.contains("watchpoint windows")));
 }
 
+/// A look (`Event::WatchSet::look`: a rated line's rare words, with an anchor word's stores)
+/// names what accesses the line there, as a participant in what it contends with, and counts
+/// no event: the line's rate and events stay its own windows'.
+#[test]
+fn a_look_names_a_rare_access_and_counts_nothing() {
+    let (mut d, c, r) = watch_detector();
+    d.watch_window_begin(LINE, 0);
+    let mut t = 0;
+    for _ in 0..100 {
+        for (tid, off) in [(1, 0), (2, 8)] {
+            t += 1000;
+            d.feed(&watch(tid, t, c[3], LINE + off));
+        }
+    }
+    d.watch_window_end(LINE, 10_000_000);
+    let look = |time, words: Vec<(u64, u8)>| Event::WatchSet {
+        time,
+        look: ((1u16 << words.len()) - 1) as u8,
+        write_only: u8::from(!words.is_empty()),
+        words,
+        exec: 0,
+        front: 0,
+    };
+    d.feed(&look(20_000_000, vec![(LINE, 8), (LINE + 16, 8)]));
+    let mut t = 20_000_000;
+    for _ in 0..50 {
+        t += 1000;
+        d.feed(&watch(1, t, c[3], LINE));
+        t += 1000;
+        // Thread 2's reader loads the word beside: the trap comes after r[0].
+        d.feed(&watch(2, t, r[1], LINE + 16));
+    }
+    d.feed(&look(30_000_000, vec![]));
+    let a = d.finish();
+    let f = &a.findings[0];
+    assert_eq!((f.events, f.kind), (199, Kind::FalseSharing));
+    assert!((f.rate_per_s - 19_900.0).abs() < 1e-6, "{}", f.rate_per_s);
+    let load = f.sources.iter().find(|s| s.pc == r[0]);
+    let load = load.unwrap_or_else(|| panic!("the look's load is not a source: {f:#?}"));
+    assert_eq!((load.op, load.events), (Op::Load, 0));
+}
+
 #[test]
 fn the_recorded_hit_cost_corrects_the_armed_time() {
     // The same 10 ms window as above, but the driver measured 20 µs per hit: the busiest

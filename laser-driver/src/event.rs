@@ -318,6 +318,11 @@ pub enum Event {
         /// *front* window: it follows contention that moves from line to line, see
         /// laser-detect's `model::estimate`), armed to measure that line while it is hot.
         front: u8,
+        /// Bit i set: word i is in a *look* window: words of a line already rated that no
+        /// sample showed, watched to see who else accesses the line there. Its hits are
+        /// accesses like any, but the window is not rated (laser's steering,
+        /// `unsampled_look`).
+        look: u8,
     },
     /// The `watch` backend measured what one watchpoint hit costs the trapping thread (the
     /// debug trap, the sample written to the ring, the resume): `hit_ns` nanoseconds. Emitted

@@ -378,8 +378,10 @@ pub struct Watcher {
     markers: Vec<Event>,
     /// The last marker said "nothing watched" (or none was sent yet).
     last_marked_empty: bool,
-    /// The armed data words are a front window ([`Watcher::arm_front`]).
+    /// The armed data words are a front window ([`Watcher::arm_front`]) or a look
+    /// ([`Watcher::arm_look`]).
     front: bool,
+    look: bool,
     /// Online CPUs: how many rings share the hits (launch) and how fast the target can
     /// burn through a cooldown.
     cpus: u32,
@@ -497,6 +499,7 @@ impl Watcher {
             markers: Vec::new(),
             last_marked_empty: true,
             front: false,
+            look: false,
             cpus: crate::sys::online_cpus().map_or(1, |c| c.len().max(1) as u32),
             leaders: Vec::new(),
             thread_rings: BTreeMap::new(),
@@ -741,25 +744,34 @@ impl Watcher {
     /// that re-arms on a timer — the CLI's steering every 100 ms — would otherwise cut
     /// cooldowns short, and every re-point interrupts each CPU the target runs on.)
     pub fn arm(&mut self, specs: &[WatchSpec]) -> Result<(), DriverError> {
-        self.arm_as(specs, false)
+        self.arm_as(specs, false, false)
     }
 
     /// [`Watcher::arm`] for a *front* window: data words on a line a code window has just
     /// seen contended, announced as such (`Event::WatchSet::front`) so the estimator can tell
     /// the line's contention moves.
     pub fn arm_front(&mut self, specs: &[WatchSpec]) -> Result<(), DriverError> {
-        self.arm_as(specs, true)
+        self.arm_as(specs, true, false)
     }
 
-    fn arm_as(&mut self, specs: &[WatchSpec], front: bool) -> Result<(), DriverError> {
+    /// [`Watcher::arm`] for a *look*: words of a line already rated that no sample showed,
+    /// announced as such (`Event::WatchSet::look`) so the estimator does not rate the line
+    /// from a window that watches its rare words and not its hot ones.
+    pub fn arm_look(&mut self, specs: &[WatchSpec]) -> Result<(), DriverError> {
+        self.arm_as(specs, false, true)
+    }
+
+    fn arm_as(&mut self, specs: &[WatchSpec], front: bool, look: bool) -> Result<(), DriverError> {
         if specs.len() <= MAX_WATCHES
             && specs == self.specs.as_slice()
             && front == self.front
+            && look == self.look
             && !self.state.is_idle()
         {
             return Ok(());
         }
         self.front = front;
+        self.look = look;
         // A window counts only while every thread is watched (see `Watcher::mark`): the one
         // counting ends before the first event closes or moves, the new one starts after the
         // last opens.
@@ -1593,6 +1605,7 @@ impl Watcher {
         self.state.stop(Instant::now(), self.target_cpu());
         self.specs.clear();
         self.front = false;
+        self.look = false;
         let r = if self.binding == Binding::Launch {
             self.close_window();
             Ok(())
@@ -1622,7 +1635,7 @@ impl Watcher {
 
     /// The marker [`Watcher::mark`] queues, unless it would repeat "nothing watched".
     fn marker(&mut self, counting: bool, time: u64) -> Option<Event> {
-        let (words, write_only, exec, front) = if counting {
+        let (words, write_only, exec, front, look) = if counting {
             let words = self.specs.iter().map(|s| (s.addr, s.len)).collect();
             let mask = |kind| {
                 self.specs
@@ -1633,9 +1646,16 @@ impl Watcher {
             };
             let data = !mask(WatchKind::Exec) & ((1u16 << self.specs.len()) - 1) as u8;
             let front = if self.front { data } else { 0 };
-            (words, mask(WatchKind::Write), mask(WatchKind::Exec), front)
+            let look = if self.look { data } else { 0 };
+            (
+                words,
+                mask(WatchKind::Write),
+                mask(WatchKind::Exec),
+                front,
+                look,
+            )
         } else {
-            (Vec::new(), 0, 0, 0)
+            (Vec::new(), 0, 0, 0, 0)
         };
         if !counting && self.last_marked_empty {
             return None; // already announced as idle; don't flood the stream
@@ -1650,6 +1670,7 @@ impl Watcher {
             write_only,
             exec,
             front,
+            look,
         })
     }
 

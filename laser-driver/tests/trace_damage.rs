@@ -86,6 +86,7 @@ fn events() -> Vec<Event> {
             write_only: 0b10,
             exec: 0b01,
             front: 0b10,
+            look: 0b01,
         },
         Event::WatchSet {
             time: 33,
@@ -93,6 +94,7 @@ fn events() -> Vec<Event> {
             write_only: 0,
             exec: 0,
             front: 0,
+            look: 0,
         },
         Event::Exit {
             pid: 100,

@@ -87,12 +87,12 @@ fn event() -> impl Strategy<Value = Event> {
         // Kernel lost counts are small (the footer check compares sums of them).
         1 => (0..u64::from(u32::MAX), any::<u64>()).prop_map(|(count, time)| Event::Lost { count, time }),
         1 => any::<(u64, bool)>().prop_map(|(time, throttled)| Event::Throttle { time, throttled }),
-        1 => (any::<u64>(), proptest::collection::vec(any::<(u64, u8)>(), 0..5), any::<(u8, u8, u8)>())
-            .prop_map(|(time, words, (w, x, f))| {
+        1 => (any::<u64>(), proptest::collection::vec(any::<(u64, u8)>(), 0..5), any::<(u8, u8, u8, u8)>())
+            .prop_map(|(time, words, (w, x, f, l))| {
                 // One bit per word.
                 let mask = ((1u16 << words.len()) - 1) as u8;
-                let (write_only, exec, front) = (w & mask, x & mask, f & mask);
-                Event::WatchSet { time, words, write_only, exec, front }
+                let (write_only, exec, front, look) = (w & mask, x & mask, f & mask, l & mask);
+                Event::WatchSet { time, words, write_only, exec, front, look }
             }),
         1 => any::<(u64, u64)>().prop_map(|(time, hit_ns)| Event::WatchCost { time, hit_ns }),
     ]

@@ -130,6 +130,10 @@ impl FilterStats {
     }
 }
 
+/// Look windows remembered for weighing their hits ([`in_look`]): hits come
+/// within a few ms of their window, and a run has a few looks per contended line.
+const MAX_LOOKS_KEPT: usize = 64;
+
 pub struct Detector<C: CodeSource> {
     config: Config,
     code: C,
@@ -142,6 +146,10 @@ pub struct Detector<C: CodeSource> {
     estimator: Estimator,
     /// Lines whose watch window is open (from the last `Event::WatchSet`).
     watched_lines: Vec<u64>,
+    /// Look windows (`Event::WatchSet::look`): line, start and end (`u64::MAX` while open),
+    /// the latest [`MAX_LOOKS_KEPT`]. Their hits name who accesses the line, and count no
+    /// event.
+    looks: Vec<(u64, u64, u64)>,
     /// Instructions code windows have watched (see `code_candidates`).
     code_watched: Vec<u64>,
     stats: StreamStats,
@@ -178,6 +186,15 @@ pub struct Detector<C: CodeSource> {
 const STACK_SLOTS: usize = 64;
 
 /// The mask that clears an address's offset in a `line_size`-byte line.
+/// Whether the watch hit `a` fell in one of the look windows `looks` on its line
+/// ([`Detector::looks`]).
+fn in_look(looks: &[(u64, u64, u64)], line_size: u32, a: &Access) -> bool {
+    let line = a.addr & line_mask(line_size);
+    looks
+        .iter()
+        .any(|&(l, t0, t1)| l == line && t0 <= a.time && a.time <= t1)
+}
+
 fn line_mask(line_size: u32) -> u64 {
     !(u64::from(line_size.max(1)) - 1)
 }
@@ -245,6 +262,7 @@ impl<C: CodeSource> Detector<C> {
             model,
             estimator,
             watched_lines: Vec::new(),
+            looks: Vec::new(),
             code_watched: Vec::new(),
             stats: StreamStats::default(),
             filter: FilterStats::default(),
@@ -357,6 +375,20 @@ impl<C: CodeSource> Detector<C> {
         self.armed_cost.slowdown()
     }
 
+    /// The bytes of the contended line at `line` that its contending accesses stored (bit n =
+    /// byte n; 0 for a line not contended).
+    pub fn stored_bytes(&self, line: u64) -> u128 {
+        self.model
+            .contended()
+            .find(|l| l.line_addr == line)
+            .map_or(0, |l| {
+                l.sources
+                    .iter()
+                    .filter(|s| s.op.writes())
+                    .fold(0, |m, s| m | s.offsets)
+            })
+    }
+
     /// The cache line size the detector groups accesses by (bytes).
     pub fn line_size(&self) -> u32 {
         self.config.line_size
@@ -399,7 +431,8 @@ impl<C: CodeSource> Detector<C> {
                 write_only,
                 exec,
                 front,
-            } => self.on_watch_set(*time, words, *write_only, *exec, *front),
+                look,
+            } => self.on_watch_set(*time, words, *write_only, *exec, *front, *look),
             // A measurement of this run beats the configured default.
             Event::WatchCost { hit_ns, .. } => self.estimator.set_trap_cost(*hit_ns),
             _ => {}
@@ -419,6 +452,11 @@ impl<C: CodeSource> Detector<C> {
     ///
     /// Data words of a front window (`front`) open front windows on their lines: data windows
     /// like the others, on lines a code window has just found contended, so not surveys.
+    ///
+    /// A look (`look`: words of a line already rated that no sample showed, steering's
+    /// `unsampled_look`) opens no window: its hits reach the line model as any access (who
+    /// else touches the line there, and where in the code), but a window that watches the
+    /// line's rare words and not its hot ones would rate it far too low.
     fn on_watch_set(
         &mut self,
         time: u64,
@@ -426,9 +464,23 @@ impl<C: CodeSource> Detector<C> {
         write_only: u8,
         exec: u8,
         front: u8,
+        look: u8,
     ) {
         for line in std::mem::take(&mut self.watched_lines) {
             self.estimator.end_window(line, time);
+        }
+        for l in self.looks.iter_mut().filter(|l| l.2 == u64::MAX) {
+            l.2 = time;
+        }
+        let mask = !(u64::from(self.config.line_size.max(1)) - 1);
+        for (i, &(a, _)) in words.iter().enumerate() {
+            let line = a & mask;
+            if look & (1 << i) != 0 && !self.looks.iter().any(|l| l.0 == line && l.1 == time) {
+                if self.looks.len() >= MAX_LOOKS_KEPT {
+                    self.looks.remove(0);
+                }
+                self.looks.push((line, time, u64::MAX));
+            }
         }
         self.estimator.end_code_window(time);
         self.armed_cost.transition(time, !words.is_empty());
@@ -448,7 +500,7 @@ impl<C: CodeSource> Detector<C> {
         // The data words, each with whether it traps on stores only.
         let is_front = front != 0;
         let words: Vec<((u64, u8), bool)> = (0..words.len())
-            .filter(|&i| !is_code(i))
+            .filter(|&i| !is_code(i) && look & (1 << i) == 0)
             .map(|i| (words[i], write_only & (1 << i) != 0))
             .collect();
         let mask = !(u64::from(self.config.line_size.max(1)) - 1);
@@ -608,6 +660,17 @@ impl<C: CodeSource> Detector<C> {
                 self.call_sites.note(a.addr & line_mask, a.pc, ret);
             }
             self.filter.accesses += 1;
+            // A look's hit: a participant in what it contends with, no event of its own (a
+            // look watches a line's rare words, chosen to be seen, not counted).
+            let looked;
+            let a = if s.backend == BackendKind::Watch
+                && in_look(&self.looks, self.config.line_size, a)
+            {
+                looked = Access { weight: 0, ..*a };
+                &looked
+            } else {
+                a
+            };
             self.model.access(a);
             if code_hit {
                 self.estimator.observe_code(a);

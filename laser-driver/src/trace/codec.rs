@@ -106,6 +106,7 @@ pub(crate) fn encode_event(e: &Event, out: &mut Vec<u8>) -> Result<(), TraceErro
             write_only,
             exec,
             front,
+            look,
         } => {
             out.extend_from_slice(&time.to_le_bytes());
             // At most 4 debug registers; a u8 count is plenty and keeps the frame tiny.
@@ -120,17 +121,21 @@ pub(crate) fn encode_event(e: &Event, out: &mut Vec<u8>) -> Result<(), TraceErro
             }
             // After the fields older readers know: they ignore it and read every word as
             // read+write (which is what they were before this byte existed).
-            if *write_only != 0 || *exec != 0 || *front != 0 {
+            if *write_only != 0 || *exec != 0 || *front != 0 || *look != 0 {
                 out.push(*write_only);
             }
             // Likewise the code-window mask, one byte later (an older reader would open a
             // data window on the instruction's bytes: harmless, nothing stores there).
-            if *exec != 0 || *front != 0 {
+            if *exec != 0 || *front != 0 || *look != 0 {
                 out.push(*exec);
             }
             // And the front-window mask (an older reader rates the line as any data window).
-            if *front != 0 {
+            if *front != 0 || *look != 0 {
                 out.push(*front);
+            }
+            // And the look-window mask (an older reader rates a look as any data window).
+            if *look != 0 {
+                out.push(*look);
             }
             kind::WATCH_SET
         }
@@ -279,12 +284,14 @@ fn decode_other(k: u8, p: &[u8]) -> Result<Event, Why> {
             let write_only = c.u8().unwrap_or(0);
             let exec = c.u8().unwrap_or(0);
             let front = c.u8().unwrap_or(0);
+            let look = c.u8().unwrap_or(0);
             Event::WatchSet {
                 time,
                 words,
                 write_only,
                 exec,
                 front,
+                look,
             }
         }
         kind::WATCH_COST => {
