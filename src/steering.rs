@@ -17,7 +17,10 @@
 //! A candidate line's turn watches the words samples showed accessed on it; the debug
 //! registers those leave free watch its other words, nearest first and in turn from one turn
 //! to the next ([`Steering::with_unsampled_words`]): an access too rare in its loop for a
-//! timer sample to show still traps there.
+//! timer sample to show still traps there. Once its windows have seen it contended, its other
+//! words also get looks of their own in the survey's place, with one sampled word's stores
+//! ([`Steering::unsampled_look`]): a hot line's windows fill at their cap with its hot
+//! accesses, and an access made once every few hundred iterations is in few of them.
 //!
 //! Two views a single kind of window lacks:
 //! - a store-only survey window that one thread filled with its stores is followed by one
@@ -37,6 +40,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use laser_detect::model::line_model::byte_mask;
 use laser_detect::model::survey::{SurveySource, SurveyTarget};
 use laser_detect::{Detector, LineEstimate, WatchCandidate};
 use laser_driver::{Session, WatchKind, WatchSpec, MAX_WATCHES};
@@ -52,6 +56,13 @@ const ENOUGH_TRANSFERS: u64 = 400;
 const ENOUGH_ARMED_S: f64 = 0.3;
 /// A settled line is watched again after this long (contention can change by phase).
 const REFRESH: Duration = Duration::from_secs(5);
+/// Looks at a contended line's unsampled words per [`REFRESH`] at most
+/// ([`Steering::unsampled_look`]): every group of them with two anchors on a 64-byte line
+/// whose samples showed two words.
+const LOOKS_PER_LINE: usize = 4;
+/// Transfers a line's windows must have seen before its unsampled words get looks: its
+/// contention is confirmed, so the look's cost goes where the report will show a line.
+const LOOK_AFTER_TRANSFERS: u64 = 20;
 /// Counting time of one survey turn: a line contended at the default threshold (1,000
 /// transfers/s) shows ~20 transfers in it. Store-only windows on quiet words cost no traps,
 /// so turns are short and many.
@@ -181,6 +192,9 @@ enum Turn {
     /// One read+write window around what one thread stored in a store-only survey
     /// turn ([`Detector::edge_probe`]).
     Probe,
+    /// One window on a contended line's unsampled words and an anchor
+    /// ([`Steering::unsampled_look`]).
+    Look,
 }
 
 #[derive(Default)]
@@ -264,9 +278,12 @@ pub struct Steering {
     stores_alone: HashMap<u64, (u32, Instant)>,
     /// Survey targets (by key) whose turns one thread alone filled ([`SURVEY_RETRIES`]).
     alone: HashMap<(u64, u64), Alone>,
-    /// Per candidate line, where its next turn's free debug registers start in the line's
-    /// unsampled words ([`Steering::with_unsampled_words`]).
-    unsampled_next: HashMap<u64, usize>,
+    /// Per candidate line and kind of window, where its next turn's free debug registers
+    /// start in the line's unsampled words ([`Steering::with_unsampled_words`]).
+    unsampled_next: HashMap<(u64, WatchKind), usize>,
+    /// Settled lines' looks at their unsampled words since the first of them, and when that
+    /// was ([`Steering::unsampled_look`]).
+    looked: HashMap<u64, (usize, Instant)>,
 }
 
 /// A survey target's turns that one thread alone filled with its stores, in a row.
@@ -381,7 +398,7 @@ impl Steering {
             // own deadline.
             Some((Turn::Code, _)) if self.counting => Some(self.moving_poll.max(MOVING_POLL)),
             Some((Turn::Code | Turn::Front, _)) => None,
-            Some((Turn::Survey | Turn::Probe, _)) => Some(
+            Some((Turn::Survey | Turn::Probe | Turn::Look, _)) => Some(
                 SURVEY_TURN
                     .saturating_sub(self.counted)
                     .max(SURVEY_POLL_MIN),
@@ -485,7 +502,7 @@ impl Steering {
             // longer, on code whose parts never meet (stalling_writer's per-thread
             // counters), it took the four windows of the 0.6 s in which the line known to be
             // contended could have been watched.
-            Some((Turn::Probe, _)) => self.one_window_over(counting, hits, watcher),
+            Some((Turn::Probe | Turn::Look, _)) => self.one_window_over(counting, hits, watcher),
             Some((Turn::Code, _)) if self.exploring => {
                 self.one_window_over(counting, hits, watcher)
             }
@@ -605,6 +622,19 @@ impl Steering {
                 return Ok(());
             }
         }
+        // A settled line's words no sample showed get a read+write window of their own
+        // (`unsampled_look`), in the survey's place: a search for accesses no sample showed,
+        // as a survey is.
+        if survey_slot {
+            if let Some((line, specs)) = self.unsampled_look(detector, &estimates, forced, now) {
+                watcher.arm_look(&specs).with_context(|| {
+                    format!("arming a look at line {line:#x}'s unsampled words")
+                })?;
+                self.idle = false;
+                self.begin_turn(Turn::Look, now, hits, &specs);
+                return Ok(());
+            }
+        }
         let survey = if survey_slot {
             self.explore_next = true;
             self.next_survey(pid, detector, now)
@@ -672,7 +702,7 @@ impl Steering {
         // (The user's words are the ones to watch on a line they named.)
         let c = match turn {
             Turn::Candidate if !forced.iter().any(|f| f.line_addr == c.line_addr) => {
-                self.with_unsampled_words(c, detector.line_size())
+                self.with_unsampled_words(c, kind, detector.line_size())
             }
             _ => c,
         };
@@ -693,26 +723,84 @@ impl Steering {
 
     /// `c` with its line's words no sample has shown in the debug registers its sampled
     /// words leave free, nearest to those first and in turn from one turn of the line to the
-    /// next (so a few turns watch all of it). Samples show an access in proportion to its
+    /// next of the same kind (so a few turns watch all of it for loads, a few for stores: an
+    /// alternating line's store-only turns would otherwise take the turn of the word only a
+    /// load reaches every other time round). Samples show an access in proportion to its
     /// share of the loop that makes it: one load among dozens of instructions can go unseen
     /// for a whole run on a line other accesses already show contended (asm-test
     /// body_big_rw_false: its fourth line was missing in ~1 run of 10, and the line's byte
     /// map with it). A window sees every access to the words it watches, so the free
     /// registers find such an access at no extra budget: the duty cycle caps a window's
     /// traps whatever it watches.
-    fn with_unsampled_words(&mut self, mut c: WatchCandidate, line_size: u32) -> WatchCandidate {
+    fn with_unsampled_words(
+        &mut self,
+        mut c: WatchCandidate,
+        kind: WatchKind,
+        line_size: u32,
+    ) -> WatchCandidate {
         let room = MAX_WATCHES.saturating_sub(c.words.len());
         let free = unsampled_slots(c.line_addr, line_size, &c.words);
         if room == 0 || free.is_empty() {
             return c;
         }
-        let next = self.unsampled_next.entry(c.line_addr).or_insert(0);
+        let next = self.unsampled_next.entry((c.line_addr, kind)).or_insert(0);
         let take = room.min(free.len());
         c.words
             .extend((0..take).map(|i| (free[(*next + i) % free.len()], 8)));
         *next = (*next + take) % free.len();
         c.words.sort_unstable();
         c
+    }
+
+    /// A look at words no sample showed on a line its windows have seen contended:
+    /// one window (a one-window turn, as a probe's) on up to three of them, read+write, and one
+    /// sampled word another thread stores to, stores only (the *anchor*). A candidate turn's
+    /// free registers ([`Self::with_unsampled_words`]) share its windows with the sampled
+    /// words, whose traps slow every thread that makes them, and a hot line fills such a
+    /// window at its trap cap in a millisecond or less: a load made once every few hundred
+    /// iterations of a loop is in few of those windows, if any (and a line settles after a
+    /// turn or two). A look traps on the rare words' accesses and on the anchor's stores only, so the
+    /// thread making the rare access runs at its own pace and its accesses meet the other
+    /// thread's stores in the window. Looks go round the groups of rare words, then the
+    /// anchors (a rare access contends only with another thread's stores), at most
+    /// [`LOOKS_PER_LINE`] per line per [`REFRESH`]. The detector rates no line from a look
+    /// (`Event::WatchSet::look`): it watches the line's rare words, not its hot ones.
+    fn unsampled_look(
+        &mut self,
+        detector: &Detector<crate::analyze::Code>,
+        estimates: &[LineEstimate],
+        forced: &[WatchCandidate],
+        now: Instant,
+    ) -> Option<(u64, Vec<WatchSpec>)> {
+        let line_size = detector.line_size();
+        for c in detector.candidates(4) {
+            let line = c.line_addr;
+            let rated = estimates
+                .iter()
+                .any(|e| e.line_addr == line && e.transfers >= LOOK_AFTER_TRANSFERS);
+            if !rated || forced.iter().any(|f| f.line_addr == line) {
+                continue;
+            }
+            let free = unsampled_slots(line, line_size, &c.words);
+            let stored = detector.stored_bytes(line);
+            // (A candidate's words lie on its line: offsets below the line size.)
+            let anchors: Vec<(u64, u32)> = c
+                .words
+                .iter()
+                .filter(|&&(a, len)| byte_mask((a - line) as u32, len) & stored != 0)
+                .copied()
+                .collect();
+            let entry = self.looked.entry(line).or_insert((0, now));
+            if now.duration_since(entry.1) >= REFRESH {
+                *entry = (0, now);
+            }
+            let Some(specs) = look_specs(&free, &anchors, entry.0) else {
+                continue;
+            };
+            entry.0 += 1;
+            return Some((line, specs));
+        }
+        None
     }
 
     /// The kind of an alternating candidate line's next turn (read+write for any other line):
@@ -1107,6 +1195,35 @@ fn unsampled_slots(line: u64, line_size: u32, words: &[(u64, u32)]) -> Vec<u64> 
     free.into_iter().map(|(_, k)| line + 8 * k).collect()
 }
 
+/// The `n`th look at a line's unsampled words `free` (nearest first) with `anchors` (sampled
+/// words stored to): the first anchor for stores and each group of three free words for loads
+/// and stores in turn, then the next anchor with each group; `None` once every pairing was
+/// looked at or [`LOOKS_PER_LINE`] looks were.
+fn look_specs(free: &[u64], anchors: &[(u64, u32)], n: usize) -> Option<Vec<WatchSpec>> {
+    let per = MAX_WATCHES - 1;
+    let groups = free.len().div_ceil(per);
+    if n >= (groups * anchors.len()).min(LOOKS_PER_LINE) {
+        return None;
+    }
+    let (addr, len) = anchors[n / groups];
+    let mut specs = vec![WatchSpec {
+        addr,
+        len: len as u8,
+        kind: WatchKind::Write,
+    }];
+    specs.extend(
+        free.iter()
+            .skip((n % groups) * per)
+            .take(per)
+            .map(|&a| WatchSpec {
+                addr: a,
+                len: 8,
+                kind: WatchKind::ReadWrite,
+            }),
+    );
+    Some(specs)
+}
+
 /// The watchpoints for a candidate's words (at most the debug registers' count).
 fn watch_specs(c: &WatchCandidate, kind: WatchKind) -> Vec<WatchSpec> {
     c.words
@@ -1155,6 +1272,39 @@ mod tests {
         assert!(unsampled_slots(0x3000, 64, &all).is_empty());
     }
 
+    /// Looks pair every group of unsampled words with the first anchor, then with the next
+    /// (a rare access contends with another thread's stores, and which anchor is another
+    /// thread's is not known), up to the cap.
+    #[test]
+    fn looks_go_round_the_word_groups_then_the_anchors() {
+        let free: Vec<u64> = (2..8).map(|k| 0x1000 + 8 * k).collect();
+        let anchors = [(0x1000, 8), (0x1008, 8)];
+        let look = |n| {
+            look_specs(&free, &anchors, n).map(|s| {
+                s.iter()
+                    .map(|w| (w.addr, w.kind == WatchKind::Write))
+                    .collect::<Vec<_>>()
+            })
+        };
+        let w = |a: u64| (a, false);
+        assert_eq!(
+            look(0),
+            Some(vec![(0x1000, true), w(0x1010), w(0x1018), w(0x1020)])
+        );
+        assert_eq!(
+            look(1),
+            Some(vec![(0x1000, true), w(0x1028), w(0x1030), w(0x1038)])
+        );
+        assert_eq!(look(2).unwrap()[0], (0x1008, true));
+        assert_eq!(look(3).unwrap()[1], w(0x1028));
+        assert_eq!(look(LOOKS_PER_LINE), None);
+        // One group and one anchor: one look.
+        assert!(look_specs(&free[..2], &anchors[..1], 0).is_some());
+        assert!(look_specs(&free[..2], &anchors[..1], 1).is_none());
+        assert!(look_specs(&[], &anchors, 0).is_none());
+        assert!(look_specs(&free, &[], 0).is_none());
+    }
+
     /// A candidate's free registers go round the line's unsampled words turn by turn; a
     /// candidate that fills the four keeps its own words.
     #[test]
@@ -1164,26 +1314,27 @@ mod tests {
             line_addr: 0x1000,
             words: vec![(0x1000, 8), (0x1010, 4)],
         };
-        let mut seen = Vec::new();
-        for _ in 0..3 {
-            let w = st.with_unsampled_words(c.clone(), 64);
-            assert_eq!(w.words.len(), MAX_WATCHES);
-            assert!(w.words.contains(&(0x1000, 8)) && w.words.contains(&(0x1010, 4)));
-            assert!(w.words.windows(2).all(|p| p[0] < p[1]));
-            seen.extend(w.words.iter().filter(|x| !c.words.contains(x)).map(|x| x.0));
+        // Nearest first: 0x1008 and 0x1018, then 0x1020 and 0x1028, then the last two.
+        let want = [[0x1008, 0x1018], [0x1020, 0x1028], [0x1030, 0x1038]];
+        for (turn, extra) in want.iter().cycle().take(4).enumerate() {
+            let w = st.with_unsampled_words(c.clone(), WatchKind::ReadWrite, 64);
+            // Store-only turns in between go round on their own, so the read+write turns
+            // do not skip the words next to the sampled ones.
+            st.with_unsampled_words(c.clone(), WatchKind::Write, 64);
+            let mut expect = c.words.clone();
+            expect.extend(extra.iter().map(|&a| (a, 8)));
+            expect.sort_unstable();
+            assert_eq!(w.words, expect, "read+write turn {turn}");
         }
-        seen.sort_unstable();
-        seen.dedup();
-        assert_eq!(
-            seen.len(),
-            6,
-            "every unsampled word within three turns: {seen:x?}"
-        );
         let full = WatchCandidate {
             line_addr: 0x2000,
             words: (0..4).map(|k| (0x2000 + 16 * k, 8)).collect(),
         };
-        assert_eq!(st.with_unsampled_words(full.clone(), 64).words, full.words);
+        assert_eq!(
+            st.with_unsampled_words(full.clone(), WatchKind::ReadWrite, 64)
+                .words,
+            full.words
+        );
     }
 
     /// A code turn whose window sees no new hit is looked at less and less often (a window
