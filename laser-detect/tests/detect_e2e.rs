@@ -350,6 +350,13 @@ fn a_look_names_a_rare_access_and_counts_nothing() {
     let load = f.sources.iter().find(|s| s.pc == r[0]);
     let load = load.unwrap_or_else(|| panic!("the look's load is not a source: {f:#?}"));
     assert_eq!((load.op, load.events), (Op::Load, 0));
+    assert!(
+        a.notes
+            .iter()
+            .any(|n| n.starts_with("looks: 1 window(s) on 1")),
+        "{:?}",
+        a.notes
+    );
 }
 
 #[test]

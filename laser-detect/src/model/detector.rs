@@ -150,6 +150,9 @@ pub struct Detector<C: CodeSource> {
     /// the latest [`MAX_LOOKS_KEPT`]. Their hits name who accesses the line, and count no
     /// event.
     looks: Vec<(u64, u64, u64)>,
+    /// Look windows announced, and the lines they were on (for the report's note).
+    look_windows: u64,
+    look_lines: Vec<u64>,
     /// Instructions code windows have watched (see `code_candidates`).
     code_watched: Vec<u64>,
     stats: StreamStats,
@@ -263,6 +266,8 @@ impl<C: CodeSource> Detector<C> {
             estimator,
             watched_lines: Vec::new(),
             looks: Vec::new(),
+            look_windows: 0,
+            look_lines: Vec::new(),
             code_watched: Vec::new(),
             stats: StreamStats::default(),
             filter: FilterStats::default(),
@@ -480,6 +485,10 @@ impl<C: CodeSource> Detector<C> {
                     self.looks.remove(0);
                 }
                 self.looks.push((line, time, u64::MAX));
+                self.look_windows += 1;
+                if !self.look_lines.contains(&line) {
+                    self.look_lines.push(line);
+                }
             }
         }
         self.estimator.end_code_window(time);
@@ -877,6 +886,15 @@ impl<C: CodeSource> Detector<C> {
         let survey = self.survey_summary();
         if let Some(s) = &survey {
             notes.push(survey_note(s));
+        }
+        if self.look_windows > 0 {
+            notes.push(format!(
+                "looks: {} window(s) on {} contended line(s) watched words no timer sample \
+                 showed there, with one sampled word's stores, to name the accesses too rare \
+                 for samples; a look's hits count no events and rate nothing",
+                self.look_windows,
+                self.look_lines.len()
+            ));
         }
         if let Some((windows, armed_ns, traps, lines)) = self.estimator.code_summary() {
             notes.push(format!(
