@@ -281,8 +281,8 @@ pub struct Steering {
     /// Per candidate line and kind of window, where its next turn's free debug registers
     /// start in the line's unsampled words ([`Steering::with_unsampled_words`]).
     unsampled_next: HashMap<(u64, WatchKind), usize>,
-    /// Settled lines' looks at their unsampled words since the first of them, and when that
-    /// was ([`Steering::unsampled_look`]).
+    /// Per contended line, its looks at its unsampled words since the first of them, and
+    /// when that was ([`Steering::unsampled_look`]).
     looked: HashMap<u64, (usize, Instant)>,
 }
 
@@ -597,11 +597,13 @@ impl Steering {
         // Lines the user named come first; a detector candidate on the same line is dropped
         // (the user's words are the ones to watch there).
         let mut candidates = forced.to_vec();
-        for c in detector.candidates(4) {
-            if !candidates.iter().any(|f| f.line_addr == c.line_addr) {
-                candidates.push(c);
-            }
-        }
+        // The detector's own candidates (the lines the user did not name), for looks too.
+        let detected: Vec<WatchCandidate> = detector
+            .candidates(4)
+            .into_iter()
+            .filter(|c| !forced.iter().any(|f| f.line_addr == c.line_addr))
+            .collect();
+        candidates.extend(detected.iter().cloned());
         let estimates = detector.estimates();
         let due = self.due(&estimates, candidates, now);
         // Candidates and surveys take turns; either alone takes every turn. Every other
@@ -622,11 +624,11 @@ impl Steering {
                 return Ok(());
             }
         }
-        // A settled line's words no sample showed get a read+write window of their own
+        // A contended line's words no sample showed get a look of their own
         // (`unsampled_look`), in the survey's place: a search for accesses no sample showed,
         // as a survey is.
         if survey_slot {
-            if let Some((line, specs)) = self.unsampled_look(detector, &estimates, forced, now) {
+            if let Some((line, specs)) = self.unsampled_look(detector, &detected, &estimates, now) {
                 watcher.arm_look(&specs).with_context(|| {
                     format!("arming a look at line {line:#x}'s unsampled words")
                 })?;
@@ -752,33 +754,34 @@ impl Steering {
         c
     }
 
-    /// A look at words no sample showed on a line its windows have seen contended:
-    /// one window (a one-window turn, as a probe's) on up to three of them, read+write, and one
-    /// sampled word another thread stores to, stores only (the *anchor*). A candidate turn's
-    /// free registers ([`Self::with_unsampled_words`]) share its windows with the sampled
-    /// words, whose traps slow every thread that makes them, and a hot line fills such a
-    /// window at its trap cap in a millisecond or less: a load made once every few hundred
-    /// iterations of a loop is in few of those windows, if any (and a line settles after a
-    /// turn or two). A look traps on the rare words' accesses and on the anchor's stores only, so the
-    /// thread making the rare access runs at its own pace and its accesses meet the other
-    /// thread's stores in the window. Looks go round the groups of rare words, then the
+    /// A look at words no sample showed on a line its windows have seen contended (one of
+    /// `detected`, the detector's candidates the user did not name): one window (a one-window
+    /// turn, as a probe's) on up to three of them, read+write, and one sampled word another
+    /// thread stores to, stores only (the *anchor*). A candidate turn's free registers
+    /// ([`Self::with_unsampled_words`]) share its windows with the sampled words, whose traps
+    /// slow every thread that makes them, and a hot line fills such a window at its trap cap
+    /// in a millisecond or less: a load made once every few hundred iterations of a loop is in
+    /// few of those windows, if any (and a line settles after a turn or two). A look traps on
+    /// the rare words' accesses and on the anchor's stores only, so the thread making the rare
+    /// access runs at its own pace and its accesses meet the other thread's stores in the
+    /// window. Looks go round the groups of rare words, then the
     /// anchors (a rare access contends only with another thread's stores), at most
     /// [`LOOKS_PER_LINE`] per line per [`REFRESH`]. The detector rates no line from a look
     /// (`Event::WatchSet::look`): it watches the line's rare words, not its hot ones.
     fn unsampled_look(
         &mut self,
         detector: &Detector<crate::analyze::Code>,
+        detected: &[WatchCandidate],
         estimates: &[LineEstimate],
-        forced: &[WatchCandidate],
         now: Instant,
     ) -> Option<(u64, Vec<WatchSpec>)> {
         let line_size = detector.line_size();
-        for c in detector.candidates(4) {
+        for c in detected {
             let line = c.line_addr;
             let rated = estimates
                 .iter()
                 .any(|e| e.line_addr == line && e.transfers >= LOOK_AFTER_TRANSFERS);
-            if !rated || forced.iter().any(|f| f.line_addr == line) {
+            if !rated {
                 continue;
             }
             let free = unsampled_slots(line, line_size, &c.words);

@@ -286,10 +286,9 @@ fn watch(tid: u32, time: u64, ip_after: u64, addr: u64) -> Event {
     })
 }
 
-#[test]
-fn watch_windows_give_the_rate() {
-    let (mut d, c, _) = watch_detector();
-    // A 10 ms window in which the two threads alternate stores: 100 rounds → 199 transfers.
+/// A 10 ms watch window on LINE from time 0 in which threads 1 and 2 store alternately at
+/// offsets 0 and 8 through the counter's store (`c`), 1 µs apart: 100 rounds, 199 transfers.
+fn alternating_window(d: &mut Detector<MemoryCode>, c: &[u64]) {
     d.watch_window_begin(LINE, 0);
     let mut t = 0;
     for _ in 0..100 {
@@ -300,6 +299,13 @@ fn watch_windows_give_the_rate() {
         }
     }
     d.watch_window_end(LINE, 10_000_000);
+}
+
+#[test]
+fn watch_windows_give_the_rate() {
+    let (mut d, c, _) = watch_detector();
+    // A 10 ms window in which the two threads alternate stores: 100 rounds → 199 transfers.
+    alternating_window(&mut d, &c);
     let a = d.finish();
     assert_eq!(a.backend, BackendKind::Watch);
     let f = &a.findings[0];
@@ -316,15 +322,7 @@ fn watch_windows_give_the_rate() {
 #[test]
 fn a_look_names_a_rare_access_and_counts_nothing() {
     let (mut d, c, r) = watch_detector();
-    d.watch_window_begin(LINE, 0);
-    let mut t = 0;
-    for _ in 0..100 {
-        for (tid, off) in [(1, 0), (2, 8)] {
-            t += 1000;
-            d.feed(&watch(tid, t, c[3], LINE + off));
-        }
-    }
-    d.watch_window_end(LINE, 10_000_000);
+    alternating_window(&mut d, &c);
     let look = |time, words: Vec<(u64, u8)>| Event::WatchSet {
         time,
         look: ((1u16 << words.len()) - 1) as u8,
@@ -368,15 +366,7 @@ fn the_recorded_hit_cost_corrects_the_armed_time() {
         time: 0,
         hit_ns: 20_000,
     });
-    d.watch_window_begin(LINE, 0);
-    let mut t = 0;
-    for _ in 0..100 {
-        for (tid, off) in [(1, 0), (2, 8)] {
-            t += 1000;
-            d.feed(&watch(tid, t, c[3], LINE + off));
-        }
-    }
-    d.watch_window_end(LINE, 10_000_000);
+    alternating_window(&mut d, &c);
     let f = &d.finish().findings[0];
     assert_eq!(f.events, 199);
     assert!(
