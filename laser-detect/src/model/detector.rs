@@ -188,7 +188,6 @@ pub struct Detector<C: CodeSource> {
 
 const STACK_SLOTS: usize = 64;
 
-/// The mask that clears an address's offset in a `line_size`-byte line.
 /// Whether the watch hit `a` fell in one of the look windows `looks` on its line
 /// ([`Detector::looks`]).
 fn in_look(looks: &[(u64, u64, u64)], line_size: u32, a: &Access) -> bool {
@@ -198,6 +197,7 @@ fn in_look(looks: &[(u64, u64, u64)], line_size: u32, a: &Access) -> bool {
         .any(|&(l, t0, t1)| l == line && t0 <= a.time && a.time <= t1)
 }
 
+/// The mask that clears an address's offset in a `line_size`-byte line.
 fn line_mask(line_size: u32) -> u64 {
     !(u64::from(line_size.max(1)) - 1)
 }
@@ -477,7 +477,7 @@ impl<C: CodeSource> Detector<C> {
         for l in self.looks.iter_mut().filter(|l| l.2 == u64::MAX) {
             l.2 = time;
         }
-        let mask = !(u64::from(self.config.line_size.max(1)) - 1);
+        let mask = line_mask(self.config.line_size);
         for (i, &(a, _)) in words.iter().enumerate() {
             let line = a & mask;
             if look & (1 << i) != 0 && !self.looks.iter().any(|l| l.0 == line && l.1 == time) {
@@ -512,7 +512,6 @@ impl<C: CodeSource> Detector<C> {
             .filter(|&i| !is_code(i) && look & (1 << i) == 0)
             .map(|i| (words[i], write_only & (1 << i) != 0))
             .collect();
-        let mask = !(u64::from(self.config.line_size.max(1)) - 1);
         let mut lines: Vec<u64> = words.iter().map(|&((a, _), _)| a & mask).collect();
         lines.sort_unstable();
         lines.dedup();
