@@ -25,6 +25,7 @@ pub mod session;
 pub mod switches;
 pub mod sys;
 pub mod threads;
+pub mod trap_guard;
 pub mod watch;
 
 pub use attr::WatchKind;
