@@ -201,6 +201,9 @@ impl History {
                         .collect();
                     // Inherited: a thread the allocating one creates right after (a hand-off
                     // to a new worker) is watched from its first instruction.
+                    // The allocation is held until the window is armed: a guard still
+                    // seizing the threads is waited for (it takes milliseconds).
+                    session.wait_guard(std::time::Duration::from_secs(2));
                     let armed = session
                         .watch_mut()
                         .map_err(anyhow::Error::new)

@@ -60,6 +60,9 @@ fn session_config(m: &MonitorArgs) -> Result<Config> {
         backend,
         watch: m.watch,
         sample_cpus: m.sample_cpus,
+        // laser itself, as `laser trap-guard PID` (`/proc/self/exe` still runs if the file
+        // was replaced since).
+        trap_guard: Some(std::path::PathBuf::from("/proc/self/exe")),
         ..Config::default()
     };
     if let Some(f) = m.freq {
@@ -209,7 +212,10 @@ pub fn run(args: RunArgs) -> Result<i32> {
                     placement_only: true,
                     ..settings
                 };
+                // The repair traces the threads itself: the guard lets go of them first.
+                session.release_guard();
                 let o = repair::online::repair_now(pid, &report, at, &alone);
+                session.restore_guard();
                 if o.kept_any() {
                     online = Some(o);
                     break;
@@ -231,7 +237,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
                     spent_before: spent,
                     ..settings
                 };
+                session.release_guard();
                 online = Some(repair::online::repair_now(pid, &report, at, &settings));
+                session.restore_guard();
                 break;
             }
             // A line has crossed and placement alone will fit at a known age: check then,
@@ -270,6 +278,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
     let mut analysis = detector.finish();
     analysis.duration_s = elapsed.as_secs_f64();
     analysis.notes.extend(sampling_note(&session, &config));
+    analysis.notes.extend(session.guard_note());
     if let Some(o) = &online {
         analysis.notes.push(o.note());
     }
@@ -357,6 +366,9 @@ pub fn record(args: RecordArgs) -> Result<i32> {
         None,
     )?;
     recorder.finish(outcome.elapsed.as_nanos() as u64)?;
+    if let Some(note) = session.guard_note() {
+        eprintln!("laser: {note}");
+    }
     if let Some(note) = &outcome.unwatched {
         // A recording carries events, not notes: say it here.
         eprintln!("laser: warning: {note}");
@@ -488,6 +500,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
         &mut crate::steering::Steering::with_threshold(args.analysis.threshold),
         None,
     )?;
+    let guard_note = session.guard_note();
     drop(session); // detach before the (possibly slow) symbolization
     if let Some(r) = recorder {
         r.finish(outcome.elapsed.as_nanos() as u64)?;
@@ -495,6 +508,7 @@ pub fn attach(args: AttachArgs) -> Result<i32> {
     let mut analysis = detector.finish();
     analysis.duration_s = outcome.elapsed.max(Duration::from_millis(1)).as_secs_f64();
     analysis.notes.extend(outcome.unwatched.clone());
+    analysis.notes.extend(guard_note);
     analysis.notes.extend(monitor::watch_cost_note(
         outcome.watch_cost,
         outcome.elapsed,

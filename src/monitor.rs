@@ -186,15 +186,11 @@ pub fn run_loop(
         }
     };
     let unwatched = session
-        .watch_mut()
-        .ok()
+        .watcher()
         .and_then(|w| unwatched_note(w.unwatched()));
-    let watch_cost = session
-        .watch_mut()
-        .ok()
-        .map(|w| (w.stats(), w.duty_cycle()));
+    let watch_cost = session.watcher().map(|w| (w.stats(), w.duty_cycle()));
     if opts.steer_watchpoints {
-        if let Ok(w) = session.watch_mut() {
+        if let Some(w) = session.watcher() {
             // Leave nothing armed in a process we are about to let go of.
             let _ = w.disarm();
         }

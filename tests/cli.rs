@@ -41,6 +41,10 @@ fn workdir() -> &'static Path {
 /// debug registers, as a debugger's hardware watchpoints would.
 const DEBUG_REGISTERS_TAKEN_C: &str = include_str!("fixtures/programs/debug_registers_taken.c");
 
+/// Forges the SIGTRAP of a lost debug exception, runs its own int1, or stops itself
+/// (`forge` / `int1` / `stop`), with false sharing beside it; prints "alive handled N".
+const LOST_DEBUG_TRAP_C: &str = include_str!("fixtures/programs/lost_debug_trap.c");
+
 /// `src` compiled with -O2 -g as `name` in the work directory.
 fn compile(name: &str, src: &str) -> PathBuf {
     let d = workdir();
@@ -594,4 +598,88 @@ fn a_thread_whose_debug_registers_are_taken_is_named_and_the_run_goes_on() {
         child.wait().unwrap().success(),
         "the target finishes normally"
     );
+}
+
+/// The trap guard keeps the SIGTRAP of a lost debug exception (forged here, in a thread
+/// created after the launch) from the program, says so in the report, and changes nothing
+/// else: the program's own int1 reaches its handler, and a stop and continue work as without
+/// laser. Without watchpoints there is no guard, and the same trap kills the program.
+#[test]
+fn the_trap_guard_keeps_only_a_lost_debug_trap_from_the_program() {
+    let _serial = exclusive();
+    let bin = compile("lost_debug_trap", LOST_DEBUG_TRAP_C);
+    let guard_note = |report: &serde_json::Value| -> Option<String> {
+        notes(report)
+            .into_iter()
+            .find(|n| n.starts_with("trap guard:"))
+            .map(str::to_owned)
+    };
+
+    let (o, out) = run_to_json("trap-forge.json", &[], &bin, &["forge"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("alive handled 0"), "{t}");
+    let note = guard_note(&json(&out)).unwrap_or_else(|| panic!("no guard note\n{t}"));
+    assert!(note.starts_with("trap guard: kept 1 SIGTRAP(s)"), "{note}");
+
+    let (o, out) = run_to_json("trap-int1.json", &[], &bin, &["int1"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains("alive handled 1"),
+        "the program's own int1 is passed on\n{t}"
+    );
+    assert_eq!(guard_note(&json(&out)), None, "{t}");
+
+    let (o, _) = run_to_json("trap-stop.json", &[], &bin, &["stop"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    assert!(t.contains("alive handled 0"), "{t}");
+
+    // A program another tracer holds cannot be guarded: no windows, a note, no harm.
+    let mut child = Command::new(&bin)
+        .arg("traced")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let pid = line
+        .trim()
+        .strip_prefix("traced ")
+        .expect("traced PID")
+        .to_string();
+    let out = workdir().join("trap-traced.json");
+    let o = laser(&[
+        "attach",
+        "-p",
+        &pid,
+        "--duration",
+        "0.5",
+        "--json",
+        out.to_str().unwrap(),
+    ]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let report = json(&out);
+    let off = notes(&report)
+        .into_iter()
+        .find(|n| n.starts_with("watch windows: off"))
+        .unwrap_or_else(|| panic!("no note\n{t}"))
+        .to_owned();
+    assert!(off.contains("PTRACE_SEIZE"), "{off}");
+    assert!(child.wait().unwrap().success());
+
+    // The premise: unguarded, the forged trap kills (laser passes on 128 + SIGTRAP).
+    let (o, _) = run_to_json(
+        "trap-unguarded.json",
+        &["--watch", "false"],
+        &bin,
+        &["forge"],
+    );
+    assert_eq!(o.status.code(), Some(128 + 5), "{}", text(&o));
 }

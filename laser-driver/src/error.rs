@@ -67,6 +67,12 @@ pub enum DriverError {
     BadFrequency { requested: u64, reason: String },
     #[error("watchpoints were not enabled in this session's Config (watch = false)")]
     WatchNotEnabled,
+    /// The trap guard ([`crate::trap_guard`]) has not traced every thread yet: windows wait.
+    #[error("watchpoints wait for the trap guard to trace the target")]
+    WatchGuardStarting,
+    /// The target cannot be traced (or its guard is gone), so no window may trap in it.
+    #[error("watchpoints are off: the target is not guarded against lost debug traps ({reason})")]
+    WatchUnguarded { reason: String },
     #[error("{what}: {source}")]
     Io {
         what: String,

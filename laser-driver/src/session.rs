@@ -37,6 +37,7 @@ use crate::procinfo;
 use crate::ring;
 use crate::sys;
 use crate::threads;
+use crate::trap_guard::{GuardState, GuardTotals, TrapGuard};
 use crate::watch::{DutyCycle, Watcher};
 
 /// Default cpu-clock frequency of the soft backend (per thread, Hz), chosen to keep the
@@ -85,6 +86,11 @@ pub const CHURN_GAP: u64 = 2_000_000;
 /// at 1 kHz × 2 threads × 224-byte samples that is over a second of headroom between polls.
 pub const DEFAULT_BUFFER_PAGES: usize = 128;
 
+/// Why windows are off after [`Session::release_guard`] (no failure: the report says nothing).
+const RELEASED: &str = "released for a repair";
+/// Why windows are off when the target ended before its guard could trace it.
+const ENDED_FIRST: &str = "the program ended first";
+
 /// What to sample and how.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -109,6 +115,11 @@ pub struct Config {
     /// timer per thread, which restarts at every context switch. Not the default yet
     /// (RESULTS, sixteenth session).
     pub sample_cpus: bool,
+    /// With watchpoints: laser's own executable, started as `EXE trap-guard PID` to trace
+    /// the target so that the SIGTRAP of a lost debug exception never reaches it
+    /// ([`crate::trap_guard`]); windows arm only once it has every thread. `None`: no guard
+    /// (windows may then kill the target, about once in a million hits on a KVM guest).
+    pub trap_guard: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -121,6 +132,7 @@ impl Default for Config {
             duty_cycle: DutyCycle::default(),
             child: launch::ChildSetup::default(),
             sample_cpus: false,
+            trap_guard: None,
         }
     }
 }
@@ -189,6 +201,13 @@ pub struct Session {
     precise: Option<PrecisePlan>,
     leaders: Vec<Leader>,
     watcher: Option<Watcher>,
+    /// The tracer keeping lost debug exceptions' SIGTRAPs from the target while windows may
+    /// trap (declared after `watcher`, so dropped after its events are closed).
+    guard: Option<TrapGuard>,
+    /// Why windows may not arm in this target (it could not be traced), once known.
+    unguarded: Option<String>,
+    /// What the guards of this session (one per stretch between repairs) kept and passed.
+    guard_totals: GuardTotals,
     decoder: Decoder,
     scratch: Vec<u8>,
     batch: Vec<Event>,
@@ -275,6 +294,7 @@ impl Session {
         if cpu_wide {
             s.note_premapped();
         }
+        s.start_guard();
         Ok(s)
     }
 
@@ -380,6 +400,7 @@ impl Session {
                 });
             }
         }
+        s.start_guard();
         Ok(s)
     }
 
@@ -414,6 +435,9 @@ impl Session {
             precise,
             leaders: Vec::new(),
             watcher: watch.then(|| Watcher::new(binding, config.duty_cycle, Some(pid))),
+            guard: None,
+            unguarded: None,
+            guard_totals: GuardTotals::default(),
             decoder,
             scratch: Vec::new(),
             batch: Vec::new(),
@@ -839,9 +863,120 @@ impl Session {
         open_error.map_or(Ok(()), Err)
     }
 
-    /// The watchpoints, if `Config::watch` (or `backend = Watch`) was set.
+    /// The watchpoints, if `Config::watch` (or `backend = Watch`) was set and the target is
+    /// guarded ([`Config::trap_guard`]): [`DriverError::WatchGuardStarting`] until the guard
+    /// has every thread, [`DriverError::WatchUnguarded`] if it cannot (the windows are
+    /// disarmed first if it failed after they armed).
     pub fn watch_mut(&mut self) -> Result<&mut Watcher, DriverError> {
+        if self.watcher.is_none() {
+            return Err(DriverError::WatchNotEnabled);
+        }
+        let state = self.guard.as_mut().map(|g| g.poll().clone());
+        match state {
+            None | Some(GuardState::Ready) => {}
+            Some(GuardState::Starting) => return Err(DriverError::WatchGuardStarting),
+            Some(GuardState::Gone) => {
+                // The target ended before it could be traced: nothing left to watch.
+                self.release_guard();
+                self.unguarded = Some(ENDED_FIRST.into());
+            }
+            Some(GuardState::Failed(reason)) => {
+                // Disarmed by the release: nothing may trap in an untraced target.
+                self.release_guard();
+                self.unguarded = Some(reason);
+            }
+        }
+        if let Some(reason) = &self.unguarded {
+            return Err(DriverError::WatchUnguarded {
+                reason: reason.clone(),
+            });
+        }
         self.watcher.as_mut().ok_or(DriverError::WatchNotEnabled)
+    }
+
+    /// The watchpoints whether or not they may arm now: for their totals, and to disarm.
+    pub fn watcher(&mut self) -> Option<&mut Watcher> {
+        self.watcher.as_mut()
+    }
+
+    /// Starts the trap guard where this session watches and names a guard executable.
+    fn start_guard(&mut self) {
+        let Some(exe) = self.config.trap_guard.clone() else {
+            return;
+        };
+        if self.watcher.is_none() || self.guard.is_some() || self.exited.is_some() {
+            return;
+        }
+        match TrapGuard::spawn(&exe, self.pid) {
+            Ok(g) => {
+                self.unguarded = None;
+                self.guard = Some(g);
+            }
+            Err(e) => self.unguarded = Some(format!("starting {}: {e}", exe.display())),
+        }
+    }
+
+    /// Waits up to `max` for the trap guard to have every thread (an allocation held for
+    /// `--history-site` waits for its window).
+    pub fn wait_guard(&mut self, max: Duration) {
+        if let Some(g) = self.guard.as_mut() {
+            g.wait_ready(max);
+        }
+    }
+
+    /// Ends the trap guard, which detaches it from every thread: before a repair seizes
+    /// them (a thread has one tracer). Disarms the windows first; they stay off until
+    /// [`Session::restore_guard`].
+    pub fn release_guard(&mut self) {
+        if let Some(g) = self.guard.take() {
+            if let Some(w) = self.watcher.as_mut() {
+                let _ = w.disarm();
+            }
+            let (_, totals) = g.finish();
+            if let Some(t) = totals {
+                self.guard_totals.kept += t.kept;
+                self.guard_totals.passed += t.passed;
+            }
+            self.unguarded = Some(RELEASED.into());
+        }
+    }
+
+    /// Starts a new trap guard after [`Session::release_guard`]; windows wait for it.
+    pub fn restore_guard(&mut self) {
+        if self.guard.is_none() && self.config.trap_guard.is_some() {
+            self.unguarded = None;
+            self.start_guard();
+        }
+    }
+
+    /// Ends the trap guard and says, for the report, what it kept from the target, or why
+    /// windows could not arm.
+    pub fn guard_note(&mut self) -> Option<String> {
+        let failed = self.guard.as_mut().and_then(|g| match g.poll() {
+            GuardState::Failed(r) => Some(r.clone()),
+            _ => None,
+        });
+        self.release_guard();
+        let kept = self.guard_totals.kept;
+        if let Some(reason) = failed.or_else(|| {
+            self.unguarded
+                .clone()
+                .filter(|r| r != RELEASED && r != ENDED_FIRST)
+        }) {
+            return Some(format!(
+                "watch windows: off, the target could not be traced to keep the SIGTRAP of a \
+                 lost debug exception from it ({reason}); what only the windows find (sparse \
+                 accesses, exact bytes, rates of briefly hot lines) is missing"
+            ));
+        }
+        (kept > 0).then(|| {
+            format!(
+                "trap guard: kept {kept} SIGTRAP(s) from the target: debug exceptions the \
+                 hypervisor delivered with no cause in DR6 (about one breakpoint hit in a \
+                 million on a KVM guest), which would have killed it; each cost its window \
+                 one hit"
+            )
+        })
     }
 
     /// Totals of everything delivered so far (samples, lost, throttles, records).
