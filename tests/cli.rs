@@ -622,6 +622,14 @@ fn the_trap_guard_keeps_only_a_lost_debug_trap_from_the_program() {
     let note = guard_note(&json(&out)).unwrap_or_else(|| panic!("no guard note\n{t}"));
     assert!(note.starts_with("trap guard: kept 1 SIGTRAP(s)"), "{note}");
 
+    // Past the thread creations the guard stops for, a new thread is seized as laser reads
+    // its creation.
+    let (o, out) = run_to_json("trap-churn.json", &[], &bin, &["churn"]);
+    let t = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{t}");
+    let note = guard_note(&json(&out)).unwrap_or_else(|| panic!("no guard note\n{t}"));
+    assert!(note.starts_with("trap guard: kept 1 SIGTRAP(s)"), "{note}");
+
     let (o, out) = run_to_json("trap-int1.json", &[], &bin, &["int1"]);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");

@@ -204,6 +204,8 @@ pub struct Session {
     /// The tracer keeping lost debug exceptions' SIGTRAPs from the target while windows may
     /// trap (declared after `watcher`, so dropped after its events are closed).
     guard: Option<TrapGuard>,
+    /// A guard being started in the background ([`Session::launch`]).
+    guard_spawn: Option<std::thread::JoinHandle<io::Result<TrapGuard>>>,
     /// Why windows may not arm in this target (it could not be traced), once known.
     unguarded: Option<String>,
     /// What the guards of this session (one per stretch between repairs) kept and passed.
@@ -254,8 +256,18 @@ impl Session {
         let config = checked(config)?;
         let whole_cpus = config.sample_cpus && cpu_wide_allowed(config.frequency);
         let cpu_wide = whole_cpus && config.backend == BackendKind::Soft;
+        let watch = config.watch || config.backend == BackendKind::Watch;
         let stopped = launch::spawn_stopped_with(argv, &config.child)?;
         let pid = stopped.pid;
+        // The guard is started from a thread of its own: starting a process blocks its
+        // caller until the exec (~0.5 ms), which the program would wait for here.
+        let guard = match &config.trap_guard {
+            Some(exe) if watch => {
+                let exe = exe.clone();
+                Some(std::thread::spawn(move || TrapGuard::spawn(&exe, pid)))
+            }
+            _ => None,
+        };
         // Events of whole CPUs are bound to no task, so they need nothing of the child: it
         // is released at once and execs while laser opens them (~0.35 ms of every launch
         // the program no longer waits for, on this VM), and what it mapped before they
@@ -294,7 +306,7 @@ impl Session {
         if cpu_wide {
             s.note_premapped();
         }
-        s.start_guard();
+        s.guard_spawn = guard;
         Ok(s)
     }
 
@@ -436,6 +448,7 @@ impl Session {
             leaders: Vec::new(),
             watcher: watch.then(|| Watcher::new(binding, config.duty_cycle, Some(pid))),
             guard: None,
+            guard_spawn: None,
             unguarded: None,
             guard_totals: GuardTotals::default(),
             decoder,
@@ -552,6 +565,9 @@ impl Session {
                     continue;
                 }
                 new = true;
+                if let Some(g) = self.guard.as_mut() {
+                    g.follow(tid);
+                }
                 match self.open_leader(tid, -1, tid as i64) {
                     Ok(()) => {}
                     Err(DriverError::Open { source, .. })
@@ -837,6 +853,9 @@ impl Session {
                     if pid != ppid {
                         w.add_process(*pid as libc::pid_t);
                     }
+                    if let Some(g) = self.guard.as_mut() {
+                        g.follow(*tid as i32);
+                    }
                     if let Err(err) = w.thread_created(*tid as i32) {
                         open_error.get_or_insert(err);
                     }
@@ -871,6 +890,9 @@ impl Session {
         if self.watcher.is_none() {
             return Err(DriverError::WatchNotEnabled);
         }
+        if !self.settle_guard_spawn(false) {
+            return Err(DriverError::WatchGuardStarting);
+        }
         let state = self.guard.as_mut().map(|g| g.poll().clone());
         match state {
             None | Some(GuardState::Ready) => {}
@@ -899,12 +921,36 @@ impl Session {
         self.watcher.as_mut()
     }
 
+    /// Takes the guard started in the background once it is (`block`: waits for it).
+    /// Returns false while it is still being started.
+    fn settle_guard_spawn(&mut self, block: bool) -> bool {
+        match self.guard_spawn.take() {
+            None => true,
+            Some(h) if !block && !h.is_finished() => {
+                self.guard_spawn = Some(h);
+                false
+            }
+            Some(h) => {
+                match h.join() {
+                    Ok(Ok(g)) => self.guard = Some(g),
+                    Ok(Err(e)) => self.unguarded = Some(format!("starting the trap guard: {e}")),
+                    Err(_) => self.unguarded = Some("starting the trap guard panicked".into()),
+                }
+                true
+            }
+        }
+    }
+
     /// Starts the trap guard where this session watches and names a guard executable.
     fn start_guard(&mut self) {
         let Some(exe) = self.config.trap_guard.clone() else {
             return;
         };
-        if self.watcher.is_none() || self.guard.is_some() || self.exited.is_some() {
+        if self.watcher.is_none()
+            || self.guard.is_some()
+            || self.guard_spawn.is_some()
+            || self.exited.is_some()
+        {
             return;
         }
         match TrapGuard::spawn(&exe, self.pid) {
@@ -919,6 +965,7 @@ impl Session {
     /// Waits up to `max` for the trap guard to have every thread (an allocation held for
     /// `--history-site` waits for its window).
     pub fn wait_guard(&mut self, max: Duration) {
+        self.settle_guard_spawn(true);
         if let Some(g) = self.guard.as_mut() {
             g.wait_ready(max);
         }
@@ -928,11 +975,16 @@ impl Session {
     /// them (a thread has one tracer). Disarms the windows first; they stay off until
     /// [`Session::restore_guard`].
     pub fn release_guard(&mut self) {
+        self.settle_guard_spawn(true);
         if let Some(g) = self.guard.take() {
             if let Some(w) = self.watcher.as_mut() {
                 let _ = w.disarm();
             }
-            let (_, totals) = g.finish();
+            let (_, totals) = if self.exited.is_some() {
+                g.finish_after_exit()
+            } else {
+                g.finish()
+            };
             if let Some(t) = totals {
                 self.guard_totals.kept += t.kept;
                 self.guard_totals.passed += t.passed;
@@ -952,6 +1004,7 @@ impl Session {
     /// Ends the trap guard and says, for the report, what it kept from the target, or why
     /// windows could not arm.
     pub fn guard_note(&mut self) -> Option<String> {
+        self.settle_guard_spawn(true);
         let failed = self.guard.as_mut().and_then(|g| match g.poll() {
             GuardState::Failed(r) => Some(r.clone()),
             _ => None,

@@ -1,13 +1,13 @@
 //! The trap guard: keeps the SIGTRAPs of lost debug exceptions from the target.
 //!
-//! On this kind of machine (a KVM guest; counted on this VM with a C program that only
-//! watches one of its own variables through a perf breakpoint: 3 in 10,000,000 hits, and 1
-//! in 1,000,000 instruction-breakpoint hits) a breakpoint hit sometimes reaches the guest
-//! kernel with DR6 empty: the hypervisor lost the cause. The kernel cannot tell that `#DB`
-//! from the `int1` instruction (icebp) and sends the thread SIGTRAP with `si_code`
-//! `TRAP_BRKPT`. Nothing a perf event can ask for stops that signal, and its default action
-//! kills the program (exit 133, with a core): one 1-second asm-test run in ~750 under laser's
-//! watch windows died that way.
+//! On this kind of machine (a KVM guest) a breakpoint hit sometimes reaches the guest kernel
+//! with DR6 empty: the hypervisor lost the cause. Counted on this VM with a C program that
+//! only watches one of its own variables through a perf breakpoint: 3 in 10,000,000 hits
+//! with one CPU trapping, and all 5 runs of 2,000,000 hits killed while both CPUs trapped at
+//! once. The kernel cannot tell that `#DB` from the `int1` instruction (icebp) and sends the
+//! thread SIGTRAP with `si_code` `TRAP_BRKPT`. Nothing a perf event can ask for stops that
+//! signal, and its default action kills the program (exit 133, with a core): one 1-second
+//! asm-test run in ~750 under laser's watch windows died that way, and a CI run lost a test.
 //!
 //! A ptrace tracer sees every signal before its tracee does, so while laser's windows may
 //! trap, a small process of its own ([`serve`], run as `laser trap-guard PID`) traces every
@@ -17,12 +17,16 @@
 //! cost its watch window one hit.
 //!
 //! ```text
-//!  laser ── spawn `laser trap-guard PID` ─▶ guard: seize every thread ─▶ "ready N"
+//!  laser ── (a thread of its own) spawn `laser trap-guard PID`
+//!                       guard: seize every thread (following clones and forks) ─▶ "ready N"
 //!  (watch windows wait for "ready"; "error …" turns them off, the run goes on)
 //!         ◀─ tracee stops (signals, clones, group-stops): passed on or resumed at once
-//!  laser closes the guard's stdin (run over, or a repair needs the tracees)
+//!  ── "TID" ─▶ a thread laser read the creation of: seized if new (after CHURN_CLONES)
+//!  laser closes the guard's stdin (run over, or a repair needs the tracees); or the
+//!  target's last thread exits
 //!                                   guard: resumes what is pending, prints "done KEPT
-//!                                   PASSED", exits; the kernel detaches every tracee
+//!                                   PASSED CLONES FORWARDED", exits; the kernel detaches
+//!                                   every tracee
 //! ```
 //!
 //! A separate process rather than a thread of laser: laser's `waitpid` of its child would
@@ -51,7 +55,9 @@ pub enum Stop {
     Signal(i32),
     /// A group-stop (SIGSTOP and its kin): the tracee must stay stopped until SIGCONT.
     Group,
-    /// Any other ptrace event (clone, fork, exec, an interrupt, a new thread's first stop):
+    /// A thread creation (`PTRACE_EVENT_CLONE`): resumed, and counted ([`CHURN_CLONES`]).
+    Clone,
+    /// Any other ptrace event (fork, exec, an interrupt, a new thread's first stop):
     /// resumed with nothing to deliver.
     Event,
 }
@@ -69,6 +75,7 @@ pub fn stop_of(status: i32) -> Stop {
         {
             Stop::Group
         }
+        libc::PTRACE_EVENT_CLONE => Stop::Clone,
         _ => Stop::Event,
     }
 }
@@ -112,15 +119,37 @@ fn errno(e: &io::Error) -> i32 {
 /// The tracer's state.
 struct Guard {
     tracees: BTreeSet<i32>,
+    /// `PTRACE_SETOPTIONS` of a seize: clone and fork following, until [`CHURN_CLONES`].
+    options: usize,
     kept: u64,
     passed: u64,
+    /// Thread creations stopped for ([`Stop::Clone`]).
+    clones: u64,
+    /// Threads seized from laser's word after the switch.
+    forwarded: u64,
 }
+
+/// Following: clones and forks, or forks only.
+const FOLLOW_ALL: usize =
+    (libc::PTRACE_O_TRACECLONE | libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK) as usize;
+const FOLLOW_FORKS: usize = (libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK) as usize;
+
+/// Thread creations the guard stops for before it stops no more. `PTRACE_O_TRACECLONE`
+/// stops the creating thread and the new one until the guard has run: ~190 µs a thread on
+/// this VM while the program's threads keep both CPUs busy, which cost Phoenix kmeans (~400
+/// threads a run) 1.076–1.096x its bare time against 0.997 without (benchmarks/RESULTS.md,
+/// thirty-eighth session). After this many, a thread that creates one more stops following
+/// clones, and laser sends the guard each new thread's id as it reads its creation record
+/// instead: that thread runs unguarded until then (laser reads every 0.5 ms while a program
+/// makes threads). The kernel's process-event connector would tell the guard sooner, but
+/// listening to it cost kmeans 1.19x.
+const CHURN_CLONES: u64 = 64;
 
 impl Guard {
     /// Seizes every thread of `pid`, again until a listing shows none new (a thread created
     /// by one not yet seized is not followed by the kernel).
     fn seize_all(&mut self, pid: i32) -> Result<(), String> {
-        let opts = libc::PTRACE_O_TRACECLONE | libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK;
+        let opts = self.options;
         let mut skipped = BTreeSet::new();
         loop {
             let dir = std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -133,7 +162,7 @@ impl Guard {
                 if self.tracees.contains(&tid) || skipped.contains(&tid) {
                     continue;
                 }
-                match ptrace(libc::PTRACE_SEIZE as _, tid, 0, opts as usize) {
+                match ptrace(libc::PTRACE_SEIZE as _, tid, 0, opts) {
                     Ok(_) => {
                         self.tracees.insert(tid);
                         new += 1;
@@ -153,6 +182,17 @@ impl Guard {
                     Ok(())
                 };
             }
+        }
+    }
+
+    /// Seizes a thread or process laser read the creation of (after the switch from
+    /// [`Stop::Clone`]'s stops); one already traced, or gone, is left as it is.
+    fn follow(&mut self, tid: i32) {
+        if !self.tracees.contains(&tid)
+            && ptrace(libc::PTRACE_SEIZE as _, tid, 0, self.options).is_ok()
+        {
+            self.tracees.insert(tid);
+            self.forwarded += 1;
         }
     }
 
@@ -188,6 +228,14 @@ impl Guard {
             }
             // Stays stopped, and still reports SIGCONT or a kill.
             Stop::Group => ptrace(libc::PTRACE_LISTEN as _, tid, 0, 0),
+            Stop::Clone => {
+                self.clones += 1;
+                if self.clones > CHURN_CLONES {
+                    self.options = FOLLOW_FORKS;
+                    let _ = ptrace(libc::PTRACE_SETOPTIONS as _, tid, 0, FOLLOW_FORKS);
+                }
+                ptrace(libc::PTRACE_CONT as _, tid, 0, 0)
+            }
             Stop::Event => ptrace(libc::PTRACE_CONT as _, tid, 0, 0),
         };
         if r.is_err() {
@@ -264,8 +312,11 @@ pub fn serve(pid: i32) -> i32 {
     }
     let mut g = Guard {
         tracees: BTreeSet::new(),
+        options: FOLLOW_ALL,
         kept: 0,
         passed: 0,
+        clones: 0,
+        forwarded: 0,
     };
     if let Err(why) = g.seize_all(pid) {
         // "gone …": the target ended first, which is no failure.
@@ -281,19 +332,14 @@ pub fn serve(pid: i32) -> i32 {
     let _ = out.flush();
     g.reap();
     let mut stdin = io::stdin();
+    let mut line = Vec::new();
     while !g.tracees.is_empty() {
-        let mut fds = [
-            libc::pollfd {
-                fd: stdin.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: sfd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
+        let pollfd = |fd: i32| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let mut fds = [pollfd(stdin.as_raw_fd()), pollfd(sfd)];
         // SAFETY: two live pollfds.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
         if n < 0 {
@@ -306,15 +352,30 @@ pub fn serve(pid: i32) -> i32 {
             g.reap();
         }
         if fds[0].revents != 0 {
-            let mut b = [0u8; 64];
-            if matches!(stdin.read(&mut b), Ok(0) | Err(_)) {
-                break;
+            // Thread ids, one a line, until laser closes the pipe.
+            let mut b = [0u8; 512];
+            match stdin.read(&mut b) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => line.extend_from_slice(&b[..n]),
+            }
+            while let Some(i) = line.iter().position(|&c| c == b'\n') {
+                let tid = std::str::from_utf8(&line[..i])
+                    .ok()
+                    .and_then(|t| t.parse().ok());
+                line.drain(..=i);
+                if let Some(tid) = tid {
+                    g.follow(tid);
+                }
             }
         }
     }
     // Whatever stopped meanwhile is resumed (and filtered) before the exit detaches the rest.
     g.reap();
-    let _ = writeln!(out, "done {} {}", g.kept, g.passed);
+    let _ = writeln!(
+        out,
+        "done {} {} {} {}",
+        g.kept, g.passed, g.clones, g.forwarded
+    );
     let _ = out.flush();
     0
 }
@@ -339,6 +400,9 @@ pub struct GuardTotals {
     pub kept: u64,
     /// Signals passed on to the target.
     pub passed: u64,
+    /// Thread creations it stopped for, and threads seized from laser's word after those.
+    pub clones: u64,
+    pub forwarded: u64,
 }
 
 /// laser's handle on a running guard process.
@@ -349,12 +413,15 @@ pub struct TrapGuard {
     state: GuardState,
     totals: Option<GuardTotals>,
     last_check: Instant,
+    /// The guard's stdout has ended (it exited).
+    eof: bool,
 }
 
 /// How often a ready guard's pipe is read for news (a guard that died).
 const CHECK_EVERY: Duration = Duration::from_millis(20);
 
 impl TrapGuard {
+    /// Starts `exe trap-guard PID` (`exe`: laser's own binary).
     /// Starts `exe trap-guard PID` (`exe`: laser's own binary).
     pub fn spawn(exe: &Path, pid: i32) -> io::Result<TrapGuard> {
         let mut child = Command::new(exe)
@@ -365,10 +432,17 @@ impl TrapGuard {
             .stderr(Stdio::inherit())
             .spawn()?;
         let out = child.stdout.take().expect("piped");
-        // SAFETY: fcntl on a descriptor we own.
-        unsafe {
-            let fl = libc::fcntl(out.as_raw_fd(), libc::F_GETFL);
-            libc::fcntl(out.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
+        // Neither end blocks laser: it reads what the guard said when it looks, and a thread
+        // id the full pipe cannot take is dropped.
+        for fd in [
+            out.as_raw_fd(),
+            child.stdin.as_ref().expect("piped").as_raw_fd(),
+        ] {
+            // SAFETY: fcntl on descriptors we own.
+            unsafe {
+                let fl = libc::fcntl(fd, libc::F_GETFL);
+                libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+            }
         }
         Ok(TrapGuard {
             child,
@@ -377,7 +451,16 @@ impl TrapGuard {
             state: GuardState::Starting,
             totals: None,
             last_check: Instant::now(),
+            eof: false,
         })
+    }
+
+    /// Tells the guard of a thread or process the target created (laser read its creation
+    /// record): it seizes those it does not trace yet. Never blocks: a full pipe drops it.
+    pub fn follow(&mut self, tid: i32) {
+        if let Some(w) = self.child.stdin.as_mut() {
+            let _ = w.write_all(format!("{tid}\n").as_bytes());
+        }
     }
 
     /// Reads what the guard said so far, without blocking.
@@ -398,6 +481,7 @@ impl TrapGuard {
                 Err(_) => break false,
             }
         };
+        self.eof |= eof;
         self.take_lines();
         if eof
             && self.totals.is_none()
@@ -423,6 +507,8 @@ impl TrapGuard {
                 self.totals = Some(GuardTotals {
                     kept: n.next().unwrap_or(0),
                     passed: n.next().unwrap_or(0),
+                    clones: n.next().unwrap_or(0),
+                    forwarded: n.next().unwrap_or(0),
                 });
             }
         }
@@ -444,24 +530,42 @@ impl TrapGuard {
         (self.state.clone(), self.totals)
     }
 
+    /// Ends a guard whose target has exited: one still starting is killed (it has nothing
+    /// to report, and a program that ran for a millisecond would otherwise wait on its
+    /// start-up), a ready one is finished.
+    pub fn finish_after_exit(mut self) -> (GuardState, Option<GuardTotals>) {
+        if self.read_now() == &GuardState::Starting {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            drop(self.child.stdin.take());
+            return (GuardState::Gone, None);
+        }
+        self.finish()
+    }
+
     fn stop(&mut self) {
         drop(self.child.stdin.take());
         let until = Instant::now() + Duration::from_secs(2);
-        loop {
+        // The guard's stdout ends when it exits: wait for that, not in steps.
+        while !self.eof {
             self.read_now();
-            match self.child.try_wait() {
-                Ok(Some(_)) | Err(_) => break,
-                Ok(None) if Instant::now() >= until => {
-                    // Killing the tracer detaches its tracees too.
-                    let _ = self.child.kill();
-                    let _ = self.child.wait();
-                    break;
-                }
-                Ok(None) => std::thread::sleep(Duration::from_micros(200)),
+            let left = until.saturating_duration_since(Instant::now());
+            if self.eof || left.is_zero() {
+                break;
             }
+            let mut p = libc::pollfd {
+                fd: self.out.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd.
+            unsafe { libc::poll(&mut p, 1, left.as_millis().max(1) as i32) };
         }
-        // The last words may still be in the pipe.
-        self.read_now();
+        if !self.eof {
+            // Killing the tracer detaches its tracees too.
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
     }
 }
 
@@ -507,6 +611,8 @@ mod tests {
         assert_eq!(stop_of(stopped(libc::SIGTSTP, ev)), Stop::Group);
         assert_eq!(stop_of(stopped(libc::SIGTRAP, ev)), Stop::Event);
         let clone = libc::PTRACE_EVENT_CLONE;
-        assert_eq!(stop_of(stopped(libc::SIGTRAP, clone)), Stop::Event);
+        assert_eq!(stop_of(stopped(libc::SIGTRAP, clone)), Stop::Clone);
+        let fork = libc::PTRACE_EVENT_FORK;
+        assert_eq!(stop_of(stopped(libc::SIGTRAP, fork)), Stop::Event);
     }
 }
