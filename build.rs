@@ -1,5 +1,6 @@
 //! Builds laser's allocation recorder (`shim/laser_alloc.c`), a small shared library `laser
 //! run` preloads into the program it launches; the binary embeds it (`src/alloc_shim.rs`).
+//! And the trap guard (`shim/laser_trap_guard.c`), embedded too (`src/trap_guard_exe.rs`).
 //! It is C because it replaces malloc: Rust's std allocates through malloc itself. It is
 //! compiled with the system C compiler (`$CC`, else `cc`), which laser's tests need anyway;
 //! no crate is added for one command.
@@ -34,6 +35,29 @@ fn main() {
         .status()
         .unwrap_or_else(|e| panic!("running the C compiler `{cc}` for {src}: {e}"));
     assert!(status.success(), "`{cc}` failed to build {src}");
+    // The trap guard (`src/trap_guard_exe.rs`): a static program on raw system calls, so that
+    // starting one beside every watched run costs ~0.1 ms, not a second laser's ~1 ms.
+    let guard_src = "shim/laser_trap_guard.c";
+    println!("cargo:rerun-if-changed={guard_src}");
+    let guard = out.join("laser_trap_guard");
+    let status = Command::new(&cc)
+        .args([
+            "-O2",
+            "-static",
+            "-nostdlib",
+            "-fno-pie",
+            "-no-pie",
+            "-fno-stack-protector",
+            "-fno-builtin",
+            "-ffreestanding",
+            "-Wall",
+            "-o",
+        ])
+        .arg(&guard)
+        .arg(guard_src)
+        .status()
+        .unwrap_or_else(|e| panic!("running the C compiler `{cc}` for {guard_src}: {e}"));
+    assert!(status.success(), "`{cc}` failed to build {guard_src}");
     let features = std::env::var("CARGO_CFG_TARGET_FEATURE").unwrap_or_default();
     let static_build = features.split(',').any(|f| f == "crt-static");
     if !static_build && packs_relative_relocs(&cc, &out) {

@@ -60,11 +60,18 @@ fn session_config(m: &MonitorArgs) -> Result<Config> {
         backend,
         watch: m.watch,
         sample_cpus: m.sample_cpus,
-        // laser itself, as `laser trap-guard PID` (`/proc/self/exe` still runs if the file
-        // was replaced since).
-        trap_guard: Some(std::path::PathBuf::from("/proc/self/exe")),
         ..Config::default()
     };
+    if config.watch || config.backend == laser_driver::BackendKind::Watch {
+        match crate::trap_guard_exe::path() {
+            Ok(p) => config.trap_guard = Some(p),
+            Err(e) => {
+                // Unguarded windows can kill the program: none, then.
+                eprintln!("laser: warning: watch windows off: the trap guard cannot start ({e})");
+                config.watch = false;
+            }
+        }
+    }
     if let Some(f) = m.freq {
         anyhow::ensure!(f > 0, "--freq must be positive");
         config.frequency = f;
@@ -128,6 +135,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
             // The watchpoints follow the object, not the detector's candidates; its hits
             // are what the user asked for, so the trap budget is generous.
             config.watch = true;
+            config.trap_guard = crate::trap_guard_exe::path().ok();
             config.duty_cycle = laser_driver::DutyCycle {
                 max_hits_per_window: u64::MAX / 4,
                 max_slowdown: 100.0,

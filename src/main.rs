@@ -20,20 +20,13 @@ mod private_file;
 mod recording;
 mod repair;
 mod steering;
+mod trap_guard_exe;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 use laser_driver::DriverError;
 
 fn main() {
-    // `laser trap-guard PID`: the tracer laser itself starts beside a watched target
-    // (`laser_driver::trap_guard`); not for users, so not in the help, and started before
-    // anything else (it runs at the start of every watched run).
-    let mut args = std::env::args_os().skip(1);
-    if args.next().is_some_and(|a| a == "trap-guard") {
-        let pid = args.next().and_then(|p| p.to_str()?.parse().ok());
-        std::process::exit(pid.map_or(exit::USAGE, laser_driver::trap_guard::serve));
-    }
     grow_heaps_in_large_steps();
     let matches = cli::Cli::command().get_matches();
     let cli = cli::Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
