@@ -94,6 +94,32 @@ fn run_to_json(json_name: &str, opts: &[&str], bin: &Path, args: &[&str]) -> (Ou
     (laser(&argv), out)
 }
 
+/// The first line a spawned program prints (its stdout piped), trimmed.
+fn first_line(child: &mut std::process::Child) -> String {
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    line.trim().to_string()
+}
+
+/// `laser attach -p PID --duration D --json <workdir>/json_name`: its output and the path.
+fn attach_to_json(json_name: &str, pid: &str, duration: &str) -> (Output, PathBuf) {
+    let out = workdir().join(json_name);
+    let o = laser(&[
+        "attach",
+        "-p",
+        pid,
+        "--duration",
+        duration,
+        "--json",
+        out.to_str().unwrap(),
+    ]);
+    (o, out)
+}
+
 fn text(o: &Output) -> String {
     format!(
         "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
@@ -570,23 +596,8 @@ fn a_thread_whose_debug_registers_are_taken_is_named_and_the_run_goes_on() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let pid = line.trim().to_string();
-    let out = workdir().join("taken-attach.json");
-    let o = laser(&[
-        "attach",
-        "-p",
-        &pid,
-        "--duration",
-        "1s",
-        "--json",
-        out.to_str().unwrap(),
-    ]);
+    let pid = first_line(&mut child);
+    let (o, out) = attach_to_json("taken-attach.json", &pid, "1s");
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
     let note = taken_note(&json(&out)).unwrap_or_else(|| panic!("no note\n{t}"));
@@ -650,27 +661,9 @@ fn the_trap_guard_keeps_only_a_lost_debug_trap_from_the_program() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    let pid = line
-        .trim()
-        .strip_prefix("traced ")
-        .expect("traced PID")
-        .to_string();
-    let out = workdir().join("trap-traced.json");
-    let o = laser(&[
-        "attach",
-        "-p",
-        &pid,
-        "--duration",
-        "0.5",
-        "--json",
-        out.to_str().unwrap(),
-    ]);
+    let line = first_line(&mut child);
+    let pid = line.strip_prefix("traced ").expect("traced PID");
+    let (o, out) = attach_to_json("trap-traced.json", pid, "0.5");
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
     let report = json(&out);

@@ -115,10 +115,10 @@ pub struct Config {
     /// timer per thread, which restarts at every context switch. Not the default yet
     /// (RESULTS, sixteenth session).
     pub sample_cpus: bool,
-    /// With watchpoints: laser's own executable, started as `EXE trap-guard PID` to trace
-    /// the target so that the SIGTRAP of a lost debug exception never reaches it
+    /// With watchpoints: the trap guard program, started as `EXE PID` to trace the target
+    /// so that the SIGTRAP of a lost debug exception never reaches it
     /// ([`crate::trap_guard`]); windows arm only once it has every thread. `None`: no guard
-    /// (windows may then kill the target, about once in a million hits on a KVM guest).
+    /// (windows may then kill the target: rarely, and more often while CPUs trap at once).
     pub trap_guard: Option<std::path::PathBuf>,
 }
 
@@ -986,8 +986,7 @@ impl Session {
                 g.finish()
             };
             if let Some(t) = totals {
-                self.guard_totals.kept += t.kept;
-                self.guard_totals.passed += t.passed;
+                self.guard_totals.add(&t);
             }
             self.unguarded = Some(RELEASED.into());
         }
@@ -1025,9 +1024,9 @@ impl Session {
         (kept > 0).then(|| {
             format!(
                 "trap guard: kept {kept} SIGTRAP(s) from the target: debug exceptions the \
-                 hypervisor delivered with no cause in DR6 (about one breakpoint hit in a \
-                 million on a KVM guest), which would have killed it; each cost its window \
-                 one hit"
+                 hypervisor delivered with no cause in DR6 (rare: ~1 breakpoint hit in 3 \
+                 million on this kind of VM, more while several CPUs trap at once), which would \
+                 have killed it; each cost its window one hit"
             )
         })
     }

@@ -75,6 +75,16 @@ pub struct GuardTotals {
     pub forwarded: u64,
 }
 
+impl GuardTotals {
+    /// Adds another guard's totals (one guard per stretch between repairs).
+    pub fn add(&mut self, o: &GuardTotals) {
+        self.kept += o.kept;
+        self.passed += o.passed;
+        self.clones += o.clones;
+        self.forwarded += o.forwarded;
+    }
+}
+
 /// One line of the guard's.
 #[derive(Debug, PartialEq, Eq)]
 enum Said {
@@ -118,7 +128,6 @@ pub struct TrapGuard {
 const CHECK_EVERY: Duration = Duration::from_millis(20);
 
 impl TrapGuard {
-    /// Starts `exe trap-guard PID` (`exe`: laser's own binary).
     /// Starts `exe PID` (`exe`: the guard program, `shim/laser_trap_guard.c`).
     pub fn spawn(exe: &Path, pid: i32) -> io::Result<TrapGuard> {
         let mut child = Command::new(exe)
@@ -155,7 +164,11 @@ impl TrapGuard {
     /// record): it seizes those it does not trace yet. Never blocks: a full pipe drops it.
     pub fn follow(&mut self, tid: i32) {
         if let Some(w) = self.child.stdin.as_mut() {
-            let _ = w.write_all(format!("{tid}\n").as_bytes());
+            // One write of a whole line: a pipe takes up to PIPE_BUF bytes at once or not at
+            // all, so a full pipe never leaves half an id to run into the next.
+            match w.write(format!("{tid}\n").as_bytes()) {
+                Ok(_) | Err(_) => {}
+            }
         }
     }
 
