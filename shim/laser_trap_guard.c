@@ -100,24 +100,31 @@ static long ptrace(long req, long tid, long addr, long data) {
     return sys(SYS_ptrace, req, tid, addr, data, 0);
 }
 
-/* ---- output ---- */
+/* ---- text: the output line and /proc paths ---- */
 
-static char out[256];
-static int out_len;
+struct text {
+    char b[256];
+    int len;
+};
 
-static void put(const char *s) {
-    while (*s && out_len < (int)sizeof out - 1) out[out_len++] = *s++;
+static void put(struct text *t, const char *s) {
+    while (*s && t->len < (int)sizeof t->b - 1) t->b[t->len++] = *s++;
+    t->b[t->len] = 0;
 }
-static void put_num(u64 v) {
-    char b[24];
+static void put_num(struct text *t, u64 v) {
+    char d[24];
     int n = 0;
-    do b[n++] = (char)('0' + v % 10); while ((v /= 10) && n < 24);
-    while (n && out_len < (int)sizeof out - 1) out[out_len++] = b[--n];
+    do d[n++] = (char)('0' + v % 10); while ((v /= 10) && n < 24);
+    while (n && t->len < (int)sizeof t->b - 1) t->b[t->len++] = d[--n];
+    t->b[t->len] = 0;
 }
+
+static struct text out;
+
 static void flush_line(void) {
-    out[out_len++] = '\n';
-    sys(SYS_write, 1, (long)out, out_len, 0, 0);
-    out_len = 0;
+    out.b[out.len++] = '\n';
+    sys(SYS_write, 1, (long)out.b, out.len, 0, 0);
+    out.len = 0;
 }
 
 static long parse_num(const char *s, int *ok) {
@@ -236,28 +243,15 @@ static void follow(int tid) {
     }
 }
 
-static char path[64];
-static void path_of(long pid, const char *tail, long tid) {
-    out_len = 0;
-    put("/proc/");
-    put_num((u64)pid);
-    put(tail);
-    if (tid >= 0) put_num((u64)tid);
-    int i = 0;
-    for (; i < out_len && i < (int)sizeof path - 8; i++) path[i] = out[i];
-    path[i] = 0;
-    out_len = 0;
-}
-
 /* A zombie (an exited leader whose threads run on) cannot be seized: nothing there traps. */
 static int zombie(long pid, long tid) {
-    path_of(pid, "/task/", tid);
-    char *p = path;
-    while (*p) p++;
-    const char *s = "/stat";
-    while (*s) *p++ = *s++;
-    *p = 0;
-    long fd = sys(SYS_open, (long)path, O_RDONLY | O_CLOEXEC, 0, 0, 0);
+    struct text path = {{0}, 0};
+    put(&path, "/proc/");
+    put_num(&path, (u64)pid);
+    put(&path, "/task/");
+    put_num(&path, (u64)tid);
+    put(&path, "/stat");
+    long fd = sys(SYS_open, (long)path.b, O_RDONLY | O_CLOEXEC, 0, 0, 0);
     if (fd < 0) return 1;
     char b[512];
     long n = sys(SYS_read, fd, (long)b, sizeof b - 1, 0, 0);
@@ -272,8 +266,11 @@ static int zombie(long pid, long tid) {
  * (with the errno in *err and the thread in *who). */
 static int seize_all(long pid, long *err, long *who) {
     for (;;) {
-        path_of(pid, "/task", -1);
-        long fd = sys(SYS_open, (long)path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0, 0, 0);
+        struct text path = {{0}, 0};
+        put(&path, "/proc/");
+        put_num(&path, (u64)pid);
+        put(&path, "/task");
+        long fd = sys(SYS_open, (long)path.b, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0, 0, 0);
         if (fd < 0) return 1;
         long fresh = 0;
         char b[4096];
@@ -326,28 +323,28 @@ int cmain(long *sp) {
     sys(SYS_rt_sigprocmask, 0 /* SIG_BLOCK */, (long)&mask, 0, 8, 0);
     long sfd = sys(SYS_signalfd4, -1, (long)&mask, 8, SFD_NONBLOCK | SFD_CLOEXEC, 0);
     if (sfd < 0) {
-        put("error signalfd: errno ");
-        put_num((u64)-sfd);
+        put(&out, "error signalfd: errno ");
+        put_num(&out, (u64)-sfd);
         flush_line();
         return 1;
     }
     long err = 0, who = 0;
     switch (seize_all(pid, &err, &who)) {
     case 1:
-        put("gone process ");
-        put_num((u64)pid);
+        put(&out, "gone process ");
+        put_num(&out, (u64)pid);
         flush_line();
         return 1;
     case 2:
-        put("error PTRACE_SEIZE of thread ");
-        put_num((u64)who);
-        put(err == 1 ? ": Operation not permitted (os error 1)" : ": errno ");
-        if (err != 1) put_num((u64)err);
+        put(&out, "error PTRACE_SEIZE of thread ");
+        put_num(&out, (u64)who);
+        put(&out, err == 1 ? ": Operation not permitted (os error 1)" : ": errno ");
+        if (err != 1) put_num(&out, (u64)err);
         flush_line();
         return 1;
     }
-    put("ready ");
-    put_num((u64)set_count);
+    put(&out, "ready ");
+    put_num(&out, (u64)set_count);
     flush_line();
     reap();
     char line[64];
@@ -378,14 +375,14 @@ int cmain(long *sp) {
     }
     /* Whatever stopped meanwhile is resumed (and filtered) before the exit detaches the rest. */
     reap();
-    put("done ");
-    put_num(kept);
-    put(" ");
-    put_num(passed);
-    put(" ");
-    put_num(clones);
-    put(" ");
-    put_num(forwarded);
+    put(&out, "done ");
+    put_num(&out, kept);
+    put(&out, " ");
+    put_num(&out, passed);
+    put(&out, " ");
+    put_num(&out, clones);
+    put(&out, " ");
+    put_num(&out, forwarded);
     flush_line();
     return 0;
 }

@@ -62,16 +62,7 @@ fn session_config(m: &MonitorArgs) -> Result<Config> {
         sample_cpus: m.sample_cpus,
         ..Config::default()
     };
-    if config.watch || config.backend == laser_driver::BackendKind::Watch {
-        match crate::trap_guard_exe::path() {
-            Ok(p) => config.trap_guard = Some(p),
-            Err(e) => {
-                // Unguarded windows can kill the program: none, then.
-                eprintln!("laser: warning: watch windows off: the trap guard cannot start ({e})");
-                config.watch = false;
-            }
-        }
-    }
+    guard_watch(&mut config);
     if let Some(f) = m.freq {
         anyhow::ensure!(f > 0, "--freq must be positive");
         config.frequency = f;
@@ -83,6 +74,30 @@ fn session_config(m: &MonitorArgs) -> Result<Config> {
         ..laser_driver::DutyCycle::new(d.window, m.watch_budget / 100.0, d.hit_cost)
     };
     Ok(config)
+}
+
+/// Names the trap guard in a config that watches (`laser_driver::trap_guard`); if it cannot
+/// be made, turns the watch off: unguarded windows can kill the program.
+fn guard_watch(config: &mut Config) {
+    if !(config.watch || config.backend == laser_driver::BackendKind::Watch) {
+        return;
+    }
+    match crate::trap_guard_exe::path() {
+        Ok(p) => config.trap_guard = Some(p),
+        Err(e) => {
+            eprintln!("laser: warning: watch windows off: the trap guard cannot start ({e})");
+            config.watch = false;
+        }
+    }
+}
+
+/// `repair`, with the trap guard let go of the threads meanwhile: the repair traces them
+/// itself, and a thread has one tracer. Windows wait for the new guard after.
+fn repair_unguarded<T>(session: &mut Session, repair: impl FnOnce() -> T) -> T {
+    session.release_guard();
+    let out = repair();
+    session.restore_guard();
+    out
 }
 
 /// How a launch's timer samples were taken (soft backend): the report says so, since the two
@@ -135,7 +150,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
             // The watchpoints follow the object, not the detector's candidates; its hits
             // are what the user asked for, so the trap budget is generous.
             config.watch = true;
-            config.trap_guard = crate::trap_guard_exe::path().ok();
+            guard_watch(&mut config);
             config.duty_cycle = laser_driver::DutyCycle {
                 max_hits_per_window: u64::MAX / 4,
                 max_slowdown: 100.0,
@@ -220,10 +235,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
                     placement_only: true,
                     ..settings
                 };
-                // The repair traces the threads itself: the guard lets go of them first.
-                session.release_guard();
-                let o = repair::online::repair_now(pid, &report, at, &alone);
-                session.restore_guard();
+                let o = repair_unguarded(&mut session, || {
+                    repair::online::repair_now(pid, &report, at, &alone)
+                });
                 if o.kept_any() {
                     online = Some(o);
                     break;
@@ -245,9 +259,9 @@ pub fn run(args: RunArgs) -> Result<i32> {
                     spent_before: spent,
                     ..settings
                 };
-                session.release_guard();
-                online = Some(repair::online::repair_now(pid, &report, at, &settings));
-                session.restore_guard();
+                online = Some(repair_unguarded(&mut session, || {
+                    repair::online::repair_now(pid, &report, at, &settings)
+                }));
                 break;
             }
             // A line has crossed and placement alone will fit at a known age: check then,

@@ -159,6 +159,11 @@ fn notes(report: &serde_json::Value) -> Vec<&str> {
     })
 }
 
+/// The report's note that starts with `prefix`, if any.
+fn note_starting<'a>(report: &'a serde_json::Value, prefix: &str) -> Option<&'a str> {
+    notes(report).into_iter().find(|n| n.starts_with(prefix))
+}
+
 /// The false-sharing finding on `counters` with both source lines, from a laser-report/1 JSON.
 fn assert_finds_counters(report: &serde_json::Value, ctx: &str) {
     let f = counters_finding(report, ctx);
@@ -322,9 +327,7 @@ fn both_cost_models_stay_within_the_budget_and_the_note_says_which() {
         let t = text(&o);
         assert_eq!(o.status.code(), Some(0), "{t}");
         let report = json(&out);
-        let note = notes(&report)
-            .into_iter()
-            .find(|n| n.starts_with("watchpoint cost:"))
+        let note = note_starting(&report, "watchpoint cost:")
             .unwrap_or_else(|| panic!("no watchpoint cost note: {report:#}\n{t}"));
         assert!(note.contains(says), "{model}: {note}");
         assert_eq!(
@@ -619,12 +622,8 @@ fn a_thread_whose_debug_registers_are_taken_is_named_and_the_run_goes_on() {
 fn the_trap_guard_keeps_only_a_lost_debug_trap_from_the_program() {
     let _serial = exclusive();
     let bin = compile("lost_debug_trap", LOST_DEBUG_TRAP_C);
-    let guard_note = |report: &serde_json::Value| -> Option<String> {
-        notes(report)
-            .into_iter()
-            .find(|n| n.starts_with("trap guard:"))
-            .map(str::to_owned)
-    };
+    let guard_note =
+        |report: &serde_json::Value| note_starting(report, "trap guard:").map(str::to_owned);
 
     let (o, out) = run_to_json("trap-forge.json", &[], &bin, &["forge"]);
     let t = text(&o);
@@ -667,11 +666,8 @@ fn the_trap_guard_keeps_only_a_lost_debug_trap_from_the_program() {
     let t = text(&o);
     assert_eq!(o.status.code(), Some(0), "{t}");
     let report = json(&out);
-    let off = notes(&report)
-        .into_iter()
-        .find(|n| n.starts_with("watch windows: off"))
-        .unwrap_or_else(|| panic!("no note\n{t}"))
-        .to_owned();
+    let off =
+        note_starting(&report, "watch windows: off").unwrap_or_else(|| panic!("no note\n{t}"));
     assert!(off.contains("PTRACE_SEIZE"), "{off}");
     assert!(child.wait().unwrap().success());
 

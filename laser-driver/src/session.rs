@@ -86,10 +86,26 @@ pub const CHURN_GAP: u64 = 2_000_000;
 /// at 1 kHz × 2 threads × 224-byte samples that is over a second of headroom between polls.
 pub const DEFAULT_BUFFER_PAGES: usize = 128;
 
-/// Why windows are off after [`Session::release_guard`] (no failure: the report says nothing).
-const RELEASED: &str = "released for a repair";
-/// Why windows are off when the target ended before its guard could trace it.
-const ENDED_FIRST: &str = "the program ended first";
+/// Why watch windows may not arm in the target now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Unguarded {
+    /// The guard let go of the threads ([`Session::release_guard`]): no failure, no note.
+    Released,
+    /// The target ended before its guard could trace it: no note either.
+    EndedFirst,
+    /// The target cannot be traced, or its guard is gone: the report says why.
+    Failed(String),
+}
+
+impl std::fmt::Display for Unguarded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unguarded::Released => f.write_str("released for a repair"),
+            Unguarded::EndedFirst => f.write_str("the program ended first"),
+            Unguarded::Failed(why) => f.write_str(why),
+        }
+    }
+}
 
 /// What to sample and how.
 #[derive(Clone, Debug, PartialEq)]
@@ -206,8 +222,8 @@ pub struct Session {
     guard: Option<TrapGuard>,
     /// A guard being started in the background ([`Session::launch`]).
     guard_spawn: Option<std::thread::JoinHandle<io::Result<TrapGuard>>>,
-    /// Why windows may not arm in this target (it could not be traced), once known.
-    unguarded: Option<String>,
+    /// Why windows may not arm in this target, once known.
+    unguarded: Option<Unguarded>,
     /// What the guards of this session (one per stretch between repairs) kept and passed.
     guard_totals: GuardTotals,
     decoder: Decoder,
@@ -893,24 +909,16 @@ impl Session {
         if !self.settle_guard_spawn(false) {
             return Err(DriverError::WatchGuardStarting);
         }
-        let state = self.guard.as_mut().map(|g| g.poll().clone());
-        match state {
+        match self.guard.as_mut().map(|g| g.poll()) {
             None | Some(GuardState::Ready) => {}
             Some(GuardState::Starting) => return Err(DriverError::WatchGuardStarting),
-            Some(GuardState::Gone) => {
-                // The target ended before it could be traced: nothing left to watch.
-                self.release_guard();
-                self.unguarded = Some(ENDED_FIRST.into());
-            }
-            Some(GuardState::Failed(reason)) => {
-                // Disarmed by the release: nothing may trap in an untraced target.
-                self.release_guard();
-                self.unguarded = Some(reason);
-            }
+            // The target ended before it could be traced, or cannot be: the release disarms
+            // the windows and says which.
+            Some(GuardState::Gone | GuardState::Failed(_)) => self.release_guard(),
         }
-        if let Some(reason) = &self.unguarded {
+        if let Some(why) = &self.unguarded {
             return Err(DriverError::WatchUnguarded {
-                reason: reason.clone(),
+                reason: why.to_string(),
             });
         }
         self.watcher.as_mut().ok_or(DriverError::WatchNotEnabled)
@@ -933,8 +941,14 @@ impl Session {
             Some(h) => {
                 match h.join() {
                     Ok(Ok(g)) => self.guard = Some(g),
-                    Ok(Err(e)) => self.unguarded = Some(format!("starting the trap guard: {e}")),
-                    Err(_) => self.unguarded = Some("starting the trap guard panicked".into()),
+                    Ok(Err(e)) => {
+                        self.unguarded =
+                            Some(Unguarded::Failed(format!("starting the trap guard: {e}")))
+                    }
+                    Err(_) => {
+                        self.unguarded =
+                            Some(Unguarded::Failed("starting the trap guard panicked".into()))
+                    }
                 }
                 true
             }
@@ -958,7 +972,12 @@ impl Session {
                 self.unguarded = None;
                 self.guard = Some(g);
             }
-            Err(e) => self.unguarded = Some(format!("starting {}: {e}", exe.display())),
+            Err(e) => {
+                self.unguarded = Some(Unguarded::Failed(format!(
+                    "starting {}: {e}",
+                    exe.display()
+                )))
+            }
         }
     }
 
@@ -980,7 +999,7 @@ impl Session {
             if let Some(w) = self.watcher.as_mut() {
                 let _ = w.disarm();
             }
-            let (_, totals) = if self.exited.is_some() {
+            let (state, totals) = if self.exited.is_some() {
                 g.finish_after_exit()
             } else {
                 g.finish()
@@ -988,7 +1007,11 @@ impl Session {
             if let Some(t) = totals {
                 self.guard_totals.add(&t);
             }
-            self.unguarded = Some(RELEASED.into());
+            self.unguarded = Some(match state {
+                GuardState::Gone => Unguarded::EndedFirst,
+                GuardState::Failed(why) => Unguarded::Failed(why),
+                GuardState::Starting | GuardState::Ready => Unguarded::Released,
+            });
         }
     }
 
@@ -1003,18 +1026,9 @@ impl Session {
     /// Ends the trap guard and says, for the report, what it kept from the target, or why
     /// windows could not arm.
     pub fn guard_note(&mut self) -> Option<String> {
-        self.settle_guard_spawn(true);
-        let failed = self.guard.as_mut().and_then(|g| match g.poll() {
-            GuardState::Failed(r) => Some(r.clone()),
-            _ => None,
-        });
         self.release_guard();
         let kept = self.guard_totals.kept;
-        if let Some(reason) = failed.or_else(|| {
-            self.unguarded
-                .clone()
-                .filter(|r| r != RELEASED && r != ENDED_FIRST)
-        }) {
+        if let Some(Unguarded::Failed(reason)) = &self.unguarded {
             return Some(format!(
                 "watch windows: off, the target could not be traced to keep the SIGTRAP of a \
                  lost debug exception from it ({reason}); what only the windows find (sparse \
