@@ -85,6 +85,60 @@ fn target() -> &'static Target {
     })
 }
 
+/// The trap guard (`shim/laser_trap_guard.c`, as the root package's build script builds it),
+/// built once per test binary next to the fixture. These tests' windows trap as laser's do,
+/// and on a KVM guest a hit whose cause the hypervisor lost reaches the fixture as a SIGTRAP
+/// that kills it (one did: `a_thread_created_while_a_window_counts_is_watched_in_it` ended
+/// with signal 5 in a full `cargo test` run).
+fn guard_exe() -> &'static Path {
+    static G: OnceLock<PathBuf> = OnceLock::new();
+    G.get_or_init(|| {
+        let out = target().path.with_file_name("laser_trap_guard");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shim/laser_trap_guard.c");
+        let st = Command::new("gcc")
+            .args([
+                "-O2",
+                "-static",
+                "-nostdlib",
+                "-fno-pie",
+                "-no-pie",
+                "-fno-stack-protector",
+                "-fno-builtin",
+                "-ffreestanding",
+                "-o",
+            ])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("gcc runs");
+        assert!(st.success(), "gcc failed to build {}", src.display());
+        out
+    })
+}
+
+/// `cfg` with the trap guard, as laser runs its windows.
+fn guarded(cfg: &Config) -> Config {
+    Config {
+        trap_guard: Some(guard_exe().to_path_buf()),
+        ..cfg.clone()
+    }
+}
+
+/// Launches under `cfg` with the trap guard and waits until it holds every thread (windows
+/// arm only then).
+fn launch_guarded(argv: &[OsString], cfg: &Config) -> Session {
+    let mut s = Session::launch(argv, &guarded(cfg)).unwrap();
+    s.wait_guard(Duration::from_secs(5));
+    s
+}
+
+/// Attaches under `cfg` with the trap guard, as [`launch_guarded`].
+fn attach_guarded(pid: i32, cfg: &Config) -> Session {
+    let mut s = Session::attach(pid, &guarded(cfg)).unwrap();
+    s.wait_guard(Duration::from_secs(5));
+    s
+}
+
 /// Compiles `tests/fixtures/<name>` with gcc and `flags` into `out`.
 fn build_fixture(name: &str, out: &Path, flags: &[&str]) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -137,7 +191,7 @@ fn launch_watched(t: &Target, args: &[&str]) -> Session {
         duty_cycle: generous_duty(Duration::from_millis(50)),
         ..Config::default()
     };
-    Session::launch(&argv(t, args), &cfg).unwrap()
+    launch_guarded(&argv(t, args), &cfg)
 }
 
 fn argv(t: &Target, args: &[&str]) -> Vec<OsString> {
@@ -715,7 +769,7 @@ fn launch_watched_cpus(t: &Target, args: &[&str]) -> Session {
         duty_cycle: generous_duty(Duration::from_millis(50)),
         ..Config::default()
     };
-    Session::launch(&argv(t, args), &cfg).unwrap()
+    launch_guarded(&argv(t, args), &cfg)
 }
 
 /// Polls until a window is open; its events.
@@ -954,7 +1008,7 @@ fn watchpoints_rearm_and_disarm_while_running() {
         duty_cycle: generous_duty(Duration::from_millis(50)),
         ..Config::default()
     };
-    let mut s = Session::launch(&argv(t, &["1.2", "0"]), &cfg).unwrap();
+    let mut s = launch_guarded(&argv(t, &["1.2", "0"]), &cfg);
     let pid = s.pid() as u32;
     let mut events = Vec::new();
     // Armed on a word nobody touches first, then on shared_word, then disarmed.
@@ -1089,7 +1143,7 @@ fn attach_arms_watchpoints_in_every_thread() {
         duty_cycle: generous_duty(Duration::from_millis(50)),
         ..Config::default()
     };
-    let mut s = Session::attach(pid, &cfg).unwrap();
+    let mut s = attach_guarded(pid, &cfg);
     let spec = shared_word_writes(t);
     s.watch_mut().unwrap().arm(&[spec]).unwrap();
     let (events, status) = run_to_exit(&mut s);
@@ -1129,7 +1183,7 @@ fn attached_windows_stop_at_their_cap_each_time_the_reader_is_late() {
         duty_cycle: duty,
         ..Config::default()
     };
-    let mut s = Session::attach(pid, &cfg).unwrap();
+    let mut s = attach_guarded(pid, &cfg);
     s.watch_mut()
         .unwrap()
         .arm(&[shared_word_writes(t)])
@@ -1227,7 +1281,7 @@ fn duty_cycle_bounds_trap_time_on_a_hot_word() {
         backend: BackendKind::Watch,
         ..Config::default()
     };
-    let mut s = Session::launch(&argv(t, &["0.5", "0", "hot"]), &cfg).unwrap();
+    let mut s = launch_guarded(&argv(t, &["0.5", "0", "hot"]), &cfg);
     let spec = shared_word_writes(t);
     s.watch_mut().unwrap().arm(&[spec]).unwrap();
     let (events, _) = run_to_exit(&mut s);
@@ -1357,7 +1411,7 @@ fn whole_cpu_late_windows(
         duty_cycle: duty,
         ..Config::default()
     };
-    let mut s = Session::launch(&argv(t, &["3.0", "0", "hot"]), &cfg).unwrap();
+    let mut s = launch_guarded(&argv(t, &["3.0", "0", "hot"]), &cfg);
     wait_for_threads(&mut s, 3);
     s.watch_mut().unwrap().arm(specs).unwrap();
     s.watch_mut().unwrap().enable_opened().unwrap();
@@ -1382,7 +1436,7 @@ fn a_thread_created_while_a_window_counts_is_watched_in_it() {
     let _serial = exclusive();
     let t = target();
     let duty = laser_driver::DutyCycle::new(Duration::from_secs(10), 0.5, Duration::from_micros(5));
-    let mut s = Session::launch(&argv(t, &["0.6", "0", "delayed"]), &watch_config(duty)).unwrap();
+    let mut s = launch_guarded(&argv(t, &["0.6", "0", "delayed"]), &watch_config(duty));
     let pid = s.pid();
     let mut events = Vec::new();
     // Main and the first worker only.
@@ -1422,7 +1476,7 @@ fn duty_cycle_budgets_the_cpu_of_processes_the_target_forks() {
     };
     let script = format!("{} 0.5 0 hot; true", t.path.display());
     let cmd: Vec<OsString> = ["sh", "-c", &script].iter().map(OsString::from).collect();
-    let mut s = Session::launch(&cmd, &cfg).unwrap();
+    let mut s = launch_guarded(&cmd, &cfg);
     let spec = shared_word_writes(t);
     s.watch_mut().unwrap().arm(&[spec]).unwrap();
     let (events, status) = run_to_exit(&mut s);
@@ -1481,7 +1535,7 @@ fn late_read_hits(s: &mut Session) -> u64 {
 /// The fixture launched in `hot` mode for `secs` under `duty`, its shared word watched for
 /// writes once both workers run (main + 2 threads), so the window opens on all of them at once.
 fn launch_armed_on_hot_word(t: &Target, secs: &str, duty: laser_driver::DutyCycle) -> Session {
-    let mut s = Session::launch(&argv(t, &[secs, "0", "hot"]), &watch_config(duty)).unwrap();
+    let mut s = launch_guarded(&argv(t, &[secs, "0", "hot"]), &watch_config(duty));
     wait_for_threads(&mut s, 3);
     s.watch_mut()
         .unwrap()
