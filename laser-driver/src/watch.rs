@@ -118,6 +118,7 @@ const USER_END: u64 = 0x0000_8000_0000_0000;
 /// ([`CostModel::Traps`]: about twice the trap alone here, standing in for the costs of a
 /// window that model does not charge separately).
 pub fn measure_hit_cost(n: u32, wake_each: bool) -> Result<Duration, DriverError> {
+    keep_lost_traps();
     let word = Box::into_raw(Box::new(0u64));
     let p = word;
     // The target's events wake the reader once per `limit` hits.
@@ -149,6 +150,42 @@ pub fn measure_hit_cost(n: u32, wake_each: bool) -> Result<Duration, DriverError
     // SAFETY: `word` came from Box::into_raw above and is freed exactly once, here.
     drop(unsafe { Box::from_raw(word) });
     Ok(with.saturating_sub(without) / n.max(1))
+}
+
+/// SIGTRAPs of lost debug exceptions kept from laser's own threads ([`keep_lost_traps`]).
+static LOST_TRAPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many lost debug exceptions laser's own calibration traps have taken.
+pub fn own_lost_traps() -> u64 {
+    LOST_TRAPS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Lets laser's own process survive the SIGTRAP of a lost debug exception
+/// ([`crate::trap_guard`] says what that is): the calibration traps on laser's own thread,
+/// and the kernel forces the signal through an ignored or blocked SIGTRAP, to its default
+/// action, which kills. A handler it honours, so one that counts and returns is installed
+/// while SIGTRAP has its default action (a debugger that traces laser still sees every trap
+/// first). The target cannot be given one (it is someone else's program); it has the guard.
+/// Returning resumes after the store: a data breakpoint traps after the instruction.
+fn keep_lost_traps() {
+    extern "C" fn lost(_: libc::c_int) {
+        LOST_TRAPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    // SAFETY: sigaction reads and writes live sigaction structs; the handler only touches an
+    // atomic, which is async-signal-safe.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGTRAP, std::ptr::null(), &mut old) != 0
+            || old.sa_sigaction != libc::SIG_DFL
+        {
+            return;
+        }
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = lost as extern "C" fn(libc::c_int) as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGTRAP, &sa, std::ptr::null_mut());
+    }
 }
 
 fn thread_cpu_time() -> Duration {
@@ -2142,6 +2179,25 @@ mod tests {
             c > Duration::from_nanos(100) && c < Duration::from_millis(1),
             "{c:?}"
         );
+    }
+
+    /// The lost trap's SIGTRAP is forced on the thread (an ignored or blocked one would be
+    /// reset to its default and kill); a handler is honoured, so the one the calibration
+    /// installs keeps laser alive. A thread may send itself the same signal.
+    #[test]
+    fn a_lost_trap_on_laser_itself_is_counted_not_fatal() {
+        keep_lost_traps();
+        let before = own_lost_traps();
+        // SAFETY: tgkill to this thread; the handler only bumps an atomic.
+        unsafe {
+            libc::syscall(
+                libc::SYS_tgkill,
+                libc::getpid(),
+                libc::gettid(),
+                libc::SIGTRAP,
+            )
+        };
+        assert!(own_lost_traps() > before);
     }
 
     #[test]
