@@ -309,10 +309,13 @@ impl Alone {
         }
     }
 
-    /// Whether the target is due for a retry at `now`, last surveyed at `last`.
+    /// Whether the target is due for a retry at `now`, last surveyed at `last`. The first
+    /// retry stays due until it is taken: the cooldown that pays for a busy window can
+    /// outlast [`SURVEY_REFRESH`] (kmeans_flag: 140 hits on the barrier's line in the next
+    /// window, and no window for 400 ms); the others only within it.
     fn retry_due(&self, last: Option<Instant>, now: Instant) -> bool {
         self.turns <= SURVEY_RETRIES
-            && now.duration_since(self.first) < SURVEY_REFRESH
+            && (self.turns == 1 || now.duration_since(self.first) < SURVEY_REFRESH)
             && last.is_none_or(|at| now.duration_since(at) >= SURVEY_RETRY_AFTER)
     }
 }
@@ -614,7 +617,18 @@ impl Steering {
         // of the windows in which stalling_writer's contended line could be watched (2 of 5
         // runs found it).
         let survey_slot = due.is_empty() || matches!(self.turn, Some((Turn::Candidate, _)));
-        if survey_slot && std::mem::take(&mut self.explore_next) {
+        // A survey target whose last turn one thread filled alone is retried before the
+        // explorations and looks that share the survey's slot: it is the one search there
+        // that can find a line no window has seen two threads on, where those look again at
+        // what is known. Looks at the contended line of kmeans_flag's barrier took every
+        // survey slot, and the retry of its flag's line (one worker's 17 stores filled that
+        // window) never came: the flag went unreported in ~1 run of 10.
+        let retry = if survey_slot {
+            self.survey_retry(detector, now)
+        } else {
+            None
+        };
+        if retry.is_none() && survey_slot && std::mem::take(&mut self.explore_next) {
             let threshold = self.threshold.unwrap_or(DEFAULT_THRESHOLD);
             let pcs =
                 self.take_code_due(detector.neighbour_candidates(threshold, MAX_WATCHES), now);
@@ -627,7 +641,7 @@ impl Steering {
         // A contended line's words no sample showed get a look of their own
         // (`unsampled_look`), in the survey's place: a search for accesses no sample showed,
         // as a survey is.
-        if survey_slot {
+        if retry.is_none() && survey_slot {
             if let Some((line, specs)) = self.unsampled_look(detector, &detected, &estimates, now) {
                 watcher.arm_look(&specs).with_context(|| {
                     format!("arming a look at line {line:#x}'s unsampled words")
@@ -639,7 +653,7 @@ impl Steering {
         }
         let survey = if survey_slot {
             self.explore_next = true;
-            self.next_survey(pid, detector, now)
+            retry.or_else(|| self.next_survey(pid, detector, now))
         } else {
             None
         };
@@ -1097,22 +1111,10 @@ impl Steering {
                 self.pointed = detector.pointed_heap_blocks(mem);
             }
         }
-        let plan = detector.survey_plan(&self.pointed);
-        // A target whose last turn saw one thread alone is tried again first, the longest
-        // waiting first (see SURVEY_RETRY_AFTER).
-        let retry = plan
-            .iter()
-            .filter(|t| {
-                self.alone
-                    .get(&t.key())
-                    .is_some_and(|a| a.retry_due(self.surveyed.get(&t.key()).copied(), now))
-            })
-            .min_by_key(|t| self.surveyed.get(&t.key()).copied());
-        if let Some(t) = retry {
-            self.surveyed.insert(t.key(), now);
-            self.survey_source = Some(t.source);
-            return Some(t.watch.clone());
+        if let Some(c) = self.survey_retry(detector, now) {
+            return Some(c);
         }
+        let plan = detector.survey_plan(&self.pointed);
         // The tiers take turns (a tier whose lines change as samples come in, the hot lines,
         // must not starve the globals); within a tier, least recently surveyed first (never
         // surveyed before all), then plan order.
@@ -1135,6 +1137,30 @@ impl Steering {
         self.surveyed.insert(t.key(), now);
         self.survey_source = Some(t.source);
         Some(t.watch)
+    }
+
+    /// A survey target whose last turn saw one thread alone, due to be tried again (see
+    /// [`SURVEY_RETRY_AFTER`]), the longest waiting first; marked surveyed now.
+    fn survey_retry(
+        &mut self,
+        detector: &Detector<crate::analyze::Code>,
+        now: Instant,
+    ) -> Option<WatchCandidate> {
+        if self.alone.is_empty() {
+            return None;
+        }
+        let plan = detector.survey_plan(&self.pointed);
+        let t = plan
+            .iter()
+            .filter(|t| {
+                self.alone
+                    .get(&t.key())
+                    .is_some_and(|a| a.retry_due(self.surveyed.get(&t.key()).copied(), now))
+            })
+            .min_by_key(|t| self.surveyed.get(&t.key()).copied())?;
+        self.surveyed.insert(t.key(), now);
+        self.survey_source = Some(t.source);
+        Some(t.watch.clone())
     }
 
     /// The candidates still worth watching at `now`; settles lines whose estimate has become
@@ -1628,6 +1654,8 @@ mod tests {
         assert!(!a.retry_due(Some(t), t + ms(5)));
         assert!(a.retry_due(Some(t), t + SURVEY_RETRY_AFTER));
         assert!(SURVEY_RETRY_AFTER < SURVEY_REFRESH);
+        // The first retry waits for its turn however long the budget keeps windows shut.
+        assert!(a.retry_due(Some(t), t + 2 * SURVEY_REFRESH));
         // Up to SURVEY_RETRIES retries that one thread fills too, then none until the
         // refresh, when the count starts again.
         let mut a = a;
