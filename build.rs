@@ -39,20 +39,15 @@ fn main() {
     // starting one beside every watched run costs ~0.1 ms, not a second laser's ~1 ms.
     let guard_src = "shim/laser_trap_guard.c";
     println!("cargo:rerun-if-changed={guard_src}");
+    // Its flags, one a line, are shared with laser-driver's live tests, which build it too.
+    let guard_flags = "shim/laser_trap_guard.cflags";
+    println!("cargo:rerun-if-changed={guard_flags}");
+    let flags = std::fs::read_to_string(guard_flags)
+        .unwrap_or_else(|e| panic!("reading {guard_flags}: {e}"));
     let guard = out.join("laser_trap_guard");
     let status = Command::new(&cc)
-        .args([
-            "-O2",
-            "-static",
-            "-nostdlib",
-            "-fno-pie",
-            "-no-pie",
-            "-fno-stack-protector",
-            "-fno-builtin",
-            "-ffreestanding",
-            "-Wall",
-            "-o",
-        ])
+        .args(flags.split_whitespace())
+        .arg("-o")
         .arg(&guard)
         .arg(guard_src)
         .status()

@@ -1111,9 +1111,7 @@ impl Steering {
                 self.pointed = detector.pointed_heap_blocks(mem);
             }
         }
-        if let Some(c) = self.survey_retry(detector, now) {
-            return Some(c);
-        }
+        // (A due retry came first, in the survey's slot: `survey_retry`.)
         let plan = detector.survey_plan(&self.pointed);
         // The tiers take turns (a tier whose lines change as samples come in, the hot lines,
         // must not starve the globals); within a tier, least recently surveyed first (never
@@ -1146,7 +1144,8 @@ impl Steering {
         detector: &Detector<crate::analyze::Code>,
         now: Instant,
     ) -> Option<WatchCandidate> {
-        if self.alone.is_empty() {
+        // (The plan is made only when some target may be due.)
+        if !self.alone.values().any(|a| a.turns <= SURVEY_RETRIES) {
             return None;
         }
         let plan = detector.survey_plan(&self.pointed);

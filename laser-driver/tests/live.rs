@@ -94,19 +94,13 @@ fn guard_exe() -> &'static Path {
     static G: OnceLock<PathBuf> = OnceLock::new();
     G.get_or_init(|| {
         let out = target().path.with_file_name("laser_trap_guard");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shim/laser_trap_guard.c");
+        let shim = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shim");
+        let src = shim.join("laser_trap_guard.c");
+        let flags = std::fs::read_to_string(shim.join("laser_trap_guard.cflags"))
+            .expect("the guard's flags");
         let st = Command::new("gcc")
-            .args([
-                "-O2",
-                "-static",
-                "-nostdlib",
-                "-fno-pie",
-                "-no-pie",
-                "-fno-stack-protector",
-                "-fno-builtin",
-                "-ffreestanding",
-                "-o",
-            ])
+            .args(flags.split_whitespace())
+            .arg("-o")
             .arg(&out)
             .arg(&src)
             .status()
