@@ -42,7 +42,7 @@ use crate::model::findings::{
     Analysis, CallSite, LineFinding, Location, ModuleInfo, SourceAccess, SurveySummary,
 };
 use crate::model::line_kind::line_kind;
-use crate::model::line_model::{byte_mask, LineModel, LineStat};
+use crate::model::line_model::{byte_mask, LineModel, LineStat, WordHistory};
 use crate::model::neighbours::NeighbourStores;
 use crate::model::survey::{HotLines, SurveyTarget};
 use crate::naming::call_sites::{is_shared_library, CallSites};
@@ -153,6 +153,8 @@ pub struct Detector<C: CodeSource> {
     /// Look windows announced, and the lines they were on (for the report's note).
     look_windows: u64,
     look_lines: Vec<u64>,
+    /// The latest look hit of each thread on each word looks watched.
+    look_words: WordHistory,
     /// Instructions code windows have watched (see `code_candidates`).
     code_watched: Vec<u64>,
     stats: StreamStats,
@@ -268,6 +270,7 @@ impl<C: CodeSource> Detector<C> {
             looks: Vec::new(),
             look_windows: 0,
             look_lines: Vec::new(),
+            look_words: WordHistory::default(),
             code_watched: Vec::new(),
             stats: StreamStats::default(),
             filter: FilterStats::default(),
@@ -440,6 +443,9 @@ impl<C: CodeSource> Detector<C> {
             } => self.on_watch_set(*time, words, *write_only, *exec, *front, *look),
             // A measurement of this run beats the configured default.
             Event::WatchCost { hit_ns, .. } => self.estimator.set_trap_cost(*hit_ns),
+            // An exited thread contends no more: its last access to a word is not paired
+            // with a read after the join (`WordHistory`).
+            Event::Exit { tid, .. } => self.look_words.forget(*tid),
             _ => {}
         }
     }
@@ -674,6 +680,7 @@ impl<C: CodeSource> Detector<C> {
             let a = if s.backend == BackendKind::Watch
                 && in_look(&self.looks, self.config.line_size, a)
             {
+                self.look_words.note(&mut self.model, a);
                 looked = Access { weight: 0, ..*a };
                 &looked
             } else {

@@ -189,6 +189,33 @@ impl LineModel {
         self.contended.contains_key(&line)
     }
 
+    /// Two threads' accesses to one watched word, one of them a store, on a line already
+    /// contended: both become participants of the line, with no event. A watch window's hits
+    /// are every access to its words, so a store made inside a critical section whose lock
+    /// shares the line never directly precedes another thread's access (the same thread's
+    /// unlock comes between) and [`Self::access`] never pairs it; the word's own history
+    /// does. Returns whether the line was contended (and so took them).
+    pub fn share_word(&mut self, prev: &Access, a: &Access) -> bool {
+        let line = self.line_of(a.addr);
+        if self.line_of(prev.addr) != line || prev.tid == a.tid {
+            return false;
+        }
+        if !(prev.op.writes() || a.op.writes()) {
+            return false;
+        }
+        let ls = u64::from(self.line_size);
+        let bytes = |x: &Access| {
+            let off = (x.addr - line) as u32;
+            byte_mask(off, u32::from(x.size.max(1)).min(ls as u32 - off))
+        };
+        let Some(st) = self.contended.get_mut(&line) else {
+            return false;
+        };
+        st.participant(prev.tid, prev.pc, prev.op, bytes(prev));
+        st.participant(a.tid, a.pc, a.op, bytes(a));
+        true
+    }
+
     /// Contended lines, in no particular order.
     pub fn contended(&self) -> impl Iterator<Item = &LineStat> + '_ {
         self.contended.values()
@@ -302,6 +329,54 @@ impl LineModel {
         });
         self.pruned_lines += lines;
         self.pruned_events += events;
+    }
+}
+
+/// Hits remembered per (word, thread) by a [`WordHistory`].
+const MAX_HISTORY_WORDS: usize = 64;
+
+/// The latest watch hit of each thread on each 8-byte word, the latest
+/// [`MAX_HISTORY_WORDS`]: each new hit is held against the other threads' on its word
+/// ([`LineModel::share_word`]). The detector keeps one for the hits of looks (words of a
+/// contended line no sample showed): the accesses a look is there to name, such as a store
+/// to a counter under a lock on the same line, are seen only in the word's own history. That
+/// history spans a line's looks: a look fills its trap cap in microseconds, often with one
+/// thread's accesses alone (the two threads of a locked queue ran side by side in a fifth of
+/// a run here), and the other thread's turn at the word is in another look.
+#[derive(Clone, Debug, Default)]
+pub struct WordHistory {
+    latest: Vec<Access>,
+}
+
+impl WordHistory {
+    /// Drops thread `tid`'s hits: it has exited, and what it touched last is not contended
+    /// by an access after it is gone (the main thread reading results after the join).
+    pub fn forget(&mut self, tid: u32) {
+        self.latest.retain(|a| a.tid != tid);
+    }
+
+    pub fn note(&mut self, model: &mut LineModel, a: &Access) {
+        let word = a.addr & !7;
+        let mut own = None;
+        for (i, p) in self.latest.iter().enumerate() {
+            if p.addr & !7 != word {
+                continue;
+            }
+            if p.tid == a.tid {
+                own = Some(i);
+            } else {
+                model.share_word(p, a);
+            }
+        }
+        match own {
+            Some(i) => self.latest[i] = *a,
+            None => {
+                if self.latest.len() >= MAX_HISTORY_WORDS {
+                    self.latest.remove(0);
+                }
+                self.latest.push(*a);
+            }
+        }
     }
 }
 
@@ -546,5 +621,56 @@ mod tests {
         assert_eq!(byte_mask(60, 8), 0xffu128 << 60);
         assert_eq!(byte_mask(64, 64), (u64::MAX as u128) << 64);
         assert_eq!(byte_mask(3, 0), 0);
+    }
+
+    /// A locked queue's look (its tail word at offset 48 with the lock word at 0): the
+    /// store to the tail inside the critical section is followed by the same thread's
+    /// unlock, never by the other thread, so the line's last-access pairing leaves it out;
+    /// the word's history names it, across looks, with the other thread's load.
+    #[test]
+    fn a_words_history_names_a_store_its_own_unlock_hides() {
+        let mut m = LineModel::new(64);
+        // Contended first (a timer sample's pair), as looks' lines are.
+        m.access(&acc(1, Op::Rmw, 0, 4, 0x10));
+        m.access(&acc(2, Op::Rmw, 0, 4, 0x10));
+        let mut h = WordHistory::default();
+        let look = |m: &mut LineModel, h: &mut WordHistory, a: Access| {
+            let a = Access { weight: 0, ..a };
+            h.note(m, &a);
+            m.access(&a);
+        };
+        // One look: thread 1 alone (lock, read tail, store tail, unlock).
+        look(&mut m, &mut h, acc(1, Op::Rmw, 0, 4, 0x10));
+        look(&mut m, &mut h, acc(1, R, 48, 8, 0x38));
+        look(&mut m, &mut h, acc(1, W, 48, 8, 0x39));
+        look(&mut m, &mut h, acc(1, W, 0, 4, 0x40));
+        let named = |m: &LineModel, pc| {
+            m.contended()
+                .next()
+                .unwrap()
+                .sources
+                .iter()
+                .any(|s| s.pc == pc)
+        };
+        assert!(!named(&m, 0x39));
+        // A later look: thread 2 takes the lock and reads the tail.
+        look(&mut m, &mut h, acc(2, Op::Rmw, 0, 4, 0x10));
+        look(&mut m, &mut h, acc(2, R, 48, 8, 0x47));
+        assert!(named(&m, 0x39) && named(&m, 0x47));
+        // Thread 2 exits; thread 3 (main, after the join) reads the tail: not named.
+        h.forget(2);
+        h.forget(1);
+        look(&mut m, &mut h, acc(3, R, 48, 8, 0x60));
+        let l = m.contended().next().unwrap();
+        assert!(l.sources.iter().all(|s| s.pc != 0x60));
+        let l = m.contended().next().unwrap();
+        assert_eq!(l.sources.iter().find(|s| s.pc == 0x39).unwrap().events, 0);
+        // Loads alone share nothing, and a line not contended takes no participants.
+        let mut quiet = LineModel::new(64);
+        let mut h = WordHistory::default();
+        h.note(&mut quiet, &acc(1, W, 0x100, 8, 0x50));
+        h.note(&mut quiet, &acc(2, R, 0x100, 8, 0x51));
+        assert_eq!(quiet.contended().count(), 0);
+        assert!(!quiet.share_word(&acc(1, R, 8, 8, 1), &acc(2, R, 8, 8, 2)));
     }
 }
