@@ -57,12 +57,17 @@ const ENOUGH_ARMED_S: f64 = 0.3;
 /// A settled line is watched again after this long (contention can change by phase).
 const REFRESH: Duration = Duration::from_secs(5);
 /// Looks at a contended line's unsampled words per [`REFRESH`] at most
-/// ([`Steering::unsampled_look`]): every group of them with two anchors on a 64-byte line
-/// whose samples showed two words.
-const LOOKS_PER_LINE: usize = 4;
+/// ([`Steering::unsampled_look`]): every group of them with two anchors and with none, on a
+/// 64-byte line whose samples showed two words.
+const LOOKS_PER_LINE: usize = 6;
 /// Transfers a line's windows must have seen before its unsampled words get looks: its
 /// contention is confirmed, so the look's cost goes where the report will show a line.
 const LOOK_AFTER_TRANSFERS: u64 = 20;
+/// Fewer transfers confirm it too, when even the rate less two standard errors is above the
+/// report threshold: a lock word taken by two threads that seldom run side by side fills
+/// every window at its cap with one thread's accesses, and a run had 15 transfers on a line
+/// rated at 14 times the threshold, and no look.
+const LOOK_AFTER_TRANSFERS_CLEAR: u64 = 8;
 /// Counting time of one survey turn: a line contended at the default threshold (1,000
 /// transfers/s) shows ~20 transfers in it. Store-only windows on quiet words cost no traps,
 /// so turns are short and many.
@@ -792,9 +797,10 @@ impl Steering {
         let line_size = detector.line_size();
         for c in detected {
             let line = c.line_addr;
+            let threshold = self.threshold.unwrap_or(DEFAULT_THRESHOLD);
             let rated = estimates
                 .iter()
-                .any(|e| e.line_addr == line && e.transfers >= LOOK_AFTER_TRANSFERS);
+                .any(|e| e.line_addr == line && contention_confirmed(e, threshold));
             if !rated {
                 continue;
             }
@@ -1223,22 +1229,48 @@ fn unsampled_slots(line: u64, line_size: u32, words: &[(u64, u32)]) -> Vec<u64> 
     free.into_iter().map(|(_, k)| line + 8 * k).collect()
 }
 
+/// Whether a line's windows have confirmed its contention, for looks at its rare words:
+/// [`LOOK_AFTER_TRANSFERS`], or [`LOOK_AFTER_TRANSFERS_CLEAR`] at a rate that, less two
+/// standard errors (1/√transfers each), is still at `threshold` or above.
+fn contention_confirmed(e: &LineEstimate, threshold: f64) -> bool {
+    e.transfers >= LOOK_AFTER_TRANSFERS
+        || (e.transfers >= LOOK_AFTER_TRANSFERS_CLEAR
+            && e.rate_per_s * (1.0 - 2.0 / (e.transfers as f64).sqrt()) >= threshold)
+}
+
 /// The `n`th look at a line's unsampled words `free` (nearest first) with `anchors` (sampled
-/// words stored to): the first anchor for stores and each group of three free words for loads
-/// and stores in turn, then the next anchor with each group; `None` once every pairing was
-/// looked at or [`LOOKS_PER_LINE`] looks were.
+/// words stored to): each group of three free words for loads and stores in turn with the
+/// first anchor for stores, then alone, then with the next anchor, and so on; `None` once
+/// every pairing was looked at or [`LOOKS_PER_LINE`] looks were (and with no anchor: the line
+/// has no stores to meet). A look without an anchor traps on its words alone: what it names,
+/// it names from the words' own history (`LineModel::share_word`), and with no hot anchor to
+/// fill its trap cap it sees a word used once every few hundred passes (the slot of a ring
+/// buffer that shares the lock's line) where an anchored look sees none.
 fn look_specs(free: &[u64], anchors: &[(u64, u32)], n: usize) -> Option<Vec<WatchSpec>> {
     let per = MAX_WATCHES - 1;
     let groups = free.len().div_ceil(per);
-    if n >= (groups * anchors.len()).min(LOOKS_PER_LINE) {
+    // The first anchor, none, then the others.
+    let pairings = if anchors.is_empty() {
+        0
+    } else {
+        anchors.len() + 1
+    };
+    if n >= (groups * pairings).min(LOOKS_PER_LINE) {
         return None;
     }
-    let (addr, len) = anchors[n / groups];
-    let mut specs = vec![WatchSpec {
-        addr,
-        len: len as u8,
-        kind: WatchKind::Write,
-    }];
+    let anchor = match n / groups {
+        0 => Some(anchors[0]),
+        1 => None,
+        k => Some(anchors[k - 1]),
+    };
+    let mut specs: Vec<WatchSpec> = anchor
+        .map(|(addr, len)| WatchSpec {
+            addr,
+            len: len as u8,
+            kind: WatchKind::Write,
+        })
+        .into_iter()
+        .collect();
     specs.extend(
         free.iter()
             .skip((n % groups) * per)
@@ -1300,9 +1332,9 @@ mod tests {
         assert!(unsampled_slots(0x3000, 64, &all).is_empty());
     }
 
-    /// Looks pair every group of unsampled words with the first anchor, then with the next
-    /// (a rare access contends with another thread's stores, and which anchor is another
-    /// thread's is not known), up to the cap.
+    /// Looks pair every group of unsampled words with the first anchor, then with none, then
+    /// with the next anchor (a rare access contends with another thread's stores, and which
+    /// anchor is another thread's is not known), up to the cap.
     #[test]
     fn looks_go_round_the_word_groups_then_the_anchors() {
         let free: Vec<u64> = (2..8).map(|k| 0x1000 + 8 * k).collect();
@@ -1323,12 +1355,18 @@ mod tests {
             look(1),
             Some(vec![(0x1000, true), w(0x1028), w(0x1030), w(0x1038)])
         );
-        assert_eq!(look(2).unwrap()[0], (0x1008, true));
-        assert_eq!(look(3).unwrap()[1], w(0x1028));
+        assert_eq!(look(2), Some(vec![w(0x1010), w(0x1018), w(0x1020)]));
+        assert_eq!(look(3), Some(vec![w(0x1028), w(0x1030), w(0x1038)]));
+        assert_eq!(look(4).unwrap()[0], (0x1008, true));
+        assert_eq!(look(5).unwrap()[1], w(0x1028));
         assert_eq!(look(LOOKS_PER_LINE), None);
-        // One group and one anchor: one look.
+        // One group and one anchor: a look with it and one without.
         assert!(look_specs(&free[..2], &anchors[..1], 0).is_some());
-        assert!(look_specs(&free[..2], &anchors[..1], 1).is_none());
+        assert_eq!(
+            look_specs(&free[..2], &anchors[..1], 1).map(|s| s.len()),
+            Some(2)
+        );
+        assert!(look_specs(&free[..2], &anchors[..1], 2).is_none());
         assert!(look_specs(&[], &anchors, 0).is_none());
         assert!(look_specs(&free, &[], 0).is_none());
     }
