@@ -443,9 +443,12 @@ impl<C: CodeSource> Detector<C> {
             } => self.on_watch_set(*time, words, *write_only, *exec, *front, *look),
             // A measurement of this run beats the configured default.
             Event::WatchCost { hit_ns, .. } => self.estimator.set_trap_cost(*hit_ns),
-            // An exited thread contends no more: its last access to a word is not paired
-            // with a read after the join (`WordHistory`).
-            Event::Exit { tid, .. } => self.look_words.forget(*tid),
+            // An exited thread contends no more: its last access to a word or a line is not
+            // paired with a watch hit after the join (`WordHistory`, `LineModel::access_live`).
+            Event::Exit { tid, .. } => {
+                self.look_words.forget(*tid);
+                self.model.thread_exited(*tid);
+            }
             _ => {}
         }
     }
@@ -686,7 +689,11 @@ impl<C: CodeSource> Detector<C> {
             } else {
                 a
             };
-            self.model.access(a);
+            if s.backend == BackendKind::Watch {
+                self.model.access_live(a);
+            } else {
+                self.model.access(a);
+            }
             if code_hit {
                 self.estimator.observe_code(a);
             } else if s.backend == BackendKind::Watch {
