@@ -795,9 +795,9 @@ impl Steering {
         now: Instant,
     ) -> Option<(u64, Vec<WatchSpec>)> {
         let line_size = detector.line_size();
+        let threshold = self.threshold.unwrap_or(DEFAULT_THRESHOLD);
         for c in detected {
             let line = c.line_addr;
-            let threshold = self.threshold.unwrap_or(DEFAULT_THRESHOLD);
             let rated = estimates
                 .iter()
                 .any(|e| e.line_addr == line && contention_confirmed(e, threshold));

@@ -179,8 +179,8 @@ struct StoreRun {
 }
 
 /// Stores a run needs before its ends count as edges: a histogram's `counts[v]++` steps by
-/// its size now and then as the data happen to go (stalling_writer's front windows went to
-/// such chance pairs and it was missed twice as often).
+/// its size now and then as the data happen to go (with runs of two, stalling_writer's code
+/// windows opened front windows on such chance pairs).
 const MIN_RUN: u32 = 4;
 
 /// Where a run of one thread's stores began or ended inside a line, not at its edge: the
@@ -511,8 +511,9 @@ impl Estimator {
     }
 
     /// Follows thread `a.tid`'s run of stores in code window `w`: a store a step of its size
-    /// from the last goes on with the run; any other ends it, and where a run of two or
-    /// more began or ended inside a line (the word beyond its end lies on the same line),
+    /// from the last goes on with the run; any other ends it, and where a run of
+    /// [`MIN_RUN`] or more began or ended inside a line (the word beyond its end lies on the
+    /// same line),
     /// that line is a [`RunEdge`]. A loop that sweeps its own block of an array whose blocks
     /// are not line-aligned begins or ends its run mid-line, on the line it shares with the
     /// next block's owner; a code window's trap cap goes round the loop once or twice, and

@@ -139,10 +139,8 @@ pub struct LineModel {
     /// Events of contended lines pruned to bound memory (counted for shares and notes).
     pruned_events: u64,
     pruned_lines: u64,
-    /// Threads that have exited ([`Self::thread_exited`]), and whether the access being fed
-    /// pairs only with accesses of threads still alive ([`Self::access_live`]).
+    /// Threads that have exited ([`Self::thread_exited`]).
     gone: hashbrown::HashSet<u32>,
-    live_only: bool,
 }
 
 impl LineModel {
@@ -163,7 +161,6 @@ impl LineModel {
             pruned_events: 0,
             pruned_lines: 0,
             gone: hashbrown::HashSet::new(),
-            live_only: false,
         }
     }
 
@@ -227,7 +224,8 @@ impl LineModel {
         self.contended.values()
     }
 
-    /// Thread `tid` has exited: [`Self::access_live`] no longer pairs an access with its.
+    /// Thread `tid` has exited: [`Self::access_live`] no longer pairs an access with that
+    /// thread's.
     pub fn thread_exited(&mut self, tid: u32) {
         self.gone.insert(tid);
     }
@@ -238,14 +236,16 @@ impl LineModel {
     /// contends with no thread (a window open then named the asm-test harness's final read
     /// of the shared bytes, in ~1 run of 30).
     pub fn access_live(&mut self, a: &Access) -> Event {
-        self.live_only = !self.gone.is_empty();
-        let ev = self.access(a);
-        self.live_only = false;
-        ev
+        self.access_as(a, !self.gone.is_empty())
     }
 
     /// Feed one access; an access straddling lines is split. Returns the last event caused.
     pub fn access(&mut self, a: &Access) -> Event {
+        self.access_as(a, false)
+    }
+
+    /// [`Self::access`], not pairing with exited threads' accesses when `live_only`.
+    fn access_as(&mut self, a: &Access, live_only: bool) -> Event {
         let ls = self.line_size as u64;
         let mut addr = a.addr;
         let end = a.addr.saturating_add(a.size.max(1) as u64);
@@ -254,7 +254,7 @@ impl LineModel {
             let line = addr & !(ls - 1);
             let off = (addr - line) as u32;
             let len = (end.min(line + ls) - addr) as u32;
-            let e = self.one_line(a, line, off, len);
+            let e = self.one_line(a, line, off, len, live_only);
             if e != Event::None {
                 ev = e;
             }
@@ -264,7 +264,7 @@ impl LineModel {
     }
 
     #[inline]
-    fn one_line(&mut self, a: &Access, line: u64, off: u32, len: u32) -> Event {
+    fn one_line(&mut self, a: &Access, line: u64, off: u32, len: u32, live_only: bool) -> Event {
         let new = LastAccess {
             pc: a.pc,
             tid: a.tid,
@@ -277,7 +277,7 @@ impl LineModel {
         let Some(prev) = self.lines.swap(line, new) else {
             return Event::None;
         };
-        if self.live_only && self.gone.contains(&prev.tid) {
+        if live_only && self.gone.contains(&prev.tid) {
             return Event::None;
         }
         if prev.tid == a.tid || !(prev.op.writes() || a.op.writes()) {
@@ -381,6 +381,8 @@ impl WordHistory {
         self.latest.retain(|a| a.tid != tid);
     }
 
+    /// Holds hit `a` against the other threads' latest hits on its word, then keeps it as
+    /// its thread's.
     pub fn note(&mut self, model: &mut LineModel, a: &Access) {
         let word = a.addr & !7;
         let mut own = None;
@@ -689,7 +691,6 @@ mod tests {
         look(&mut m, &mut h, acc(3, R, 48, 8, 0x60));
         let l = m.contended().next().unwrap();
         assert!(l.sources.iter().all(|s| s.pc != 0x60));
-        let l = m.contended().next().unwrap();
         assert_eq!(l.sources.iter().find(|s| s.pc == 0x39).unwrap().events, 0);
         // Loads alone share nothing, and a line not contended takes no participants.
         let mut quiet = LineModel::new(64);
