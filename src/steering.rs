@@ -1150,18 +1150,21 @@ impl Steering {
         detector: &Detector<crate::analyze::Code>,
         now: Instant,
     ) -> Option<WatchCandidate> {
-        // (The plan is made only when some target may be due.)
-        if !self.alone.values().any(|a| a.turns <= SURVEY_RETRIES) {
+        // The targets due, by key; the plan (which the survey slot makes again when none is
+        // taken) only when there are some, to find which are still in it.
+        let due: Vec<(u64, u64)> = self
+            .alone
+            .iter()
+            .filter(|(k, a)| a.retry_due(self.surveyed.get(k).copied(), now))
+            .map(|(k, _)| *k)
+            .collect();
+        if due.is_empty() {
             return None;
         }
         let plan = detector.survey_plan(&self.pointed);
         let t = plan
             .iter()
-            .filter(|t| {
-                self.alone
-                    .get(&t.key())
-                    .is_some_and(|a| a.retry_due(self.surveyed.get(&t.key()).copied(), now))
-            })
+            .filter(|t| due.contains(&t.key()))
             .min_by_key(|t| self.surveyed.get(&t.key()).copied())?;
         self.surveyed.insert(t.key(), now);
         self.survey_source = Some(t.source);
