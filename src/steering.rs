@@ -530,6 +530,7 @@ impl Steering {
         if !over {
             return Ok(());
         }
+        self.trace_over(now, hits, watcher.last_hitters());
         // A store-only candidate turn is over: did its last window see one thread alone?
         // (A turn without hits says nothing either way.)
         if let Some(line) = self.storing.take().filter(|_| hits > self.hits_at_start) {
@@ -614,6 +615,7 @@ impl Steering {
         candidates.extend(detected.iter().cloned());
         let estimates = detector.estimates();
         let due = self.due(&estimates, candidates, now);
+        self.trace_due(now, &due);
         // Candidates and surveys take turns; either alone takes every turn. Every other
         // survey turn, while some are due, is a look at stores two threads' samples showed
         // going into neighbouring memory (`Detector::neighbour_candidates`): a search for
@@ -1034,6 +1036,33 @@ impl Steering {
             "laser steering: {ms:9.1} ms {turn:?} {kind:?} [{}]{why}",
             words.join(" ")
         );
+    }
+
+    /// With `LASER_TRACE_STEERING`: a line when a turn is over (its hits, the threads its
+    /// last window trapped, its counting time): what each turn saw, beside why it was taken.
+    fn trace_over(&self, now: Instant, hits: u64, hitters: usize) {
+        if let Some((turn, _)) = self.turn.filter(|_| trace_on()) {
+            eprintln!(
+                "laser steering: {:9.1} ms {turn:?} over: {} hits, last window {hitters} \
+                 thread(s), {:.1} ms counted",
+                self.ms_since_start(now),
+                hits.saturating_sub(self.hits_at_start),
+                self.counted.as_secs_f64() * 1e3
+            );
+        }
+    }
+
+    /// With `LASER_TRACE_STEERING`: the candidate lines due when the next turn is chosen (a
+    /// line that is none of them gets no candidate turn: samples have not shown it shared).
+    fn trace_due(&self, now: Instant, due: &[WatchCandidate]) {
+        if trace_on() {
+            let lines: Vec<String> = due.iter().map(|c| format!("{:#x}", c.line_addr)).collect();
+            eprintln!(
+                "laser steering: {:9.1} ms due: [{}]",
+                self.ms_since_start(now),
+                lines.join(" ")
+            );
+        }
     }
 
     /// With `LASER_TRACE_STEERING`: a line when the fast-string cost of armed time ends a
