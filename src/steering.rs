@@ -1053,7 +1053,8 @@ impl Steering {
     }
 
     /// With `LASER_TRACE_STEERING`: the candidate lines due when the next turn is chosen (a
-    /// line that is none of them gets no candidate turn: samples have not shown it shared).
+    /// line not among them gets no candidate turn: samples have not shown it shared, or its
+    /// estimate is settled until the refresh).
     fn trace_due(&self, now: Instant, due: &[WatchCandidate]) {
         if trace_on() {
             let lines: Vec<String> = due.iter().map(|c| format!("{:#x}", c.line_addr)).collect();
