@@ -513,15 +513,13 @@ impl Estimator {
     /// Follows thread `a.tid`'s run of stores in code window `w`: a store a step of its size
     /// from the last goes on with the run; any other ends it, and where a run of
     /// [`MIN_RUN`] or more began or ended inside a line (the word beyond its end lies on the
-    /// same line),
-    /// that line is a [`RunEdge`]. A loop that sweeps its own block of an array whose blocks
+    /// same line), that line is a [`RunEdge`]. A loop that sweeps its own block of an array whose blocks
     /// are not line-aligned begins or ends its run mid-line, on the line it shares with the
     /// next block's owner; a code window's trap cap goes round the loop once or twice, and
     /// the two owners' stores to that line in one window, which the code window's shared
     /// lines need, were the exception (block_edges: missed in ~15% of runs).
     fn note_store_run(&mut self, w: usize, a: &Access) {
         let size = u64::from(a.size.max(1));
-        let ls = self.line_size;
         let fresh = StoreRun {
             tid: a.tid,
             window: w,
@@ -549,22 +547,22 @@ impl Estimator {
             };
             if run.len == MIN_RUN {
                 // A run now: did it begin inside a line?
-                self.note_run_edge(w, run.start, back(run.start, run.dir), -run.dir, ls);
+                self.note_run_edge(w, run.start, back(run.start, run.dir), -run.dir);
             }
             self.code_runs[i] = run;
             return;
         }
         if same && r.len >= MIN_RUN {
-            self.note_run_edge(w, r.last, back(r.last, -r.dir), r.dir, ls);
+            self.note_run_edge(w, r.last, back(r.last, -r.dir), r.dir);
         }
         self.code_runs[i] = fresh;
     }
 
     /// A [`RunEdge`] at `own` when `beyond` (the next address past it, in direction `dir`)
     /// lies on its line.
-    fn note_run_edge(&mut self, window: usize, own: u64, beyond: u64, dir: i64, line_size: u64) {
-        let line = own & !(line_size - 1);
-        if beyond & !(line_size - 1) != line {
+    fn note_run_edge(&mut self, window: usize, own: u64, beyond: u64, dir: i64) {
+        let line = self.line_of(own);
+        if self.line_of(beyond) != line {
             return;
         }
         let e = RunEdge {
@@ -734,7 +732,6 @@ impl Estimator {
     /// any, come to those.
     fn edge_front(&self, open: usize) -> Option<(u64, Vec<u64>)> {
         let e = self.code_edges.iter().rev().find(|e| e.window == open)?;
-        let ls = self.line_size;
         let step = |w: u64, k: i64| w.wrapping_add((8 * k * e.dir) as u64);
         let (own, beyond) = (e.own & !7, e.beyond & !7);
         // Two words of the run's and two beyond its edge (an edge inside a word: that word
@@ -743,7 +740,7 @@ impl Estimator {
         if own == beyond {
             words.push(step(beyond, 2));
         }
-        words.retain(|&w| w & !(ls - 1) == e.line);
+        words.retain(|&w| self.line_of(w) == e.line);
         words.sort_unstable();
         words.dedup();
         Some((e.line, words))
