@@ -741,7 +741,7 @@ impl Watcher {
     /// the hits after which it wakes the reader. The window's hits are spread over the
     /// threads running at once (at most `cpus`), so the first event to spend its share does
     /// so at about the cap, when the window must end anyway, and the window ends at that hit
-    /// ([`Watcher::note_hit`]).
+    /// ([`Watcher::note_hit`]); a look's ends at its whole cap (`count_hit`).
     ///
     /// The kernel counts wake-ups per ring, not per event (`rb->events`: every watch sample
     /// written into a CPU's ring counts, and what is left over carries into the next
@@ -944,7 +944,15 @@ impl Watcher {
         }
         let n = self.trapped.entry((key, slot, cpu)).or_default();
         *n += 1;
-        let spent = *n >= u64::from(self.limit());
+        let mut spent = *n >= u64::from(self.limit());
+        if spent && self.look {
+            // A look ends with its whole cap, not its first event's share: the thread that
+            // filled one share may hold a lock the others wait for (a trap inside a critical
+            // section holds it ~20 µs), and the accesses a look is there to pair are the
+            // others' (locked_queue: 12 of 47 look windows saw both threads). The spent
+            // event traps no more; the others' take the rest.
+            spent = self.trapped.values().sum::<u64>() >= self.duty.max_hits_per_window;
+        }
         if !spent || !self.caps_windows() || !self.state.is_armed() {
             return None;
         }
@@ -2377,6 +2385,34 @@ mod tests {
         w.tick(Instant::now(), limit).unwrap();
         assert!(!w.is_counting(), "the spent window cools down");
         assert!(w.next_deadline(Instant::now()).is_some());
+    }
+
+    /// A look's window ends with its whole cap, not with the first share spent: the thread
+    /// that spent one share may hold a lock the others wait for, and the look is there for
+    /// their accesses. (Without this, the first loop's last hit ended the window.)
+    #[test]
+    fn a_looks_window_ends_with_its_whole_cap() {
+        let duty = DutyCycle::new(Duration::from_millis(20), 0.02, Duration::from_micros(10));
+        let mut w = Watcher::new(Binding::Attach, duty, None);
+        w.arm_look(&[spec(0x1000)]).unwrap();
+        w.take_markers();
+        let t0 = now_ns();
+        let cap = w.duty_cycle().max_hits_per_window;
+        let first = u64::from(w.limit()).min(cap - 1);
+        // Thread 7 spends its event's share (on 2 CPUs or more): the window goes on.
+        for i in 0..first {
+            assert_eq!(w.note_hit(7, 0, 0, t0 + 100 + i), None, "hit {i}");
+        }
+        // Thread 8's hits take the rest of the cap; the one that reaches it ends the window.
+        for i in first..cap - 1 {
+            assert_eq!(w.note_hit(8, 1, 0, t0 + 100 + i), None, "hit {i}");
+        }
+        let end = w.note_hit(8, 1, 0, t0 + 5_000);
+        assert!(
+            matches!(&end, Some(Event::WatchSet { time, words, .. })
+                if *time == t0 + 5_001 && words.is_empty()),
+            "{end:?}"
+        );
     }
 
     /// Launch: a re-armed set opens fresh events. Hits of the closed ones read after that
