@@ -944,15 +944,13 @@ impl Watcher {
         }
         let n = self.trapped.entry((key, slot, cpu)).or_default();
         *n += 1;
-        let mut spent = *n >= u64::from(self.limit());
-        if spent && self.look {
-            // A look ends with its whole cap, not its first event's share: the thread that
-            // filled one share may hold a lock the others wait for (a trap inside a critical
-            // section holds it ~20 µs), and the accesses a look is there to pair are the
-            // others' (locked_queue: 12 of 47 look windows saw both threads). The spent
-            // event traps no more; the others' take the rest.
-            spent = self.trapped.values().sum::<u64>() >= self.duty.max_hits_per_window;
-        }
+        // A look ends with its whole cap, not its first event's share: the thread that
+        // filled one share may hold a lock the others wait for (a trap inside a critical
+        // section holds it ~20 µs), and the accesses a look is there to pair are the others'
+        // (locked_queue: 12 of 47 look windows saw both threads). The spent event traps no
+        // more; the others' take the rest.
+        let spent = *n >= u64::from(self.limit())
+            && (!self.look || self.trapped.values().sum::<u64>() >= self.duty.max_hits_per_window);
         if !spent || !self.caps_windows() || !self.state.is_armed() {
             return None;
         }

@@ -513,9 +513,9 @@ impl Estimator {
     /// Follows thread `a.tid`'s run of stores in code window `w`: a store a step of its size
     /// from the last goes on with the run; any other ends it, and where a run of
     /// [`MIN_RUN`] or more began or ended inside a line (the word beyond its end lies on the
-    /// same line), that line is a [`RunEdge`]. A loop that sweeps its own block of an array whose blocks
-    /// are not line-aligned begins or ends its run mid-line, on the line it shares with the
-    /// next block's owner; a code window's trap cap goes round the loop once or twice, and
+    /// same line), that line is a [`RunEdge`]. A loop that sweeps its own block of an array
+    /// whose blocks are not line-aligned begins or ends its run mid-line, on the line it
+    /// shares with the next block's owner; a code window's trap cap goes round the loop once or twice, and
     /// the two owners' stores to that line in one window, which the code window's shared
     /// lines need, were the exception (block_edges: missed in ~15% of runs).
     fn note_store_run(&mut self, w: usize, a: &Access) {
