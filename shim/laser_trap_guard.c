@@ -253,8 +253,11 @@ static void follow(int tid) {
     }
 }
 
-/* A zombie (an exited leader whose threads run on) cannot be seized: nothing there traps. */
-static int zombie(long pid, long tid) {
+/* A thread that has exited cannot be seized (the kernel refuses any task with an exit state,
+ * EPERM): a zombie (an exited leader whose threads run on) or a thread being released, which
+ * /proc shows as 'X' until it is gone (a live test's worker, exiting while the guard started,
+ * failed a CI run). Nothing there traps. */
+static int exited(long pid, long tid) {
     struct text path = {{0}, 0};
     put(&path, "/proc/");
     put_num(&path, (u64)pid);
@@ -268,7 +271,7 @@ static int zombie(long pid, long tid) {
     sys(SYS_close, fd, 0, 0, 0, 0);
     if (n <= 0) return 1;
     for (long i = n - 1; i > 0; i--)
-        if (b[i] == ')') return i + 2 < n && b[i + 2] == 'Z';
+        if (b[i] == ')') return i + 2 < n && (b[i + 2] == 'Z' || b[i + 2] == 'X');
     return 1;
 }
 
@@ -296,7 +299,7 @@ static int seize_all(long pid, long *err, long *who) {
                 if (r == 0) {
                     set_add((int)tid);
                     fresh++;
-                } else if (r != -ESRCH && !zombie(pid, tid)) {
+                } else if (r != -ESRCH && !exited(pid, tid)) {
                     sys(SYS_close, fd, 0, 0, 0, 0);
                     *err = -r;
                     *who = tid;
