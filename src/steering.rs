@@ -27,14 +27,15 @@
 //!   read+write *probe* window on the words around those stores (`Detector::edge_probe`):
 //!   a neighbour that only reads there is invisible to store-only windows. The survey turn
 //!   ends at such a window (its next windows would see the same thread's stores). A probe
-//!   that did not see two threads is followed at once by one on the words around the
-//!   stores it did not watch (the word a neighbour reads need not be the one next to the
-//!   stores), and tried again later (the neighbour may have been off its CPU, waiting on a
-//!   page fault, for that window);
+//!   that did not see two threads is followed by one on the words around the stores it did
+//!   not watch (the word a neighbour reads need not be the one next to the stores), and
+//!   tried again later (the neighbour may have been off its CPU, waiting on a page fault,
+//!   for that window). A probe takes the survey's slot: while a candidate line is due, a
+//!   candidate turn comes first;
 //! - a candidate line whose read+write windows are filled by reads (trap time over half the
-//!   armed time, or windows that end at their cap early: [`filled_at_cap`]) alternates
-//!   between read+write and store-only turns: stores that come a few times a millisecond
-//!   fall between read-filled windows.
+//!   armed time, or windows that end at their cap early: [`filled_at_cap`]) and see few
+//!   stores alternates between read+write and store-only turns: stores that come a few
+//!   times a millisecond fall between read-filled windows.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -104,6 +105,9 @@ const PROBE_REFRESH: Duration = Duration::from_secs(1);
 /// reading thread filled a probe alone while the storing one waited 24 ms on page faults of
 /// its mmapped input, and with one probe per second that run (0.7 s) never saw the pair.
 const PROBE_TRIES: u32 = 3;
+/// Windows a code turn spans at most (or [`SURVEY_TURN`] of counting time, or
+/// [`SURVEY_WINDOWS`] windows' worth of hits, whichever comes first).
+const CODE_WINDOWS: u64 = SURVEY_WINDOWS;
 /// How often the globals are read again for heap pointers (programs allocate as they go).
 const POINTERS_EVERY: Duration = Duration::from_millis(200);
 /// An instruction given a code turn gets the next one this long after at the earliest: a few
@@ -216,6 +220,8 @@ pub struct Steering {
     counted: Duration,
     last_step: Option<Instant>,
     hits_at_start: u64,
+    /// The watcher's window count when the armed code turn was armed ([`CODE_WINDOWS`]).
+    code_windows_from: u64,
     /// Heap blocks the program's globals pointed to at the last look, and when that was.
     pointed: Vec<(u64, u64)>,
     pointers_read: Option<Instant>,
@@ -276,6 +282,8 @@ pub struct Steering {
     /// What the armed probe watches, and the lines probed so far.
     probing: Option<WatchCandidate>,
     probed: HashMap<u64, Probed>,
+    /// A probe due, waiting for the survey's slot ([`Steering::step_turn`]).
+    pending_probe: Option<WatchCandidate>,
     /// The alternating line whose store-only candidate turn is armed, if one is.
     storing: Option<u64>,
     /// Alternating lines whose store-only turns in a row each ended on a window one thread
@@ -514,6 +522,20 @@ impl Steering {
             Some((Turn::Code, _)) if self.exploring => {
                 self.one_window_over(counting, hits, watcher)
             }
+            // A code turn's windows end at one CPU's share of the cap, in well under a
+            // millisecond, each with its cooldown: counted by hits, its turn took twice the
+            // windows meant (stalling_writer: 8 windows, 530 ms of its 0.5 s of contention,
+            // on an instruction whose lines never meet).
+            Some((Turn::Code, _))
+                if !counting
+                    && watcher
+                        .stats()
+                        .windows
+                        .saturating_sub(self.code_windows_from)
+                        >= CODE_WINDOWS =>
+            {
+                true
+            }
             Some((Turn::Survey | Turn::Code, _)) => {
                 self.turn_spent(hits, watcher.duty_cycle().max_hits_per_window)
                     // A survey window has ended (a cooldown) with one thread alone trapped:
@@ -521,7 +543,7 @@ impl Steering {
                     // same words, each after a cooldown (Phoenix histogram -O0: four windows
                     // filled by one thread's own counters took 500 ms of a 0.6 s run, and the
                     // line the other thread shares was never surveyed). Its edge probe, if
-                    // due, comes next, then the plan's next target.
+                    // due, comes in the survey's next slot, then the plan's next target.
                     || (!counting && self.one_thread_trapped(watcher, hits))
             }
             Some((Turn::Candidate, t)) => now.duration_since(t) >= TURN,
@@ -551,7 +573,7 @@ impl Steering {
         }
         self.following = None;
         // The probe is over: what it saw decides when the line is probed again. A first
-        // probe that saw the storer alone is followed at once by one on the words around
+        // probe that saw the storer alone is followed by one on the words around
         // the stores it did not watch (`Detector::edge_probe` picks those once a probe has
         // watched the line): the word a neighbour reads need not be next to the stores, and
         // the line's next survey turn can be most of a second away. Once only: each window
@@ -564,7 +586,7 @@ impl Steering {
                         .edge_probe(probe.line_addr)
                         .filter(|c| c.words != probe.words)
                     {
-                        return self.arm_probe(watcher, c, now, hits);
+                        self.pending_probe = Some(c);
                     }
                 }
             }
@@ -588,21 +610,10 @@ impl Steering {
         // counter on 4% of them).
         // (`surveying` is set only while a survey turn from the plan is armed: no probe is
         // due without one.)
-        let probe = self.edge_probe_due(watcher, detector, hits, now);
+        if let Some(c) = self.edge_probe_due(watcher, detector, hits, now) {
+            self.pending_probe = Some(c);
+        }
         self.surveying = None;
-        if let Some(c) = probe {
-            return self.arm_probe(watcher, c, now, hits);
-        }
-        // Code turns take every other turn while an instruction is due for one.
-        if !matches!(self.turn, Some((Turn::Code | Turn::Front, _))) {
-            let threshold = self.threshold.unwrap_or(DEFAULT_THRESHOLD);
-            let pcs = self.take_code_due(detector.code_candidates(threshold, MAX_WATCHES), now);
-            if !pcs.is_empty() {
-                self.arm_code(watcher, &pcs, now, hits)?;
-                self.following = Some((pcs, FRONTS_PER_CHAIN));
-                return Ok(());
-            }
-        }
         // Lines the user named come first; a detector candidate on the same line is dropped
         // (the user's words are the ones to watch there).
         let mut candidates = forced.to_vec();
@@ -624,6 +635,29 @@ impl Steering {
         // of the windows in which stalling_writer's contended line could be watched (2 of 5
         // runs found it).
         let survey_slot = due.is_empty() || matches!(self.turn, Some((Turn::Candidate, _)));
+        // A probe is a search of the survey's, so it takes the survey's slot: at once while
+        // no candidate line is due, after the next candidate turn while one is. Taken at once
+        // always, a survey turn and the two probes that follow it on a line one thread alone
+        // stores to (its own counters: each probe filled by its stores in 0.7 ms, then a
+        // cooldown) took 200 ms of stalling_writer's 0.5 s of contention from the one line
+        // known to be contended, and its read+write windows there got one turn. Before a
+        // code turn: one in between took the probe's chance of Phoenix histogram -O0's
+        // line (its reading thread is done in ~0.3 s), in 8 of 30 runs.
+        if survey_slot {
+            if let Some(c) = self.pending_probe.take() {
+                return self.arm_probe(watcher, c, now, hits);
+            }
+        }
+        // Code turns take every other turn while an instruction is due for one.
+        if !matches!(self.turn, Some((Turn::Code | Turn::Front, _))) {
+            let threshold = self.threshold.unwrap_or(DEFAULT_THRESHOLD);
+            let pcs = self.take_code_due(detector.code_candidates(threshold, MAX_WATCHES), now);
+            if !pcs.is_empty() {
+                self.arm_code(watcher, &pcs, now, hits)?;
+                self.following = Some((pcs, FRONTS_PER_CHAIN));
+                return Ok(());
+            }
+        }
         // A survey target whose last turn one thread filled alone is retried before the
         // explorations and looks that share the survey's slot: it is the one search there
         // that can find a line no window has seen two threads on, where those look again at
@@ -705,6 +739,10 @@ impl Steering {
         // that end at their cap in a fraction of their span: kmeans' read+write windows
         // filled in 0.5 ms with the loads of `dim` stayed under the trap-time test in 1 run of
         // ~30 and never alternated, and the stores of `modified` went unseen.
+        // But not a line whose read+write windows see its stores (`stores_seen`), filled as
+        // they are: store-only windows there see nothing the read+write ones miss, and
+        // stalling_writer's (one storer; the reader's loads fill each window) saw the storer
+        // alone in one of its ~5 windows of contention, where a read+write one sees both.
         let demote = !watcher.caps_windows();
         let duty = watcher.duty_cycle();
         for e in &estimates {
@@ -713,6 +751,8 @@ impl Steering {
             let read_filled = e.clamped && !e.stores_only;
             if demote && read_filled && !self.read_hot.contains(&e.line_addr) {
                 self.read_hot.push(e.line_addr);
+            } else if !demote && e.stores_seen() {
+                self.alternating.remove(&e.line_addr);
             } else if !demote && (read_filled || filled_at_cap(e, &duty)) {
                 self.alternating.entry(e.line_addr).or_insert(false);
             }
@@ -1118,6 +1158,7 @@ impl Steering {
                 kind: WatchKind::Exec,
             })
             .collect();
+        self.code_windows_from = watcher.stats().windows;
         watcher
             .arm(&specs)
             .with_context(|| format!("arming code watchpoints on {pcs:#x?}"))?;
@@ -1622,6 +1663,8 @@ mod tests {
             true_transfers: 0,
             false_transfers: transfers,
             accesses: transfers * 2,
+            rw_accesses: transfers * 2,
+            rw_stores: 0,
             outside: 0,
             windows: 1,
             inferred: false,

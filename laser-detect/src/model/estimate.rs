@@ -169,7 +169,13 @@ struct Tally {
     hits: Vec<(u32, u64)>,
     /// Windows in which two or more threads were seen.
     shared_windows: u32,
+    /// Of `accesses`, the stores.
+    stores: u64,
 }
+
+/// A line's read+write windows see its stores when at least one access in this many is a
+/// store ([`LineEstimate::stores_seen`]).
+pub const STORES_SEEN_ONE_IN: u64 = 8;
 
 /// Words a front window watches at most (the debug registers).
 pub const FRONT_WORDS: usize = 4;
@@ -299,6 +305,11 @@ pub struct LineEstimate {
     pub false_transfers: u64,
     /// Accesses seen inside windows, and outside any window (ignored).
     pub accesses: u64,
+    /// Accesses seen inside read+write windows, and of those the stores: whether such
+    /// windows see the line's stores or fill with loads before one comes
+    /// ([`LineEstimate::stores_seen`]).
+    pub rw_accesses: u64,
+    pub rw_stores: u64,
     pub outside: u64,
     pub windows: u32,
     /// No window was announced: armed time inferred as first..last access (it is at least
@@ -333,6 +344,14 @@ impl LineEstimate {
     /// Whether the windows could have seen a transfer: some window saw two threads.
     pub fn informative(&self) -> bool {
         self.shared_windows > 0
+    }
+
+    /// Whether the read+write windows see the line's stores: one access in
+    /// [`STORES_SEEN_ONE_IN`] or more of theirs is a store. Windows that fill with loads
+    /// before a store comes see fewer (Phoenix kmeans: the loads of `dim` fill them, and the
+    /// stores of `modified` come a few times a millisecond).
+    pub fn stores_seen(&self) -> bool {
+        self.rw_stores > 0 && self.rw_stores * STORES_SEEN_ONE_IN >= self.rw_accesses
     }
 }
 
@@ -960,6 +979,8 @@ impl Estimator {
             true_transfers,
             false_transfers: t.transfers - true_transfers,
             accesses: l.tallies.iter().map(|t| t.accesses).sum(),
+            rw_accesses: l.tallies[READ_WRITE].accesses,
+            rw_stores: l.tallies[READ_WRITE].stores,
             outside: l.outside,
             windows: if l.implicit.is_some() {
                 1
@@ -1027,6 +1048,7 @@ fn restart(l: &mut LineEst) {
 fn account(l: &mut LineEst, line: u64, line_size: u64, a: &Access, kind: usize) {
     let tally = &mut l.tallies[kind];
     tally.accesses += 1;
+    tally.stores += u64::from(a.op.writes());
     if !l.window_tids.contains(&a.tid) {
         l.window_tids.push(a.tid);
         if l.window_tids.len() == 2 {
@@ -1672,6 +1694,38 @@ mod tests {
         e.observe(&a(2, Op::Store, 40, 580_000));
         let r = line_est(&e, L);
         assert_eq!((r.transfers, r.shared_windows, r.outside), (0, 0, 1));
+    }
+
+    #[test]
+    fn read_write_windows_see_stores_when_one_access_in_eight_is_one() {
+        // kmeans: loads of `dim` fill the window, one store of `modified` in 50 accesses.
+        let mut e = Estimator::new(64).with_trap_cost(0);
+        e.begin_window(L, 0);
+        for i in 0..49 {
+            e.observe(&a(1 + (i % 2) as u32, Op::Load, 0, 10 + i));
+        }
+        e.observe(&a(1, Op::Store, 8, 100));
+        e.end_window(L, 1000);
+        let r = est(&e);
+        assert_eq!((r.rw_accesses, r.rw_stores), (50, 1));
+        assert!(!r.stores_seen());
+        // stalling_writer: the reader's loads, then the storer's stores (a store-only window's
+        // stores are not the read+write windows').
+        let mut e = Estimator::new(64).with_trap_cost(0);
+        e.begin_window(L, 0);
+        for i in 0..27 {
+            e.observe(&a(1, Op::Load, 0, 10 + i));
+        }
+        for i in 0..5 {
+            e.observe(&a(2, Op::Store, 40, 100 + i));
+        }
+        e.end_window(L, 1000);
+        e.begin_store_window(L, 2000);
+        e.observe(&a(2, Op::Store, 40, 2100));
+        e.end_window(L, 3000);
+        let r = est(&e);
+        assert_eq!((r.rw_accesses, r.rw_stores), (32, 5));
+        assert!(r.stores_seen());
     }
 
     #[test]
