@@ -548,9 +548,9 @@ impl Estimator {
     /// [`MIN_RUN`] or more began or ended inside a line (the word beyond its end lies on the
     /// same line), that line is a [`RunEdge`]. A loop that sweeps its own block of an array
     /// whose blocks are not line-aligned begins or ends its run mid-line, on the line it
-    /// shares with the next block's owner; a code window's trap cap goes round the loop once or twice, and
-    /// the two owners' stores to that line in one window, which the code window's shared
-    /// lines need, were the exception (block_edges: missed in ~15% of runs).
+    /// shares with the next block's owner; a code window's trap cap goes round the loop once
+    /// or twice, and the two owners' stores to that line in one window, which the code
+    /// window's shared lines need, were the exception (block_edges: missed in ~15% of runs).
     fn note_store_run(&mut self, w: usize, a: &Access) {
         let size = u64::from(a.size.max(1));
         let fresh = StoreRun {
@@ -1021,7 +1021,7 @@ impl Estimator {
 /// unrated in ~1 run of 6.
 fn tail_of(windows: &[(u64, u64)], marked_end: &[u64], arms: &[u64], time: u64) -> Option<usize> {
     let i = windows.iter().rposition(|w| w.1 <= time)?;
-    let end = marked_end.get(i).copied().unwrap_or(windows[i].1);
+    let end = marked_end[i];
     let armed_between = arms.partition_point(|&t| t <= end) < arms.partition_point(|&t| t <= time);
     (time.saturating_sub(end) <= MAX_TAIL_NS && !armed_between).then_some(i)
 }
