@@ -68,6 +68,18 @@ pub const DEFAULT_SOFT_FREQ: u64 = 250;
 /// session).
 pub const CHURN_POLL: Duration = Duration::from_micros(500);
 
+/// How long after a launch its trap guard starts (`watch::trap_guard`); watch windows wait
+/// for it. Started at the launch, it stopped the threads the program creates in its first
+/// milliseconds at their creation (the first 64 creations are stopped until the guard has
+/// run), and its start competed for the CPUs with the program's own: side by side on Phoenix
+/// histogram (two workers, created ~1 ms after the exec), with no window ever armed, laser
+/// cost 1.054–1.060x the bare time with the guard started at the launch and 1.026–1.033x with
+/// none; started 5 ms later, 1.032x (60–100 alternating runs each). (Stopping the creations costs nothing measurable
+/// without laser, a guard run alone on the same program: 1.002x; what laser adds to make
+/// them cost is not known.) Windows start that much later; a program's first 5 ms are not
+/// watched.
+pub const GUARD_DELAY: Duration = Duration::from_millis(5);
+
 /// How long after reading the target's last thread creation that came [`CHURN_GAP`] after
 /// the one before it the reader keeps polling every [`CHURN_POLL`] while a window counts.
 pub const CHURN_MEMORY: Duration = Duration::from_millis(100);
@@ -220,8 +232,11 @@ pub struct Session {
     /// The tracer keeping lost debug exceptions' SIGTRAPs from the target while windows may
     /// trap (declared after `watcher`, so dropped after its events are closed).
     guard: Option<TrapGuard>,
-    /// A guard being started in the background ([`Session::launch`]).
+    /// A guard being started in the background (a launch's, by [`Session::poll`]).
     guard_spawn: Option<std::thread::JoinHandle<io::Result<TrapGuard>>>,
+    /// When a launch's guard is to be started ([`GUARD_DELAY`] after the launch), until
+    /// `poll` starts it.
+    guard_due: Option<Instant>,
     /// Why windows may not arm in this target, once known.
     unguarded: Option<Unguarded>,
     /// What the guards of this session (one per stretch between repairs) kept and passed.
@@ -275,15 +290,6 @@ impl Session {
         let watch = config.watch || config.backend == BackendKind::Watch;
         let stopped = launch::spawn_stopped_with(argv, &config.child)?;
         let pid = stopped.pid;
-        // The guard is started from a thread of its own: starting a process blocks its
-        // caller until the exec (~0.5 ms), which the program would wait for here.
-        let guard = match &config.trap_guard {
-            Some(exe) if watch => {
-                let exe = exe.clone();
-                Some(std::thread::spawn(move || TrapGuard::spawn(&exe, pid)))
-            }
-            _ => None,
-        };
         // Events of whole CPUs are bound to no task, so they need nothing of the child: it
         // is released at once and execs while laser opens them (~0.35 ms of every launch
         // the program no longer waits for, on this VM), and what it mapped before they
@@ -322,7 +328,9 @@ impl Session {
         if cpu_wide {
             s.note_premapped();
         }
-        s.guard_spawn = guard;
+        if watch && config.trap_guard.is_some() {
+            s.guard_due = Some(Instant::now() + GUARD_DELAY);
+        }
         Ok(s)
     }
 
@@ -465,6 +473,7 @@ impl Session {
             watcher: watch.then(|| Watcher::new(binding, config.duty_cycle, Some(pid))),
             guard: None,
             guard_spawn: None,
+            guard_due: None,
             unguarded: None,
             guard_totals: GuardTotals::default(),
             decoder,
@@ -621,6 +630,9 @@ impl Session {
         if let Some(d) = self.watcher.as_ref().and_then(|w| w.next_deadline(now)) {
             deadline = deadline.min(d.max(now));
         }
+        if let Some(due) = self.guard_due {
+            deadline = deadline.min(due.max(now));
+        }
         // A thread created while a launch window counts is watched from when its Fork record
         // is read: while the target is making threads, read them promptly.
         if let (Some(w), Some(f)) = (&self.watcher, self.last_fork) {
@@ -663,7 +675,20 @@ impl Session {
             }
             return Ok(Status::Exited(st));
         }
+        if self.guard_due.is_some_and(|due| Instant::now() >= due) {
+            self.spawn_guard();
+        }
         Ok(Status::Running)
+    }
+
+    /// Starts the launch's guard from a thread of its own (starting a process blocks its
+    /// caller until the exec, ~0.5 ms); `watch_mut` takes it once it is up.
+    fn spawn_guard(&mut self) {
+        self.guard_due = None;
+        if let Some(exe) = self.config.trap_guard.clone() {
+            let pid = self.pid;
+            self.guard_spawn = Some(std::thread::spawn(move || TrapGuard::spawn(&exe, pid)));
+        }
     }
 
     fn wait_readable(&mut self, timeout: Duration) -> Result<(), DriverError> {
@@ -906,7 +931,7 @@ impl Session {
         if self.watcher.is_none() {
             return Err(DriverError::WatchNotEnabled);
         }
-        if !self.settle_guard_spawn(false) {
+        if self.guard_due.is_some() || !self.settle_guard_spawn(false) {
             return Err(DriverError::WatchGuardStarting);
         }
         match self.guard.as_mut().map(|g| g.poll()) {
@@ -984,6 +1009,9 @@ impl Session {
     /// Waits up to `max` for the trap guard to have every thread (an allocation held for
     /// `--history-site` waits for its window).
     pub fn wait_guard(&mut self, max: Duration) {
+        if self.guard_due.is_some() {
+            self.spawn_guard();
+        }
         self.settle_guard_spawn(true);
         if let Some(g) = self.guard.as_mut() {
             g.wait_ready(max);
@@ -994,6 +1022,11 @@ impl Session {
     /// them (a thread has one tracer). Disarms the windows first; they stay off until
     /// [`Session::restore_guard`].
     pub fn release_guard(&mut self) {
+        if self.guard_due.take().is_some() {
+            // Not started yet: windows stay off all the same until `restore_guard`.
+            self.unguarded = Some(Unguarded::Released);
+            return;
+        }
         self.settle_guard_spawn(true);
         if let Some(g) = self.guard.take() {
             if let Some(w) = self.watcher.as_mut() {
