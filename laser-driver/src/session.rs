@@ -68,16 +68,16 @@ pub const DEFAULT_SOFT_FREQ: u64 = 250;
 /// session).
 pub const CHURN_POLL: Duration = Duration::from_micros(500);
 
-/// How long after a launch its trap guard starts (`watch::trap_guard`); watch windows wait
-/// for it. Started at the launch, it stopped the threads the program creates in its first
+/// How long after a launch its trap guard starts (`trap_guard`); watch windows wait for it.
+/// Started at the launch, it stopped the threads the program creates in its first
 /// milliseconds at their creation (the first 64 creations are stopped until the guard has
 /// run), and its start competed for the CPUs with the program's own: side by side on Phoenix
 /// histogram (two workers, created ~1 ms after the exec), with no window ever armed, laser
-/// cost 1.054–1.060x the bare time with the guard started at the launch and 1.026–1.033x with
-/// none; started 5 ms later, 1.032x (60–100 alternating runs each). (Stopping the creations costs nothing measurable
-/// without laser, a guard run alone on the same program: 1.002x; what laser adds to make
-/// them cost is not known.) Windows start that much later; a program's first 5 ms are not
-/// watched.
+/// cost 1.054–1.060x the bare time with the guard started at the launch and 1.026–1.033x
+/// with none; started 5 ms later, 1.032x (60–100 alternating runs each). Stopping the
+/// creations costs nothing measurable without laser (the guard alone on the same program:
+/// 1.002x); what laser adds to make them cost is not known. Windows start that much later:
+/// a program's first 5 ms are not watched.
 pub const GUARD_DELAY: Duration = Duration::from_millis(5);
 
 /// How long after reading the target's last thread creation that came [`CHURN_GAP`] after
