@@ -69,7 +69,7 @@ pub fn detector(args: &AnalysisArgs, duration_s: Option<f64>) -> Detector<Code> 
     detector_with(args, duration_s, ElfCode::new())
 }
 
-/// [`detector`] with the ELF images [`Warm::start`] parsed.
+/// [`detector`] with the ELF images [`warm_up`] parsed.
 pub fn detector_with(args: &AnalysisArgs, duration_s: Option<f64>, elf: ElfCode) -> Detector<Code> {
     let config = laser_detect::Config {
         line_size: args.line,
@@ -83,49 +83,39 @@ pub fn detector_with(args: &AnalysisArgs, duration_s: Option<f64>, elf: ElfCode)
     Detector::new(config, code)
 }
 
-/// Work every launch's detector does once the program runs, done ahead by a thread while
-/// laser probes the machine and starts the program (the CPUs are the program's after its
-/// exec, and on two CPUs each millisecond laser computes then is one the program waits): the
-/// instruction decoder's tables (≈ 0.9 ms) and the parsed images of the program's executable,
-/// its dynamic loader and the C library next to that loader (≈ 0.35 ms), which a dynamically
-/// linked program maps.
-pub struct Warm(Option<std::thread::JoinHandle<Preloaded>>);
-
-/// Parsed ELF images by the path they will be mapped at.
-type Preloaded = Vec<(String, Arc<ElfImage>)>;
-
-impl Warm {
-    pub fn start(program: Option<&std::ffi::OsStr>) -> Warm {
-        let program = program.and_then(|p| {
-            laser_driver::launch::resolve_program(p, std::env::var_os("PATH").as_deref()).ok()
-        });
-        let spawned = std::thread::Builder::new()
-            .name("laser-warm".into())
-            .spawn(move || {
-                laser_detect::decode::warm_up();
-                let mut paths = Vec::new();
-                if let Some(p) = program.and_then(|p| std::fs::canonicalize(p).ok()) {
-                    paths.extend(loader_and_libc(&p));
-                    paths.extend(p.to_str().map(str::to_string));
-                }
-                paths.sort();
-                paths.dedup();
-                paths
-                    .into_iter()
-                    .filter_map(|p| {
-                        let image = ElfImage::open(std::path::Path::new(&p))?;
-                        Some((p, Arc::new(image)))
-                    })
-                    .collect()
-            });
-        Warm(spawned.ok())
+/// Work every launch's detector does once the program runs, done by `laser run` right after
+/// it has released the program, while the kernel execs it and its dynamic loader starts
+/// (≈ 1 ms here, in which the program runs none of its own code): the instruction decoder's
+/// tables (≈ 0.9 ms at the first decode otherwise) and the parsed images of the program's
+/// executable, its dynamic loader and the C library next to that loader (≈ 0.35 ms), which a
+/// dynamically linked program maps. Left for the first samples, this work would fall where
+/// the program's threads hold both CPUs.
+///
+/// Not on a thread of its own, started before the launch as it once was: this machine's
+/// kernel places a new thread on its creator's CPU and runs it first (`sched_vcpu_pack` on
+/// its command line), so the thread took the CPU from the launch for ~1 ms in most runs
+/// while the other CPU idled, and the program started that much later (benchmarks/RESULTS.md,
+/// forty-fifth session).
+pub fn warm_up(program: Option<&std::ffi::OsStr>) -> ElfCode {
+    laser_detect::decode::warm_up();
+    let program = program.and_then(|p| {
+        laser_driver::launch::resolve_program(p, std::env::var_os("PATH").as_deref()).ok()
+    });
+    let mut paths = Vec::new();
+    if let Some(p) = program.and_then(|p| std::fs::canonicalize(p).ok()) {
+        paths.extend(loader_and_libc(&p));
+        paths.extend(p.to_str().map(str::to_string));
     }
-
-    /// What the thread parsed (waiting for it if it is not done: the work is needed next).
-    pub fn finish(self) -> ElfCode {
-        let images = self.0.and_then(|h| h.join().ok()).unwrap_or_default();
-        ElfCode::with_preloaded(images)
-    }
+    paths.sort();
+    paths.dedup();
+    let images = paths
+        .into_iter()
+        .filter_map(|p| {
+            let image = ElfImage::open(std::path::Path::new(&p))?;
+            Some((p, Arc::new(image)))
+        })
+        .collect();
+    ElfCode::with_preloaded(images)
 }
 
 /// The dynamic loader `program` names (its `PT_INTERP`) and the C library beside it, as

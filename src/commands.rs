@@ -130,7 +130,7 @@ fn sampling_note(session: &Session, config: &Config) -> Option<String> {
 /// false sharing at or above the threshold and repairs it (once; `repair::online`).
 pub fn run(args: RunArgs) -> Result<i32> {
     let start = Instant::now();
-    let warm = analyze::Warm::start(args.command.first().map(|p| p.as_os_str()));
+    let precedence = monitor::launch_precedence();
     let mut config = session_config(&args.monitor)?;
     // Allocation sites need the recorder in the program, and heap naming to ask for them.
     let mut shim = None;
@@ -166,6 +166,8 @@ pub fn run(args: RunArgs) -> Result<i32> {
         shim = Some(s);
     }
     let mut session = Session::launch(&args.command, &config)?;
+    drop(precedence);
+    let elf = analyze::warm_up(args.command.first().map(|p| p.as_os_str()));
     if let Some(s) = shim.as_mut() {
         s.launched();
     }
@@ -173,7 +175,7 @@ pub fn run(args: RunArgs) -> Result<i32> {
         Some(p) => Some(Recorder::create(p, &session.header_info())?),
         None => None,
     };
-    let mut detector = analyze::detector_with(&args.analysis, None, warm.finish());
+    let mut detector = analyze::detector_with(&args.analysis, None, elf);
     let mut heap = (heap_naming() || history_target.is_some())
         .then(|| LiveHeap::new(session.pid(), args.analysis.line).with_shim(shim.take()));
     let mut history =

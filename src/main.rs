@@ -58,9 +58,9 @@ fn main() {
 
 /// Every heap laser's threads allocate from grows 1 MiB at a time (untouched pages cost no
 /// memory). By default glibc grows a thread's arena a page per `mprotect` as it fills: the
-/// start-up thread that parses the decoder tables and ELF images (`analyze::Warm`) made ~80
-/// such calls, and a trivial `laser run` took 0.3 ms longer (medians of 100 side by side,
-/// `benchmarks/RESULTS.md`). One arena for all threads saves as much but would share its lock
+/// start-up work that parses the decoder tables and ELF images (`analyze::warm_up`, then on a
+/// thread of its own) made ~80 such calls, and a trivial `laser run` took 0.3 ms longer
+/// (medians of 100 side by side, `benchmarks/RESULTS.md`). One arena for all threads saves as much but would share its lock
 /// between the monitor and the SCHED_IDLE DWARF prefetcher, which the program's threads can
 /// keep off the CPU while it holds it. (Setting the pad turns off glibc's sliding mmap
 /// threshold, so blocks of 128 KiB and more are mapped afresh each time; laser's page faults
