@@ -466,13 +466,20 @@ mod tests {
         }
         assert_eq!(policy(), libc::SCHED_FIFO);
         let started = std::thread::spawn(policy).join().unwrap();
-        assert_eq!(started, libc::SCHED_OTHER, "a task started meanwhile is ordinary");
+        assert_eq!(
+            started,
+            libc::SCHED_OTHER,
+            "a task started meanwhile is ordinary"
+        );
         drop(held);
         assert_eq!(policy(), libc::SCHED_OTHER);
         // SAFETY: setpriority on the calling thread (the test's own) with plain integers.
         let lowered = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -1) } == 0;
         if lowered {
-            assert!(launch_precedence().is_none(), "a negative nice value is left alone");
+            assert!(
+                launch_precedence().is_none(),
+                "a negative nice value is left alone"
+            );
             assert_eq!(policy(), libc::SCHED_OTHER);
         }
     }
