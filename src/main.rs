@@ -60,11 +60,12 @@ fn main() {
 /// memory). By default glibc grows a thread's arena a page per `mprotect` as it fills: the
 /// start-up work that parses the decoder tables and ELF images (`analyze::warm_up`, then on a
 /// thread of its own) made ~80 such calls, and a trivial `laser run` took 0.3 ms longer
-/// (medians of 100 side by side, `benchmarks/RESULTS.md`). One arena for all threads saves as much but would share its lock
-/// between the monitor and the SCHED_IDLE DWARF prefetcher, which the program's threads can
-/// keep off the CPU while it holds it. (Setting the pad turns off glibc's sliding mmap
-/// threshold, so blocks of 128 KiB and more are mapped afresh each time; laser's page faults
-/// over a kmeans run were the same with the threshold raised to 32 MiB: 660 and 661.)
+/// (medians of 100 side by side, `benchmarks/RESULTS.md`). One arena for all threads saves
+/// as much but would share its lock between the monitor and the SCHED_IDLE DWARF
+/// prefetcher, which the program's threads can keep off the CPU while it holds it.
+/// (Setting the pad turns off glibc's sliding mmap threshold, so blocks of 128 KiB and more
+/// are mapped afresh each time; laser's page faults over a kmeans run were the same with the
+/// threshold raised to 32 MiB: 660 and 661.)
 fn grow_heaps_in_large_steps() {
     // SAFETY: mallopt only sets a tunable; called before any other thread exists.
     unsafe {

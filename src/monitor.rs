@@ -346,11 +346,11 @@ fn raise_reader_priority() {
 /// from it. This machine's kernel places a new task on its creator's CPU and runs it first
 /// (`sched_vcpu_pack`), even with the other CPU idle: the program's process, forked halfway
 /// through the launch, took the CPU from laser for ~1 ms in some runs, and the launch then
-/// finished that much later. The launch takes ~0.7 ms and sleeps nowhere, so it holds a CPU
-/// no longer than it would anyway. `SCHED_RESET_ON_FORK` keeps the program ordinary; that
-/// reset also drops a negative nice value, so a laser started at one (which the program
-/// would inherit) is left as it is, as it is without the privilege. `LASER_LAUNCH_NO_RT`
-/// turns it off (for A/B measurements).
+/// finished that much later. The launch takes ~0.7 ms, so it holds a CPU no longer than it
+/// would anyway. `SCHED_RESET_ON_FORK` keeps the program ordinary. That reset also drops a
+/// negative nice value, which the program would otherwise inherit, so a laser started at
+/// one is left as it is (as it is without the privilege). `LASER_LAUNCH_NO_RT` turns it off
+/// (for A/B measurements).
 pub fn launch_precedence() -> Option<RealTime> {
     // SAFETY: getpriority reads the calling thread's nice value. An error (-1) is taken as
     // a negative value: nothing changes.
