@@ -657,7 +657,7 @@ impl Steering {
             // the time spends the trap budget in a few milliseconds and then waits for it,
             // and one such turn between a survey and its probe lasted ~415 ms of Phoenix
             // histogram -O0's ~700 ms. Its line's reading thread, which only the probe can
-            // see, was done by then: the program went unreported in 4 runs of 100 (0 of 120
+            // see, was done by then: the program went unreported in 4 runs of 100 (1 of 160
             // after). A probe is one short window; candidate turns keep their place.
             if self.pending_probe.is_some() && !self.code_due(&pcs, now).is_empty() {
                 let c = self.pending_probe.take().expect("checked just above");
