@@ -277,8 +277,18 @@ pub fn watch_cost_note(
              session watched, or another tool held debug registers)"
         ),
     };
+    // Windows that waited for the threads they watch for (`laser_driver::company`): time
+    // moved, not spent.
+    let waits = match stats.company_waits {
+        0 => String::new(),
+        n => format!(
+            "; {n} window(s) waited {:.1} ms in all to open until two of the threads \
+             contending on their line could run",
+            stats.company_waited.as_secs_f64() * 1e3
+        ),
+    };
     Some(format!(
-        "watchpoint cost: {parts}, {:.2}% of the {:.2} s run ({budget}){reading}{windows}",
+        "watchpoint cost: {parts}, {:.2}% of the {:.2} s run ({budget}){reading}{windows}{waits}",
         100.0 * spent / run,
         run,
     ))

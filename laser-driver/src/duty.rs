@@ -181,6 +181,10 @@ pub struct WatchStats {
     /// Launch windows opened for whole CPUs (`Watcher::set_cpu_wide`), and per thread.
     pub cpu_wide_opens: u64,
     pub thread_opens: u64,
+    /// Windows that waited to open until two of the threads they watch for could run, and
+    /// how long in all ([`crate::company`]).
+    pub company_waits: u64,
+    pub company_waited: Duration,
 }
 
 /// What the watcher must do to its events after a tick.
@@ -249,6 +253,38 @@ impl DutyState {
             spent: false,
             ops: Duration::ZERO,
         };
+    }
+
+    /// Watchpoints were armed from idle, but the window is to wait before it opens
+    /// ([`crate::company`]): a cooldown that owes nothing, so the next tick may open it.
+    pub fn start_waiting(&mut self, now: Instant, cpu: Duration) {
+        self.stop(now, cpu);
+        self.phase = Phase::Cooling {
+            since: now,
+            cpu0: cpu,
+            win_cpu0: cpu,
+            win_since: now,
+            hits: 0,
+            ops: Duration::ZERO,
+        };
+    }
+
+    /// Whether a cooldown is over by `now`, the target having used `cpu` (the next tick
+    /// would open the window).
+    pub fn cooldown_paid(&self, duty: &DutyCycle, now: Instant, cpu: Duration) -> bool {
+        match self.phase {
+            Phase::Cooling {
+                win_cpu0,
+                win_since,
+                hits,
+                ops,
+                ..
+            } => {
+                let need = duty.cost_needed(hits, ops);
+                cpu >= win_cpu0 + need && now >= win_since + need
+            }
+            _ => false,
+        }
     }
 
     /// laser spent `d` of wall time on the events of the window armed or being paid for
@@ -677,6 +713,27 @@ mod tests {
     }
 
     /// A window without hits spent no event's limit: its rollover leaves the events alone.
+    #[test]
+    fn a_window_armed_to_wait_opens_at_the_next_tick_and_counts_once() {
+        let d = DutyCycle::default();
+        let t0 = Instant::now();
+        let mut st = DutyState::default();
+        st.start_waiting(t0, Duration::ZERO);
+        assert!(st.is_cooling());
+        assert!(st.cooldown_paid(&d, t0, Duration::ZERO), "it owes nothing");
+        assert_eq!(st.stats.windows, 0);
+        assert_eq!(st.tick(&d, t0 + MS, 0, Duration::ZERO), Action::Enable);
+        assert!(st.is_armed());
+        assert_eq!(st.stats.windows, 1);
+        // A cooldown that owes time is not paid before it.
+        let (d, st, t0) = capped_window();
+        assert!(st.is_cooling());
+        let need = d.cpu_needed(40);
+        assert!(!st.cooldown_paid(&d, t0 + need / 2, need));
+        assert!(!st.cooldown_paid(&d, t0 + need, need / 2));
+        assert!(st.cooldown_paid(&d, t0 + need, need));
+    }
+
     #[test]
     fn a_rollover_without_hits_touches_nothing() {
         let d = DutyCycle::new(20 * MS, 0.05, Duration::from_nanos(4500));

@@ -9,6 +9,7 @@ pub mod event;
 pub mod trace;
 
 pub mod attr;
+pub mod company;
 pub mod decode;
 pub mod duty;
 pub mod error;

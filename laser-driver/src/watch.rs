@@ -69,6 +69,7 @@ use std::time::{Duration, Instant};
 use perf_event_open_sys::bindings::perf_event_attr;
 
 use crate::attr::{self, Binding, WatchKind};
+use crate::company::{self, Company};
 use crate::duty::{Action, CostModel, DutyState};
 pub use crate::duty::{DutyCycle, WatchStats};
 use crate::error::DriverError;
@@ -492,6 +493,9 @@ pub struct Watcher {
     window_held: bool,
     /// Threads whose hits were read since the limits were last set ([`Watcher::note_hitters`]).
     hit_tids: BTreeSet<u32>,
+    /// The threads the armed words are for: a window waits for two of them to run
+    /// ([`crate::company`]).
+    company: Company,
 }
 
 /// Why a thread of the target could not be watched.
@@ -562,6 +566,7 @@ impl Watcher {
             opens: [0; 2],
             window_held: false,
             hit_tids: BTreeSet::new(),
+            company: Company::default(),
         };
         if let Some(pid) = target {
             w.add_process(pid);
@@ -781,6 +786,14 @@ impl Watcher {
     /// that re-arms on a timer — the CLI's steering every 100 ms — would otherwise cut
     /// cooldowns short, and every re-point interrupts each CPU the target runs on.)
     pub fn arm(&mut self, specs: &[WatchSpec]) -> Result<(), DriverError> {
+        self.company.set(&[]);
+        self.arm_as(specs, false, false)
+    }
+
+    /// [`Watcher::arm`] for words that threads `company` contend on: each window waits, up to
+    /// [`company::MAX_WAIT`], until two of them can run ([`crate::company`]).
+    pub fn arm_for(&mut self, specs: &[WatchSpec], company: &[i32]) -> Result<(), DriverError> {
+        self.company.set(company);
         self.arm_as(specs, false, false)
     }
 
@@ -788,6 +801,7 @@ impl Watcher {
     /// seen contended, announced as such (`Event::WatchSet::front`) so the estimator can tell
     /// the line's contention moves.
     pub fn arm_front(&mut self, specs: &[WatchSpec]) -> Result<(), DriverError> {
+        self.company.set(&[]);
         self.arm_as(specs, true, false)
     }
 
@@ -795,6 +809,7 @@ impl Watcher {
     /// announced as such (`Event::WatchSet::look`) so the estimator does not rate the line
     /// from a window that watches its rare words and not its hot ones.
     pub fn arm_look(&mut self, specs: &[WatchSpec]) -> Result<(), DriverError> {
+        self.company.set(&[]);
         self.arm_as(specs, false, true)
     }
 
@@ -838,6 +853,8 @@ impl Watcher {
         let (now, cpu) = (Instant::now(), self.target_cpu());
         if specs.is_empty() {
             self.state.stop(now, cpu);
+        } else if self.state.is_idle() && self.company.waits_at(now) {
+            self.state.start_waiting(now, cpu);
         } else if self.state.is_idle() {
             self.state.start(now, cpu);
         }
@@ -1645,6 +1662,7 @@ impl Watcher {
     pub fn disarm(&mut self) -> Result<(), DriverError> {
         // Before the first event stops (see `Watcher::mark`).
         let t = now_ns();
+        self.company.set(&[]);
         self.state.stop(Instant::now(), self.target_cpu());
         self.specs.clear();
         self.front = false;
@@ -1797,6 +1815,8 @@ impl Watcher {
         WatchStats {
             cpu_wide_opens: self.opens[1],
             thread_opens: self.opens[0],
+            company_waits: self.company.waits,
+            company_waited: self.company.waited,
             ..self.state.stats
         }
     }
@@ -1817,6 +1837,9 @@ impl Watcher {
         if !self.state.is_cooling() {
             return None; // armed windows end on their hits' wake-ups; idle needs nothing
         }
+        if self.company.waiting() {
+            return Some(now + company::POLL);
+        }
         self.state
             .next_deadline(&self.duty, now, self.target_cpu(), self.cpus)
     }
@@ -1829,8 +1852,19 @@ impl Watcher {
             return Ok(());
         }
         let cpu = self.target_cpu();
+        // A window due now waits for its company (new hits, stragglers of the last window,
+        // are counted first).
+        if new_hits == 0
+            && self.state.cooldown_paid(&self.duty, now, cpu)
+            && self.company.waits_at(now)
+        {
+            return Ok(());
+        }
         let was_armed = self.state.is_armed();
         let action = self.state.tick(&self.duty, now, new_hits, cpu);
+        if action == Action::Enable {
+            self.company.opened(now);
+        }
         if was_armed {
             // Read before a closing window forgets its threads.
             self.charge_switches();
