@@ -758,14 +758,22 @@ impl Steering {
         let demote = !watcher.caps_windows();
         let duty = watcher.duty_cycle();
         for e in &estimates {
-            // (`clamped` is about the rated kind's windows; `filled_at_cap` counts every
-            // window of the line.)
-            let read_filled = e.clamped && !e.stores_only;
+            // (Both tests look at the line's read+write windows alone: a code window that
+            // watched one of its instructions fills at its cap with that instruction's
+            // executions, and says nothing of how the line's loads fill a data window.)
+            let read_filled = e.rw_clamped;
             if demote && read_filled && !self.read_hot.contains(&e.line_addr) {
                 self.read_hot.push(e.line_addr);
             } else if !demote && e.stores_seen() {
                 self.alternating.remove(&e.line_addr);
-            } else if !demote && (read_filled || filled_at_cap(e, &duty)) {
+            } else if !demote
+                && (read_filled || filled_at_cap(e, &duty))
+                // Not a line one thread alone was seen storing to: store-only windows there
+                // see that thread alone, and its stores contend with loads they do not see.
+                // stalling_writer's reader filled a read+write window, its next turn went to
+                // stores only, and the line has ~4 turns while both threads run.
+                && detector.storing_threads(e.line_addr) != 1
+            {
                 self.alternating.entry(e.line_addr).or_insert(false);
             }
         }
@@ -1395,14 +1403,14 @@ fn stores_alone_now(n: u32, at: Instant, now: Instant) -> bool {
     n >= STORES_ALONE_TURNS && now.saturating_duration_since(at) < STORES_ALONE_FOR
 }
 
-/// Whether a line's windows mostly end at their hit cap: on average under a quarter of the
-/// duty window's span long, with at least half a cap of hits each (short windows with few
-/// hits were cut short by the end of a turn).
+/// Whether a line's read+write windows mostly end at their hit cap: on average under a
+/// quarter of the duty window's span long, with at least half a cap of hits each (short
+/// windows with few hits were cut short by the end of a turn).
 fn filled_at_cap(e: &LineEstimate, duty: &laser_driver::DutyCycle) -> bool {
-    let windows = f64::from(e.windows);
-    e.windows > 0
-        && e.armed_s < duty.window.as_secs_f64() / 4.0 * windows
-        && e.accesses as f64 >= windows * duty.max_hits_per_window as f64 / 2.0
+    let windows = f64::from(e.rw_windows);
+    e.rw_windows > 0
+        && e.rw_armed_s < duty.window.as_secs_f64() / 4.0 * windows
+        && e.rw_accesses as f64 >= windows * duty.max_hits_per_window as f64 / 2.0
 }
 
 #[cfg(test)]
@@ -1701,6 +1709,9 @@ mod tests {
             accesses: transfers * 2,
             rw_accesses: transfers * 2,
             rw_stores: 0,
+            rw_windows: 1,
+            rw_armed_s: armed_s,
+            rw_clamped: false,
             outside: 0,
             windows: 1,
             inferred: false,
@@ -1781,15 +1792,19 @@ mod tests {
         let span = duty.window.as_secs_f64();
         let mut e = est(0x40, 0, 0.0);
         // kmeans: ten read+write windows of 0.5 ms, each a cap of loads.
-        (e.windows, e.armed_s, e.accesses) = (10, 10.0 * 0.0005, 10 * cap);
+        (e.rw_windows, e.rw_armed_s, e.rw_accesses) = (10, 10.0 * 0.0005, 10 * cap);
         assert!(filled_at_cap(&e, &duty));
         // Windows that ran their span: not filled, whatever their hits.
-        e.armed_s = 10.0 * span;
+        e.rw_armed_s = 10.0 * span;
         assert!(!filled_at_cap(&e, &duty));
         // Short windows with few hits: cut short by the end of turns.
-        (e.armed_s, e.accesses) = (10.0 * 0.0001, 10);
+        (e.rw_armed_s, e.rw_accesses) = (10.0 * 0.0001, 10);
         assert!(!filled_at_cap(&e, &duty));
-        e.windows = 0;
+        e.rw_windows = 0;
+        assert!(!filled_at_cap(&e, &duty));
+        // Code windows that end at their cap, and no read+write window yet: nothing is
+        // known of how the line's loads fill one.
+        (e.windows, e.armed_s, e.accesses) = (10, 10.0 * 0.0005, 10 * cap);
         assert!(!filled_at_cap(&e, &duty));
     }
 

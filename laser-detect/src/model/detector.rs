@@ -397,6 +397,21 @@ impl<C: CodeSource> Detector<C> {
             })
     }
 
+    /// How many threads the contending accesses on the line at `line` (samples' and
+    /// windows' alike) show storing there: 0 for a line not contended.
+    pub fn storing_threads(&self, line: u64) -> usize {
+        let mut tids: Vec<u32> = self
+            .model
+            .contended()
+            .filter(|l| l.line_addr == line)
+            .flat_map(|l| l.sources.iter().filter(|s| s.op.writes()))
+            .flat_map(|s| s.threads.iter().copied())
+            .collect();
+        tids.sort_unstable();
+        tids.dedup();
+        tids.len()
+    }
+
     /// The cache line size the detector groups accesses by (bytes).
     pub fn line_size(&self) -> u32 {
         self.config.line_size

@@ -310,6 +310,16 @@ pub struct LineEstimate {
     /// ([`LineEstimate::stores_seen`]).
     pub rw_accesses: u64,
     pub rw_stores: u64,
+    /// The read+write windows alone (never a code window's, nor a store-only one's): how
+    /// many, their armed time, and whether their most-trapped thread's trap time exceeded
+    /// [`MAX_TRAP_SHARE`] of it. Whether such windows fill with loads is theirs to say: a
+    /// code window traps on every execution of its instruction, wherever it goes, and a
+    /// line rated from one (`clamped` and `windows` above) said its read+write windows fill
+    /// before any had been armed on it (stalling_writer's first candidate turn went to
+    /// stores only, which see its one storer alone).
+    pub rw_windows: u32,
+    pub rw_armed_s: f64,
+    pub rw_clamped: bool,
     pub outside: u64,
     pub windows: u32,
     /// No window was announced: armed time inferred as first..last access (it is at least
@@ -953,6 +963,13 @@ impl Estimator {
             .copied()
             .max_by(|&a, &b| rated(a).0.total_cmp(&rated(b).0).then(b.cmp(&a)))?;
         let (rate, stand_in, effective, clamped) = rated(kind);
+        let rw_clamped = armed_ns[READ_WRITE] > 0 && rated(READ_WRITE).3;
+        let rw_windows = match l.implicit {
+            Some(_) => 1,
+            None => (0..l.windows.len())
+                .filter(|&i| !l.stores_only.get(i).copied().unwrap_or(false))
+                .count() as u32,
+        };
         let t = &l.tallies[kind];
         // Whether the line is truly or falsely shared is the line's, whichever kind of window
         // gives its rate: the rated kind's transfers are split as every window saw them.
@@ -981,6 +998,9 @@ impl Estimator {
             accesses: l.tallies.iter().map(|t| t.accesses).sum(),
             rw_accesses: l.tallies[READ_WRITE].accesses,
             rw_stores: l.tallies[READ_WRITE].stores,
+            rw_windows,
+            rw_armed_s: armed_ns[READ_WRITE] as f64 * 1e-9,
+            rw_clamped,
             outside: l.outside,
             windows: if l.implicit.is_some() {
                 1
@@ -1601,6 +1621,34 @@ mod tests {
         assert_eq!((c.transfers, c.windows), (1, 1));
         assert!((c.rate_per_s - 1000.0).abs() < 1e-6);
         assert_eq!(e.code_summary(), Some((3, 3_000_000, 22, 3)));
+    }
+
+    /// A line rated from a code window that trapped on most of its time is `clamped`, but
+    /// nothing is known of its read+write windows until one has been armed on it.
+    #[test]
+    fn a_code_windows_trap_time_says_nothing_of_the_read_write_windows() {
+        let mut e = Estimator::new(64).with_trap_cost(1_000_000);
+        let mut x = a(1, Op::Store, 0, 1);
+        x.pc = 0x77;
+        e.begin_code_window(0, vec![0x77]);
+        e.observe_code(&x);
+        e.observe_code(&Access {
+            tid: 2,
+            time: 2,
+            ..x
+        });
+        e.end_code_window(1_000_000);
+        let r = est(&e);
+        assert!(r.code && r.clamped, "{r:?}");
+        assert_eq!((r.rw_windows, r.rw_clamped), (0, false), "{r:?}");
+        assert_eq!(r.rw_armed_s, 0.0);
+        // Then a read+write window that one thread's loads fill.
+        e.begin_window(L, 2_000_000);
+        e.observe(&a(1, Op::Load, 16, 2_000_001));
+        e.end_window(L, 3_000_000);
+        let r = est(&e);
+        assert_eq!((r.rw_windows, r.rw_clamped), (1, true), "{r:?}");
+        assert!((r.rw_armed_s - 0.001).abs() < 1e-12, "{r:?}");
     }
 
     #[test]
