@@ -790,8 +790,19 @@ impl Steering {
             _ => c,
         };
         let specs = watch_specs(&c, kind);
+        // A candidate line's windows wait for two of the threads that contend there to run
+        // (`laser_driver::company`): one that opens while the other is blocked sees one
+        // thread, and its cooldown takes the line's next chance.
+        let company: Vec<i32> = match turn {
+            Turn::Candidate => detector
+                .line_threads(c.line_addr)
+                .into_iter()
+                .filter_map(|t| i32::try_from(t).ok())
+                .collect(),
+            _ => Vec::new(),
+        };
         watcher
-            .arm(&specs)
+            .arm_for(&specs, &company)
             .with_context(|| format!("arming watchpoints on line {:#x}", c.line_addr))?;
         self.begin_turn(turn, now, hits, &specs);
         self.storing = (turn == Turn::Candidate

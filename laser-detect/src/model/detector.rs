@@ -397,6 +397,20 @@ impl<C: CodeSource> Detector<C> {
             })
     }
 
+    /// The threads whose contending accesses (samples' and windows') are on the line at
+    /// `line`, by id: none for a line not contended.
+    pub fn line_threads(&self, line: u64) -> Vec<u32> {
+        let mut tids: Vec<u32> = self
+            .model
+            .contended()
+            .filter(|l| l.line_addr == line)
+            .flat_map(|l| l.threads.iter().map(|t| t.0))
+            .collect();
+        tids.sort_unstable();
+        tids.dedup();
+        tids
+    }
+
     /// How many threads the contending accesses on the line at `line` (samples' and
     /// windows' alike) show storing there: 0 for a line not contended.
     pub fn storing_threads(&self, line: u64) -> usize {
