@@ -1852,8 +1852,8 @@ impl Watcher {
             return Ok(());
         }
         let cpu = self.target_cpu();
-        // A window due now waits for its company (new hits, stragglers of the last window,
-        // are counted first).
+        // A window due now waits for its company. (A tick that brings hits, stragglers of
+        // the last window, goes on as before: they belong in its cooldown.)
         if new_hits == 0
             && self.state.cooldown_paid(&self.duty, now, cpu)
             && self.company.waits_at(now)

@@ -1342,12 +1342,11 @@ impl<C: CodeSource> Detector<C> {
         // instructions it watches and sees contention only between those. stalling_writer's
         // counter increment, which its storing thread alone makes on the line (the other
         // thread's side is its loads, and its own increments go to its own counters), took
-        // code turns of 200–370 ms of the 0.4 s in which the line could be watched, and 3 of
-        // the 5 misses in 50 runs that had none of the line's read+write windows see both
-        // threads.
+        // code turns of 200–370 ms of the ~0.4 s in which the line could be watched (3 of
+        // the 5 misses in 50 traced runs).
         // A load that a store to the same address follows counts as that store (the window
-        // watches the store, below): block_edges' threads meet on each line as one's load
-        // and the other's store of the same element.
+        // watches the store, below): where two threads run one loop that loads an element
+        // and stores it back (block_edges), an event's side on a line may be either.
         let mut makers: HashMap<u64, Vec<u32>> = HashMap::new();
         for (&pc, p) in &per_pc {
             let at = store_after_load(&self.code, pc).unwrap_or(pc);
