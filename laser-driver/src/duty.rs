@@ -272,6 +272,13 @@ impl DutyState {
     /// Whether a cooldown is over by `now`, the target having used `cpu` (the next tick
     /// would open the window).
     pub fn cooldown_paid(&self, duty: &DutyCycle, now: Instant, cpu: Duration) -> bool {
+        self.paid_at(duty)
+            .is_some_and(|(cpu_at, wall_at)| cpu >= cpu_at && now >= wall_at)
+    }
+
+    /// While cooling: the target CPU time and the wall time by which the cooldown is paid
+    /// (both must be reached).
+    fn paid_at(&self, duty: &DutyCycle) -> Option<(Duration, Instant)> {
         match self.phase {
             Phase::Cooling {
                 win_cpu0,
@@ -281,9 +288,9 @@ impl DutyState {
                 ..
             } => {
                 let need = duty.cost_needed(hits, ops);
-                cpu >= win_cpu0 + need && now >= win_since + need
+                Some((win_cpu0 + need, win_since + need))
             }
-            _ => false,
+            _ => None,
         }
     }
 
@@ -402,21 +409,10 @@ impl DutyState {
         cpu: Duration,
         cpus: u32,
     ) -> Option<Instant> {
-        match self.phase {
-            Phase::Idle | Phase::Armed { .. } => None,
-            Phase::Cooling {
-                win_cpu0,
-                win_since,
-                hits,
-                ops,
-                ..
-            } => {
-                let need = duty.cost_needed(hits, ops);
-                let cpu_left = (win_cpu0 + need).saturating_sub(cpu) / cpus.max(1);
-                let wall_left = (win_since + need).saturating_duration_since(now);
-                Some(now + cpu_left.max(wall_left).max(MIN_RECHECK))
-            }
-        }
+        let (cpu_at, wall_at) = self.paid_at(duty)?;
+        let cpu_left = cpu_at.saturating_sub(cpu) / cpus.max(1);
+        let wall_left = wall_at.saturating_duration_since(now);
+        Some(now + cpu_left.max(wall_left).max(MIN_RECHECK))
     }
 
     /// `new_hits` watch samples were read; the target has used `cpu` in total so far.
