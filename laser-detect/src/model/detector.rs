@@ -1298,7 +1298,6 @@ impl<C: CodeSource> Detector<C> {
             stores: bool,
             hot: bool,
             cold: bool,
-            threads: Vec<u32>,
         }
         // A line samples showed contended that data windows then found cooled: the
         // contention was there and has moved on (or stopped), or comes and goes. Its signs:
@@ -1331,40 +1330,15 @@ impl<C: CodeSource> Detector<C> {
                 let e = per_pc.entry(src.pc).or_default();
                 e.lines.push(l.line_addr);
                 e.events += src.events;
-                e.threads.extend(&src.threads);
                 e.stores |= src.op.writes();
                 e.hot |= hot;
                 e.cold |= cold;
             }
         }
-        // Code that contends on two lines, or on one that had cooled when it was watched, and
-        // that two threads were seen making: a code window traps on the executions of the
-        // instructions it watches and sees contention only between those. stalling_writer's
-        // counter increment, which its storing thread alone makes on the line (the other
-        // thread's side is its loads, and its own increments go to its own counters), took
-        // code turns of 200–370 ms of the ~0.4 s in which the line could be watched (3 of
-        // the 5 misses in 50 traced runs).
-        // A load that a store to the same address follows counts as that store (the window
-        // watches the store, below): where two threads run one loop that loads an element
-        // and stores it back (block_edges), an event's side on a line may be either.
-        let mut makers: HashMap<u64, Vec<u32>> = HashMap::new();
-        for (&pc, p) in &per_pc {
-            let at = store_after_load(&self.code, pc).unwrap_or(pc);
-            makers.entry(at).or_default().extend(&p.threads);
-        }
-        let two_threads = |pc: u64| {
-            let at = store_after_load(&self.code, pc).unwrap_or(pc);
-            makers.get(&at).is_some_and(|t| {
-                let mut t = t.clone();
-                t.sort_unstable();
-                t.dedup();
-                t.len() >= 2
-            })
-        };
+        // Code that contends on two lines, or on one that had cooled when it was watched.
         let mut pcs: Vec<(u64, Pc)> = per_pc
             .into_iter()
             .filter(|(_, p)| (p.lines.len() >= 2 || p.cold) && !p.hot)
-            .filter(|&(pc, _)| two_threads(pc))
             .collect();
         // Stores first (a line two threads store to is what moves), then most lines.
         pcs.sort_by(|a, b| {
