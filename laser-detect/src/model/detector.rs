@@ -386,44 +386,39 @@ impl<C: CodeSource> Detector<C> {
     /// The bytes of the contended line at `line` that its contending accesses stored (bit n =
     /// byte n; 0 for a line not contended).
     pub fn stored_bytes(&self, line: u64) -> u128 {
-        self.model
-            .contended()
-            .find(|l| l.line_addr == line)
-            .map_or(0, |l| {
-                l.sources
-                    .iter()
-                    .filter(|s| s.op.writes())
-                    .fold(0, |m, s| m | s.offsets)
-            })
+        self.contended_line(line).map_or(0, |l| {
+            l.sources
+                .iter()
+                .filter(|s| s.op.writes())
+                .fold(0, |m, s| m | s.offsets)
+        })
     }
 
     /// The threads whose contending accesses (samples' and windows') are on the line at
     /// `line`, by id: none for a line not contended.
     pub fn line_threads(&self, line: u64) -> Vec<u32> {
-        let mut tids: Vec<u32> = self
-            .model
-            .contended()
-            .filter(|l| l.line_addr == line)
-            .flat_map(|l| l.threads.iter().map(|t| t.0))
-            .collect();
-        tids.sort_unstable();
-        tids.dedup();
-        tids
+        // (`LineStat::threads` holds each thread once.)
+        self.contended_line(line)
+            .map_or_else(Vec::new, |l| l.threads.iter().map(|t| t.0).collect())
     }
 
     /// How many threads the contending accesses on the line at `line` (samples' and
     /// windows' alike) show storing there: 0 for a line not contended.
     pub fn storing_threads(&self, line: u64) -> usize {
         let mut tids: Vec<u32> = self
-            .model
-            .contended()
-            .filter(|l| l.line_addr == line)
+            .contended_line(line)
+            .into_iter()
             .flat_map(|l| l.sources.iter().filter(|s| s.op.writes()))
             .flat_map(|s| s.threads.iter().copied())
             .collect();
         tids.sort_unstable();
         tids.dedup();
         tids.len()
+    }
+
+    /// The contended line at `line`, if it is one.
+    fn contended_line(&self, line: u64) -> Option<&LineStat> {
+        self.model.contended().find(|l| l.line_addr == line)
     }
 
     /// The cache line size the detector groups accesses by (bytes).
