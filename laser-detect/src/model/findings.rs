@@ -15,8 +15,9 @@ pub enum Kind {
     FalseSharing,
     /// Contending accesses touched the same bytes: the data itself is shared.
     TrueSharing,
-    /// Both kinds on one line, neither dominant (neither ≥ 80% of the events,
-    /// `detector::KIND_SHARE`; neighbour accesses of an exchanged word count as true).
+    /// Both kinds on one line, the minority shown to be a fifth or more of the events
+    /// (`line_kind::KIND_SHARE`, `MIXED_SIGNIFICANCE`; neighbour accesses of an exchanged
+    /// word count as true).
     Mixed,
 }
 
