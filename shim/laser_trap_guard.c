@@ -255,22 +255,30 @@ static void follow(int tid) {
     }
 }
 
-/* A thread that has exited cannot be seized (the kernel refuses any task with an exit state,
- * EPERM): a zombie (an exited leader whose threads run on) or a thread being released, which
- * /proc shows as 'X' until it is gone (a live test's worker, exiting while the guard started,
- * failed a CI run). Nothing there traps. */
-static int exited(long pid, long tid) {
+/* Reads /proc/PID/task/TID/NAME (name starts with '/') into b, NUL-terminated: the length
+ * read, or a negative errno. */
+static long read_task_file(long pid, long tid, const char *name, char *b, long size) {
     struct text path = {{0}, 0};
     put(&path, "/proc/");
     put_num(&path, (u64)pid);
     put(&path, "/task/");
     put_num(&path, (u64)tid);
-    put(&path, "/stat");
+    put(&path, name);
     long fd = sys(SYS_open, (long)path.b, O_RDONLY | O_CLOEXEC, 0, 0, 0);
-    if (fd < 0) return 1;
-    char b[512];
-    long n = sys(SYS_read, fd, (long)b, sizeof b - 1, 0, 0);
+    if (fd < 0) return fd;
+    long n = sys(SYS_read, fd, (long)b, size - 1, 0, 0);
     sys(SYS_close, fd, 0, 0, 0, 0);
+    b[n > 0 ? n : 0] = 0;
+    return n;
+}
+
+/* A thread that has exited cannot be seized (the kernel refuses any task with an exit state,
+ * EPERM): a zombie (an exited leader whose threads run on) or a thread being released, which
+ * /proc shows as 'X' until it is gone (a live test's worker, exiting while the guard started,
+ * failed a CI run). Nothing there traps. */
+static int exited(long pid, long tid) {
+    char b[512];
+    long n = read_task_file(pid, tid, "/stat", b, sizeof b);
     if (n <= 0) return 1;
     for (long i = n - 1; i > 0; i--)
         if (b[i] == ')') return i + 2 < n && (b[i + 2] == 'Z' || b[i + 2] == 'X');
@@ -282,19 +290,9 @@ static int exited(long pid, long tid) {
  * the guard hears of it only at its first stop; seized again from the listing it is refused
  * (EPERM, as for any traced task). A CI run lost a live test to that refusal. */
 static int traced_by_us(long pid, long tid) {
-    struct text path = {{0}, 0};
-    put(&path, "/proc/");
-    put_num(&path, (u64)pid);
-    put(&path, "/task/");
-    put_num(&path, (u64)tid);
-    put(&path, "/status");
-    long fd = sys(SYS_open, (long)path.b, O_RDONLY | O_CLOEXEC, 0, 0, 0);
-    if (fd < 0) return 0;
     char b[2048];
-    long n = sys(SYS_read, fd, (long)b, sizeof b - 1, 0, 0);
-    sys(SYS_close, fd, 0, 0, 0, 0);
+    long n = read_task_file(pid, tid, "/status", b, sizeof b);
     if (n <= 0) return 0;
-    b[n] = 0;
     static const char key[] = "\nTracerPid:";
     for (long i = 0; i + (long)sizeof key - 1 < n; i++) {
         long k = 0;

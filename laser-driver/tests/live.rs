@@ -1684,14 +1684,18 @@ fn the_guard_seizes_threads_that_clone_while_it_lists_them() {
     build_fixture("thread_churn.c", &exe, &["-O2", "-pthread"]);
     let mut child = Command::new(&exe).spawn().expect("the fixture starts");
     std::thread::sleep(Duration::from_millis(20));
+    // (No panic before the fixture is killed: it would run on for its minute.)
     let mut refused = Vec::new();
     for _ in 0..30 {
-        let mut g = laser_driver::trap_guard::TrapGuard::spawn(guard_exe(), child.id() as i32)
-            .expect("the guard starts");
-        let state = g.wait_ready(Duration::from_secs(5)).clone();
-        let _ = g.finish();
-        if state != laser_driver::trap_guard::GuardState::Ready {
-            refused.push(state);
+        match laser_driver::trap_guard::TrapGuard::spawn(guard_exe(), child.id() as i32) {
+            Ok(mut g) => {
+                let state = g.wait_ready(Duration::from_secs(5)).clone();
+                let _ = g.finish();
+                if state != laser_driver::trap_guard::GuardState::Ready {
+                    refused.push(format!("{state:?}"));
+                }
+            }
+            Err(e) => refused.push(format!("the guard did not start: {e}")),
         }
     }
     let _ = child.kill();
