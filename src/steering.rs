@@ -294,9 +294,9 @@ pub struct Steering {
     /// Per candidate line and kind of window, where its next turn's free debug registers
     /// start in the line's unsampled words ([`Steering::with_unsampled_words`]).
     unsampled_next: HashMap<(u64, WatchKind), usize>,
-    /// Per contended line, its looks at its unsampled words since the first of them, and
-    /// when that was ([`Steering::unsampled_look`]).
-    looked: HashMap<u64, (usize, Instant)>,
+    /// Per contended line, its looks at its unsampled words since the first of them
+    /// ([`Steering::unsampled_look`]).
+    looked: HashMap<u64, Looks>,
 }
 
 /// A survey target's turns that one thread alone filled with its stores, in a row.
@@ -886,14 +886,14 @@ impl Steering {
                 .filter(|&&(a, len)| byte_mask((a - line) as u32, len) & stored != 0)
                 .copied()
                 .collect();
-            let entry = self.looked.entry(line).or_insert((0, now));
-            if now.duration_since(entry.1) >= REFRESH {
-                *entry = (0, now);
+            let entry = self.looked.entry(line).or_insert(Looks::new(now));
+            if now.duration_since(entry.since) >= REFRESH {
+                *entry = Looks::new(now);
             }
-            let Some(specs) = look_specs(&free, &anchors, entry.0) else {
+            let seen = detector.accessed_bytes(line);
+            let Some(specs) = entry.next(line, &free, &anchors, seen) else {
                 continue;
             };
-            entry.0 += 1;
             return Some((line, specs));
         }
         None
@@ -1349,50 +1349,127 @@ fn contention_confirmed(e: &LineEstimate, threshold: f64) -> bool {
             && e.rate_per_s * (1.0 - 2.0 / (e.transfers as f64).sqrt()) >= threshold)
 }
 
-/// The `n`th look at a line's unsampled words `free` (nearest first) with `anchors` (sampled
-/// words stored to): each group of three free words for loads and stores in turn with the
-/// first anchor for stores, then alone, then with the next anchor, and so on; `None` once
-/// every pairing was looked at or [`LOOKS_PER_LINE`] looks were (and with no anchor: the line
-/// has no stores to meet). A look without an anchor traps on its words alone: what it names,
-/// it names from the words' own history (`LineModel::share_word`), and with no hot anchor to
-/// fill its trap cap it sees a word used once every few hundred passes (the slot of a ring
-/// buffer that shares the lock's line) where an anchored look sees none.
-fn look_specs(free: &[u64], anchors: &[(u64, u32)], n: usize) -> Option<Vec<WatchSpec>> {
-    let per = MAX_WATCHES - 1;
-    let groups = free.len().div_ceil(per);
-    // The first anchor, none, then the others.
-    let pairings = if anchors.is_empty() {
-        0
-    } else {
-        anchors.len() + 1
-    };
-    if n >= (groups * pairings).min(LOOKS_PER_LINE) {
-        return None;
+/// One line's looks at its unsampled words since `since` ([`Steering::unsampled_look`]).
+#[derive(Clone, Copy, Debug)]
+struct Looks {
+    since: Instant,
+    /// Looks taken, anchored ones included.
+    taken: usize,
+    /// Anchored looks taken.
+    anchored: usize,
+    /// The words (bit k: the 8 bytes at offset 8k) looked at without an anchor.
+    alone: u64,
+    /// Each look without an anchor, as its words.
+    groups: [u64; LOOKS_PER_LINE],
+    /// Words put back once: their look without an anchor named another of its words but
+    /// not them.
+    retried: u64,
+}
+
+impl Looks {
+    fn new(since: Instant) -> Self {
+        Looks {
+            since,
+            taken: 0,
+            anchored: 0,
+            alone: 0,
+            groups: [0; LOOKS_PER_LINE],
+            retried: 0,
+        }
     }
-    let anchor = match n / groups {
-        0 => Some(anchors[0]),
-        1 => None,
-        k => Some(anchors[k - 1]),
-    };
-    let mut specs: Vec<WatchSpec> = anchor
-        .map(|(addr, len)| WatchSpec {
+
+    /// The next look at the line at `line`, whose unsampled words are `free` (nearest first)
+    /// and whose sampled words stored to are `anchors`, where named accesses touched the
+    /// bytes `seen` (bit n = byte n); `None` once every pairing was looked at or
+    /// [`LOOKS_PER_LINE`] looks were (and with no anchor: the line has no stores to meet).
+    ///
+    /// First every free word without an anchor, three at a time: such a look traps on its
+    /// words alone, what it names it names from the words' own history
+    /// (`LineModel::share_word`), and with no hot anchor to fill its trap cap it sees a word
+    /// used once every few hundred passes (the slot of a ring buffer that shares the lock's
+    /// line) where an anchored look sees none. The words are kept by address, not by their
+    /// place in `free`: which words samples showed changes from look to look as samples come
+    /// in, and counted by place, locked_queue's `slots[0]` (read at line 48 once in 256 pops)
+    /// was left to anchored looks alone in the runs that missed that line. Words no named
+    /// access touched go first, and a look takes words of one kind only: a word already seen
+    /// may be a busy one (locked_queue's `head`, loaded and stored in every pop), and one
+    /// such word in a look fills its cap before a rare word's access comes. For the same
+    /// reason a look that named some of its words but not others is taken again once, on
+    /// those others (with words not yet looked at). Then each group
+    /// of three free words with each anchor's stores in turn (a rare access contends with
+    /// another thread's stores, and which anchor is another thread's is not known).
+    fn next(
+        &mut self,
+        line: u64,
+        free: &[u64],
+        anchors: &[(u64, u32)],
+        seen: u128,
+    ) -> Option<Vec<WatchSpec>> {
+        let per = MAX_WATCHES - 1;
+        if anchors.is_empty() || free.is_empty() || self.taken >= LOOKS_PER_LINE {
+            return None;
+        }
+        let bit = |a: u64| 1u64 << (a.wrapping_sub(line) / 8).min(63);
+        let rw = |a: u64| WatchSpec {
+            addr: a,
+            len: 8,
+            kind: WatchKind::ReadWrite,
+        };
+        let named = |a: u64| byte_mask((a.wrapping_sub(line) % 128) as u32, 8) & seen != 0;
+        // Words a named access touched, or that samples have shown since (no longer free).
+        let free_words = free.iter().fold(0u64, |m, &a| m | bit(a));
+        let named_words = (0..16u64)
+            .map(|k| line + 8 * k)
+            .filter(|&a| named(a))
+            .fold(!free_words, |m, a| m | bit(a));
+        for &g in &self.groups[..self.taken - self.anchored] {
+            let hit = g & named_words;
+            if hit != 0 && hit != g {
+                let back = g & !named_words & !self.retried;
+                self.alone &= !back;
+                self.retried |= back;
+            }
+        }
+        let mut left: Vec<u64> = free
+            .iter()
+            .copied()
+            .filter(|&a| self.alone & bit(a) == 0)
+            .collect();
+        // (A stable sort: nearest first within each kind.)
+        left.sort_by_key(|&a| named(a));
+        let alone: Vec<u64> = left
+            .iter()
+            .copied()
+            .filter(|&a| left.first().is_some_and(|&f| named(f) == named(a)))
+            .take(per)
+            .collect();
+        if !alone.is_empty() {
+            let group = alone.iter().fold(0u64, |m, &a| m | bit(a));
+            self.alone |= group;
+            self.groups[self.taken - self.anchored] = group;
+            self.taken += 1;
+            return Some(alone.into_iter().map(rw).collect());
+        }
+        let groups = free.len().div_ceil(per);
+        if self.anchored >= groups * anchors.len() {
+            return None;
+        }
+        let (addr, len) = anchors[self.anchored / groups];
+        let mut specs = vec![WatchSpec {
             addr,
             len: len as u8,
             kind: WatchKind::Write,
-        })
-        .into_iter()
-        .collect();
-    specs.extend(
-        free.iter()
-            .skip((n % groups) * per)
-            .take(per)
-            .map(|&a| WatchSpec {
-                addr: a,
-                len: 8,
-                kind: WatchKind::ReadWrite,
-            }),
-    );
-    Some(specs)
+        }];
+        specs.extend(
+            free.iter()
+                .skip((self.anchored % groups) * per)
+                .take(per)
+                .map(|&a| rw(a)),
+        );
+        self.anchored += 1;
+        self.taken += 1;
+        Some(specs)
+    }
 }
 
 /// The watchpoints for a candidate's words (at most the debug registers' count).
@@ -1443,43 +1520,93 @@ mod tests {
         assert!(unsampled_slots(0x3000, 64, &all).is_empty());
     }
 
-    /// Looks pair every group of unsampled words with the first anchor, then with none, then
-    /// with the next anchor (a rare access contends with another thread's stores, and which
-    /// anchor is another thread's is not known), up to the cap.
+    /// Looks take every unsampled word without an anchor first, three at a time and by
+    /// address (the free words change as samples come in), then every group of them with each
+    /// anchor in turn (a rare access contends with another thread's stores, and which anchor
+    /// is another thread's is not known), up to the cap.
     #[test]
-    fn looks_go_round_the_word_groups_then_the_anchors() {
-        let free: Vec<u64> = (2..8).map(|k| 0x1000 + 8 * k).collect();
+    fn looks_take_each_word_alone_then_go_round_the_groups_and_anchors() {
+        let line = 0x1000;
+        let free: Vec<u64> = (2..8).map(|k| line + 8 * k).collect();
         let anchors = [(0x1000, 8), (0x1008, 8)];
-        let look = |n| {
-            look_specs(&free, &anchors, n).map(|s| {
+        let show = |s: Option<Vec<WatchSpec>>| {
+            s.map(|s| {
                 s.iter()
                     .map(|w| (w.addr, w.kind == WatchKind::Write))
                     .collect::<Vec<_>>()
             })
         };
         let w = |a: u64| (a, false);
+        let mut looks = Looks::new(Instant::now());
+        let mut look = || show(looks.next(line, &free, &anchors, 0));
+        assert_eq!(look(), Some(vec![w(0x1010), w(0x1018), w(0x1020)]));
+        assert_eq!(look(), Some(vec![w(0x1028), w(0x1030), w(0x1038)]));
         assert_eq!(
-            look(0),
+            look(),
             Some(vec![(0x1000, true), w(0x1010), w(0x1018), w(0x1020)])
         );
+        assert_eq!(look().unwrap()[..2], [(0x1000, true), w(0x1028)]);
+        assert_eq!(look().unwrap()[..2], [(0x1008, true), w(0x1010)]);
+        assert_eq!(look().unwrap()[..2], [(0x1008, true), w(0x1028)]);
+        assert_eq!(look(), None, "{LOOKS_PER_LINE} looks a line");
+
+        // The free words' order changed after the first look: the word it did not cover
+        // comes next, alone, wherever it now sits in the list.
+        let mut looks = Looks::new(Instant::now());
+        assert!(looks.next(line, &free[..4], &anchors, 0).is_some());
+        let now_free = [0x1028, 0x1010, 0x1018, 0x1020];
         assert_eq!(
-            look(1),
-            Some(vec![(0x1000, true), w(0x1028), w(0x1030), w(0x1038)])
+            show(looks.next(line, &now_free, &anchors, 0)),
+            Some(vec![w(0x1028)])
         );
-        assert_eq!(look(2), Some(vec![w(0x1010), w(0x1018), w(0x1020)]));
-        assert_eq!(look(3), Some(vec![w(0x1028), w(0x1030), w(0x1038)]));
-        assert_eq!(look(4).unwrap()[0], (0x1008, true));
-        assert_eq!(look(5).unwrap()[1], w(0x1028));
-        assert_eq!(look(LOOKS_PER_LINE), None);
-        // One group and one anchor: a look with it and one without.
-        assert!(look_specs(&free[..2], &anchors[..1], 0).is_some());
         assert_eq!(
-            look_specs(&free[..2], &anchors[..1], 1).map(|s| s.len()),
+            show(looks.next(line, &now_free, &anchors, 0)).map(|s| s[0]),
+            Some((0x1000, true))
+        );
+
+        // Words a named access touched (0x1018, 0x1028) wait until the others were looked at,
+        // and never share a look with them.
+        let seen = byte_mask(0x18, 8) | byte_mask(0x28, 4);
+        let mut looks = Looks::new(Instant::now());
+        let mut look = || show(looks.next(line, &free, &anchors, seen));
+        assert_eq!(look(), Some(vec![w(0x1010), w(0x1020), w(0x1030)]));
+        assert_eq!(look(), Some(vec![w(0x1038)]));
+        assert_eq!(look(), Some(vec![w(0x1018), w(0x1028)]));
+        assert_eq!(look().unwrap()[0], (0x1000, true));
+
+        // A look that named one of its words but not the others takes those again, once.
+        let mut looks = Looks::new(Instant::now());
+        assert_eq!(
+            show(looks.next(line, &free, &anchors, 0)),
+            Some(vec![w(0x1010), w(0x1018), w(0x1020)])
+        );
+        let seen = byte_mask(0x18, 8);
+        let mut look = || show(looks.next(line, &free, &anchors, seen));
+        assert_eq!(look(), Some(vec![w(0x1010), w(0x1020), w(0x1028)]));
+        assert_eq!(look(), Some(vec![w(0x1030), w(0x1038)]));
+        assert_eq!(look().unwrap()[0], (0x1000, true));
+
+        // One group and one anchor: a look without it, one with it, then none.
+        let mut looks = Looks::new(Instant::now());
+        assert_eq!(
+            looks
+                .next(line, &free[..2], &anchors[..1], 0)
+                .map(|s| s.len()),
             Some(2)
         );
-        assert!(look_specs(&free[..2], &anchors[..1], 2).is_none());
-        assert!(look_specs(&[], &anchors, 0).is_none());
-        assert!(look_specs(&free, &[], 0).is_none());
+        assert_eq!(
+            looks
+                .next(line, &free[..2], &anchors[..1], 0)
+                .map(|s| s.len()),
+            Some(3)
+        );
+        assert!(looks.next(line, &free[..2], &anchors[..1], 0).is_none());
+        assert!(Looks::new(Instant::now())
+            .next(line, &[], &anchors, 0)
+            .is_none());
+        assert!(Looks::new(Instant::now())
+            .next(line, &free, &[], 0)
+            .is_none());
     }
 
     /// A candidate's free registers go round the line's unsampled words turn by turn; a

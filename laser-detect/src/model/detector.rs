@@ -394,6 +394,13 @@ impl<C: CodeSource> Detector<C> {
         })
     }
 
+    /// The bytes of the contended line at `line` that any of its named accesses touched,
+    /// loads included (bit n = byte n; 0 for a line not contended).
+    pub fn accessed_bytes(&self, line: u64) -> u128 {
+        self.contended_line(line)
+            .map_or(0, |l| l.sources.iter().fold(0, |m, s| m | s.offsets))
+    }
+
     /// The threads whose contending accesses (samples' and windows') are on the line at
     /// `line`, by id: none for a line not contended.
     pub fn line_threads(&self, line: u64) -> Vec<u32> {
