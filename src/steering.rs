@@ -49,8 +49,12 @@ use laser_driver::{Session, WatchKind, WatchSpec, MAX_WATCHES};
 use crate::live_heap::ProcMem;
 use std::collections::HashMap;
 
-/// How long one candidate line keeps the watchpoints before the next one gets them.
+/// How long one candidate line keeps the watchpoints before the next one gets them, once a
+/// window of its turn has counted.
 const TURN: Duration = Duration::from_millis(100);
+/// The longest a candidate turn waits for a window that counts (a cooldown of a window
+/// that overshot its cap can be longer).
+const MAX_CANDIDATE_TURN: Duration = Duration::from_millis(400);
 /// Transfers after which a line's estimate is good enough (±1/√n ≈ ±5%).
 const ENOUGH_TRANSFERS: u64 = 400;
 /// Armed time after which a line with few transfers is known to be quiet.
@@ -546,7 +550,14 @@ impl Steering {
                     // due, comes in the survey's next slot, then the plan's next target.
                     || (!counting && self.one_thread_trapped(watcher, hits))
             }
-            Some((Turn::Candidate, t)) => now.duration_since(t) >= TURN,
+            // A candidate turn armed in a cooldown has no window until it is paid: its time
+            // counts from then. Over by wall time alone, a turn after a survey or probe of
+            // ~50 hits (a 100 ms cooldown) ended as its window opened, and the window went
+            // to the next turn's words: stalling_writer's line had turns of 0.06 ms.
+            Some((Turn::Candidate, t)) => candidate_turn_over(
+                now.duration_since(t),
+                hits > self.hits_at_start || !self.counted.is_zero(),
+            ),
             None => true,
         };
         if !over {
@@ -1491,6 +1502,12 @@ fn stores_alone_now(n: u32, at: Instant, now: Instant) -> bool {
     n >= STORES_ALONE_TURNS && now.saturating_duration_since(at) < STORES_ALONE_FOR
 }
 
+/// Whether a candidate turn armed `since` ago is over: [`TURN`] once a window of it has
+/// counted (`window`: it had hits, or counting time), [`MAX_CANDIDATE_TURN`] if none has.
+fn candidate_turn_over(since: Duration, window: bool) -> bool {
+    since >= TURN && (window || since >= MAX_CANDIDATE_TURN)
+}
+
 /// Whether a line's read+write windows mostly end at their hit cap: on average under a
 /// quarter of the duty window's span long, with at least half a cap of hits each (short
 /// windows with few hits were cut short by the end of a turn).
@@ -1944,6 +1961,18 @@ mod tests {
         // known of how the line's loads fill one.
         (e.windows, e.armed_s, e.accesses) = (10, 10.0 * 0.0005, 10 * cap);
         assert!(!filled_at_cap(&e, &duty));
+    }
+
+    #[test]
+    fn a_candidate_turn_lasts_until_a_window_of_it_has_counted() {
+        let ms = Duration::from_millis;
+        assert!(!candidate_turn_over(ms(50), true));
+        assert!(candidate_turn_over(TURN, true));
+        // Armed in a cooldown: the turn waits for its window…
+        assert!(!candidate_turn_over(TURN, false));
+        assert!(!candidate_turn_over(ms(300), false));
+        // …but not for ever.
+        assert!(candidate_turn_over(MAX_CANDIDATE_TURN, false));
     }
 
     #[test]
