@@ -18,9 +18,9 @@
 //! registers those leave free watch its other words, nearest first and in turn from one turn
 //! to the next ([`Steering::with_unsampled_words`]): an access too rare in its loop for a
 //! timer sample to show still traps there. Once its windows have seen it contended, its other
-//! words also get looks of their own in the survey's place, with one sampled word's stores
-//! ([`Steering::unsampled_look`]): a hot line's windows fill at their cap with its hot
-//! accesses, and an access made once every few hundred iterations is in few of them.
+//! words also get looks of their own in the survey's place, alone and then with one sampled
+//! word's stores ([`Steering::unsampled_look`]): a hot line's windows fill at their cap with
+//! its hot accesses, and an access made once every few hundred iterations is in few of them.
 //!
 //! Two views a single kind of window lacks:
 //! - a store-only survey window that one thread filled with its stores is followed by one

@@ -934,8 +934,8 @@ impl<C: CodeSource> Detector<C> {
         if self.look_windows > 0 {
             notes.push(format!(
                 "looks: {} window(s) on {} contended line(s) watched words no timer sample \
-                 showed there, with one sampled word's stores, to name the accesses too rare \
-                 for samples; a look's hits count no events and rate nothing",
+                 showed there, alone or with one sampled word's stores, to name the accesses \
+                 too rare for samples; a look's hits count no events and rate nothing",
                 self.look_windows,
                 self.look_lines.len()
             ));
