@@ -42,7 +42,7 @@ use crate::model::findings::{
     Analysis, CallSite, LineFinding, Location, ModuleInfo, SourceAccess, SurveySummary,
 };
 use crate::model::line_kind::line_kind;
-use crate::model::line_model::{byte_mask, LineModel, LineStat, WordHistory};
+use crate::model::line_model::{byte_mask, LineModel, LineStat, SourceStat, WordHistory};
 use crate::model::neighbours::NeighbourStores;
 use crate::model::survey::{HotLines, SurveyTarget};
 use crate::naming::call_sites::{is_shared_library, CallSites};
@@ -386,19 +386,23 @@ impl<C: CodeSource> Detector<C> {
     /// The bytes of the contended line at `line` that its contending accesses stored (bit n =
     /// byte n; 0 for a line not contended).
     pub fn stored_bytes(&self, line: u64) -> u128 {
-        self.contended_line(line).map_or(0, |l| {
-            l.sources
-                .iter()
-                .filter(|s| s.op.writes())
-                .fold(0, |m, s| m | s.offsets)
-        })
+        self.source_bytes(line, |s| s.op.writes())
     }
 
     /// The bytes of the contended line at `line` that any of its named accesses touched,
     /// loads included (bit n = byte n; 0 for a line not contended).
     pub fn accessed_bytes(&self, line: u64) -> u128 {
-        self.contended_line(line)
-            .map_or(0, |l| l.sources.iter().fold(0, |m, s| m | s.offsets))
+        self.source_bytes(line, |_| true)
+    }
+
+    /// The bytes of the contended line at `line` that its accesses `keep` takes touched.
+    fn source_bytes(&self, line: u64, keep: impl Fn(&SourceStat) -> bool) -> u128 {
+        self.contended_line(line).map_or(0, |l| {
+            l.sources
+                .iter()
+                .filter(|s| keep(s))
+                .fold(0, |m, s| m | s.offsets)
+        })
     }
 
     /// The threads whose contending accesses (samples' and windows') are on the line at
