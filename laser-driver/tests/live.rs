@@ -410,7 +410,23 @@ fn whole_cpu_leaders_follow_the_processes_the_target_forks() {
             .any(|e| matches!(e, Event::Fork { pid, ppid, .. } if *pid == child && *ppid == sh)),
         "the shell's fork of the child"
     );
-    assert_eq!(text_ranges(&events, &t.path).len(), 1, "the child's text");
+    // One range, which may come twice: a child that exec'd between the program's release
+    // and the leaders' first count is read from /proc, and its exec's own record can follow
+    // (`Session::note_premapped`: "a mapping made in between is in both"). CI saw 2 records
+    // twice (not kept; 0 in 110 runs here): the message shows them if they differ.
+    let mut text = text_ranges(&events, &t.path);
+    text.sort_unstable();
+    text.dedup();
+    let records: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Mmap(m) if Path::new(&m.path) == t.path => {
+                Some((m.pid, m.addr, m.len, m.prot, m.time))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(text.len(), 1, "the child's text: {records:x?}");
     let n = samples(&events).filter(|x| x.pid == child).count();
     // Two workers for 0.3 s at 500 Hz: ~300 samples.
     assert!(n >= 60, "{n} samples of the child");
