@@ -15,8 +15,8 @@ use crate::event::SOFT_REGS_MASK;
 /// IDENTIFIER | IP | TID | TIME | ADDR | CPU | PERIOD | REGS_USER | STACK_USER. `ADDR` is 0
 /// for cpu-clock and the watched address for breakpoints; regs on watch hits let the detector
 /// see the registers after the access too. The top of the user stack
-/// ([`STACK_USER_BYTES`] for cpu-clock samples, none for watchpoint hits) is scanned by the
-/// decoder for return addresses (`Sample::callers`) and not kept.
+/// ([`STACK_USER_BYTES`] for cpu-clock samples, [`WATCH_STACK_USER_BYTES`] for watchpoint
+/// hits) is scanned by the decoder for return addresses (`Sample::callers`) and not kept.
 pub const SAMPLE_TYPE: u64 = (b::PERF_SAMPLE_IDENTIFIER
     | b::PERF_SAMPLE_IP
     | b::PERF_SAMPLE_TID
@@ -31,6 +31,16 @@ pub const SAMPLE_TYPE: u64 = (b::PERF_SAMPLE_IDENTIFIER
 /// library frames (glibc's mutex lock and its futex wait keep ~100 bytes each) above the
 /// program's call site. The kernel copies them with the sample (≈ 0.1 µs); a multiple of 8.
 pub const STACK_USER_BYTES: u32 = 512;
+
+/// Bytes of user stack copied into each watchpoint hit: enough for the program's call site
+/// above a short library frame. glibc's `rand()` takes its lock in `__random` (0x18 bytes of
+/// locals) called from `rand` (8), so the program's return address is 0x28 bytes up at the
+/// `lock cmpxchg`, 0x30 in `__lll_lock_wait_private` and `__random_r`; `pthread_mutex_lock`
+/// has it 0x18 up. Without it a lock that only code windows saw had no call site (rand_lock's
+/// `rand()` line missing in 2 of 20 runs, forty-seventh session): samples land in such a
+/// function about once a second. Each hit's record grows from 224 to 296 bytes, which
+/// [`crate::watch`]'s thread rings are sized for.
+pub const WATCH_STACK_USER_BYTES: u32 = 64;
 
 /// The largest `wakeup_events` that means what it says. The kernel compares the ring's sample
 /// count against the field read as a signed `int` (`perf_output_sample`), so any value above
@@ -196,7 +206,7 @@ pub fn watch_ring() -> b::perf_event_attr {
     a.type_ = b::PERF_TYPE_SOFTWARE;
     a.config = b::PERF_COUNT_SW_DUMMY as u64;
     a.__bindgen_anon_1.sample_period = 0;
-    a.sample_stack_user = 0;
+    a.sample_stack_user = WATCH_STACK_USER_BYTES;
     a
 }
 
@@ -220,11 +230,10 @@ pub fn watch(binding: Binding, wakeup_events: u32) -> b::perf_event_attr {
     a.__bindgen_anon_3.bp_addr = PARKED_ADDR;
     a.__bindgen_anon_4.bp_len = b::HW_BREAKPOINT_LEN_8 as u64;
     a.__bindgen_anon_2.wakeup_events = wakeup_events.clamp(1, MAX_WAKEUP_EVENTS);
-    // No stack copy: a burst of hits the reader is late for must fit the ring (an attached
-    // thread's ring is 128 KiB; 512 bytes more per hit would make a 500-hit burst overflow
-    // it), and the soft samples of the same instructions already carry their call sites.
-    // The record keeps the (empty) stack field, so one layout still parses every record.
-    a.sample_stack_user = 0;
+    // A short stack copy, not the samples' 512 bytes: a burst of hits the reader is late for
+    // must fit the ring (an attached thread's ring is 128 KiB; 512 bytes more per hit would
+    // make a 500-hit burst overflow it, 72 more leave room for ~440).
+    a.sample_stack_user = WATCH_STACK_USER_BYTES;
     a
 }
 
@@ -411,7 +420,10 @@ mod tests {
             "{diff:?}"
         );
         assert_eq!(r.disabled(), 0);
-        assert_eq!((w.sample_type, w.sample_stack_user), (SAMPLE_TYPE, 0));
+        assert_eq!(
+            (w.sample_type, w.sample_stack_user),
+            (SAMPLE_TYPE, WATCH_STACK_USER_BYTES)
+        );
         assert_eq!(w.disabled(), 1);
         assert_eq!(w.inherit(), 0, "REFRESH refuses inherited events");
         assert!(describe(&r).contains("breakpoint w len 4"));

@@ -224,9 +224,10 @@ impl RingLeader {
     }
 }
 
-/// Data pages of a thread's watch ring ([`ThreadRing`]): 32 KiB, about 130 hits with their
-/// registers, where the reader wakes at a window event's limit (tens of hits).
-const THREAD_RING_PAGES: usize = 8;
+/// Data pages of a thread's watch ring ([`ThreadRing`]): 64 KiB, about 220 hits with their
+/// registers and stack tops (296 bytes each, [`attr::WATCH_STACK_USER_BYTES`]), where the
+/// reader wakes at a window event's limit (~110 hits on this 2-CPU VM).
+const THREAD_RING_PAGES: usize = 16;
 
 /// Launch: the ring one thread's window events write into ([`attr::watch_ring`]), made at
 /// the first window that opens events on the thread and kept until it exits. With it a
