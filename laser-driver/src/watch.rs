@@ -7,7 +7,8 @@
 //! parked at an unmapped address and disabled; [`Watcher::arm`] re-points them with
 //! `PERF_EVENT_IOC_MODIFY_ATTRIBUTES`. They are limited to their share of the window's cap like launch
 //! events (below): the limit outlives a window, so an event that trapped is replaced by a
-//! fresh one before it counts again ([`Watcher::enable_attached`]).
+//! fresh one before it counts again ([`Watcher::enable_attached`]). A window's events are
+//! enabled, as launch ones are, when the reader is about to sleep ([`Watcher::enable_opened`]).
 //!
 //! **Launch** (per thread, never `inherit`): events exist only while a window counts.
 //! A window opens the armed set on every thread of the target then alive, one event per slot
