@@ -112,8 +112,12 @@ impl LiveHeap {
     }
 
     /// Reads the blocks of those `lines` not named yet, at most `budget` bytes.
+    /// Also looks up, on each call, the sites of named blocks on armed lines, whether or not
+    /// a line is left to name: a block allocated again after its line was armed is in the
+    /// recorder's table only from then on, which may be long after its line was named.
     pub fn name(&mut self, lines: &[u64], budget: u64) {
-        if self.error.is_some() || !lines.iter().any(|&l| self.namer.wants(l)) {
+        let naming = lines.iter().any(|&l| self.namer.wants(l));
+        if self.error.is_some() || !(naming || self.sites_pending()) {
             return;
         }
         let t0 = Instant::now();
@@ -137,11 +141,23 @@ impl LiveHeap {
             }
         }
         let regions = laser_detect::decode::maps::parse(&maps);
-        if let Some(mem) = self.mem.as_mut() {
+        if let (true, Some(mem)) = (naming, self.mem.as_mut()) {
             self.namer.update(lines, &regions, mem, budget);
         }
         self.find_sites(&regions);
         self.spent += t0.elapsed();
+    }
+
+    /// Whether a named live block on an armed line has no site yet: blocks allocated there
+    /// since the arming are in the recorder's table.
+    fn sites_pending(&self) -> bool {
+        self.shim.is_some()
+            && !self.armed.is_empty()
+            && self.namer.named().any(|(l, b)| {
+                matches!(b.state, BlockState::InUse | BlockState::Mmapped)
+                    && self.armed.contains(&l)
+                    && !self.sites.contains_key(&b.user)
+            })
     }
 
     /// Finds the allocation sites of named blocks in the recorder's table; arms the lines of

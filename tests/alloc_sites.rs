@@ -49,26 +49,29 @@ static void *work(void *arg) {
     }
     return NULL;
 }
-static void allocate(void) {
-    for (int i = 0; i < 8; i++)
+static void allocate(int lo, int hi) {
+    for (int i = lo; i < hi; i++)
         s[i] = safe_malloc(sizeof(struct stats)); /* SITE */
 }
 int main(int argc, char **argv) {
-    allocate();
+    allocate(0, 8);
     while (((uintptr_t)s[first] >> 6) != ((uintptr_t)s[first + 1] >> 6)) first++;
     printf("pair %p %p\n", (void *)s[first], (void *)s[first + 1]);
     fflush(stdout);
     pthread_t t[2];
     for (long k = 0; k < 2; k++) pthread_create(&t[k], NULL, work, (void *)k);
-    /* With an argument: every 100 ms, free the objects and allocate them again (tcache
-     * hands the same blocks back), as a program whose objects come and go would. */
+    /* With an argument: every 100 ms, free the pair and allocate it again, as a program
+     * whose objects come and go would. tcache is last in, first out, so the pair gets the
+     * same two blocks back. (Freeing all eight did not: the bin's tcache holds 7, and the
+     * blocks came back shifted by one each round, so the contention moved between lines.) */
     for (int round = 0; round < 15; round++) {
         usleep(100000);
         if (argc > 1) {
             pause_ = 1;
             while (!parked[0] || !parked[1]) ;
-            for (int i = 7; i >= 0; i--) free(s[i]);
-            allocate();
+            free(s[first + 1]);
+            free(s[first]);
+            allocate(first, first + 2);
             pause_ = 0;
         }
     }
