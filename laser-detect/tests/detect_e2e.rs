@@ -776,11 +776,18 @@ fn a_window_that_fell_in_a_short_phase_of_another_kind_does_not_decide_the_kind(
 /// threads, see `neighbouring_stores_of_two_threads_get_a_code_window`), then `windows` on
 /// LINE: each `(length ns, threads that trap in it)`. Returns the instructions offered a code
 /// window (at a threshold no sampled rate reaches, so none is "hot").
-fn code_candidates_after(windows: &[(u64, &[u32])]) -> (Vec<u64>, u64) {
+/// `shared_code`: both threads run the store (SPMD code, as streamcluster's); otherwise it is
+/// thread 1's alone, and thread 2 only loads there.
+fn code_candidates_after(windows: &[(u64, &[u32])], shared_code: bool) -> (Vec<u64>, u64) {
     let (mut d, c, r) = watch_detector();
     let mut t = 1_000_000_000u64;
-    for _ in 0..100 {
-        for (tid, ip, off) in [(1, c[3], 0), (2, r[1], 8)] {
+    for i in 0..100 {
+        let ip2 = if shared_code && i % 2 == 0 {
+            c[3]
+        } else {
+            r[1]
+        };
+        for (tid, ip, off) in [(1, c[3], 0), (2, ip2, 8)] {
             t += 100_000;
             d.feed(&soft(tid, t, ip, LINE + off));
         }
@@ -790,10 +797,11 @@ fn code_candidates_after(windows: &[(u64, &[u32])]) -> (Vec<u64>, u64) {
         d.watch_window_begin(LINE, t);
         for (i, &tid) in tids.iter().enumerate() {
             for k in 0..40u64 {
+                let ip = if tid == 2 && !shared_code { r[1] } else { c[3] };
                 d.feed(&watch(
                     tid,
                     t + 1_000 + 100 * (40 * i as u64 + k),
-                    c[3],
+                    ip,
                     LINE + 8 * u64::from(tid - 1),
                 ));
             }
@@ -809,50 +817,65 @@ fn code_candidates_after(windows: &[(u64, &[u32])]) -> (Vec<u64>, u64) {
 /// elsewhere, PARSEC streamcluster's `work_mem`) is followed by its code: a line whose data
 /// window counted long and saw nothing, or whose windows (two or more) were each filled by
 /// one thread, gives its instructions a code window; a line whose window saw the pair, a
-/// single window of one thread, or a short empty window, does not.
+/// single window of one thread, or a short empty window, does not. Windows that each saw one
+/// thread lead to the code only when two threads run it: a code window on one thread's own
+/// instruction cannot see a transfer either.
 #[test]
 fn a_line_the_data_windows_find_quiet_or_taken_in_turns_is_followed_by_its_code() {
     let none: &[u32] = &[];
-    for (windows, expect, why) in [
-        (vec![], false, "no window yet"),
+    for (windows, expect, shared_only, why) in [
+        (vec![], false, false, "no window yet"),
         (
             vec![(20_000_000, none)],
             true,
+            false,
             "every window found it untouched",
         ),
         (
             vec![(2_000_000, &[1, 2][..]), (20_000_000, none)],
             true,
+            false,
             "a long window found it untouched",
         ),
         (
             vec![(2_000_000, &[1, 2][..]), (5_000_000, none)],
+            false,
             false,
             "an empty window too short to say",
         ),
         (
             vec![(2_000_000, &[1][..]), (2_000_000, &[2][..])],
             true,
+            true,
             "each window one thread, different ones",
         ),
         (
             vec![(2_000_000, &[1][..]), (2_000_000, &[1][..])],
+            true,
             true,
             "each window one thread, the same one (the other's words unwatched)",
         ),
         (
             vec![(2_000_000, &[1][..])],
             false,
+            false,
             "one window of one thread: the next may see the pair",
         ),
         (
             vec![(2_000_000, &[1, 2][..])],
             false,
+            false,
             "a window saw the pair",
         ),
     ] {
-        let (pcs, store) = code_candidates_after(&windows);
-        assert_eq!(pcs.contains(&store), expect, "{why}: {pcs:#x?}");
+        for shared_code in [true, false] {
+            let (pcs, store) = code_candidates_after(&windows, shared_code);
+            assert_eq!(
+                pcs.contains(&store),
+                expect && (shared_code || !shared_only),
+                "{why}, both threads run the store: {shared_code}: {pcs:#x?}"
+            );
+        }
     }
 }
 

@@ -1318,27 +1318,35 @@ impl<C: CodeSource> Detector<C> {
         //   watched): the windows cannot count a transfer, the line's estimate stays
         //   uninformative however many it gets, and only the code shows where the pair
         //   meets (streamcluster again: three windows on the line of `work_mem` each saw
-        //   one thread's stores).
+        //   one thread's stores). Only for an instruction samples showed two threads run
+        //   there: a code window on one thread's own instruction traps that thread alone and
+        //   cannot show a transfer either. idx4_rw_false's store and load are each one
+        //   thread's; with its threads taking turns on one CPU for half the run, the store
+        //   got code turns of ~250 ms each (four a run, ~80% of the trap budget) and the
+        //   line's data windows, the only ones that can see the pair, one window a turn.
+        // The line's (untouched, every window saw one thread).
         let cooled = |l: &LineStat| {
-            estimates.iter().any(|e| {
-                e.line_addr == l.line_addr
-                    && e.windows > 0
-                    && (e.accesses == 0
-                        || e.quiet_windows > 0
-                        || (e.windows >= 2 && !e.informative()))
-            })
+            estimates
+                .iter()
+                .find(|e| e.line_addr == l.line_addr && e.windows > 0)
+                .map_or((false, false), |e| {
+                    (
+                        e.accesses == 0 || e.quiet_windows > 0,
+                        e.windows >= 2 && !e.informative(),
+                    )
+                })
         };
         let mut per_pc: HashMap<u64, Pc> = HashMap::new();
         for l in self.model.contended().filter(|l| l.threads.len() >= 2) {
             let hot = rate(l) >= threshold;
-            let cold = cooled(l);
+            let (untouched, one_thread_windows) = cooled(l);
             for src in &l.sources {
                 let e = per_pc.entry(src.pc).or_default();
                 e.lines.push(l.line_addr);
                 e.events += src.events;
                 e.stores |= src.op.writes();
                 e.hot |= hot;
-                e.cold |= cold;
+                e.cold |= untouched || (one_thread_windows && src.threads.len() >= 2);
             }
         }
         // Code that contends on two lines, or on one that had cooled when it was watched.
