@@ -81,3 +81,26 @@ fn cpp_base_classes_and_atomic_members() {
         }
     }
 }
+
+#[test]
+fn openmp_regions_reach_shared_locals_through_their_data_block() {
+    for opt in ["-O0", "-O2"] {
+        let exe = format!("types_omp{}", &opt[1..]);
+        let b = build_with(
+            &exe,
+            "types_omp.c",
+            &exe,
+            &["gcc", "-g", opt, "-fopenmp", "-o", &exe, "types_omp.c"],
+        );
+        let f = "types_omp.c";
+        // The shared array, through the pointer member the region's data block holds for it
+        // (`int (*)[2]`): before, the outlined function was not found in DWARF at all, and
+        // at -O2 a load through rbp was taken for a stack slot.
+        for (tag, ty, expr) in [
+            ("@sum", "double", "*.omp_data_i->sum"),
+            ("@counts", "int", "*.omp_data_i->counts"),
+        ] {
+            expect(&b, &exe, f, tag, ty, expr);
+        }
+    }
+}

@@ -194,6 +194,8 @@ impl TypeTable {
                     // gcc qualifies a `volatile long a[n]` twice, on the array and on its
                     // element: C writes the qualifier once.
                     Some(q) if inner.starts_with(&format!("{q} ")) && !inner.contains('*') => inner,
+                    // C writes restrict after the pointer it qualifies: `int *restrict`.
+                    Some("restrict") => format!("{inner}restrict"),
                     Some(q) => format!("{q} {inner}"),
                     None => inner,
                 }
@@ -348,10 +350,16 @@ impl TypeTable {
                 qualifier: None,
                 target: sub(self, target),
             },
-            gimli::DW_TAG_const_type | gimli::DW_TAG_volatile_type | gimli::DW_TAG_atomic_type => {
+            // `struct s *restrict p` is a restrict_type over the pointer type: without it
+            // here, every access through a restrict-qualified pointer was untyped.
+            gimli::DW_TAG_const_type
+            | gimli::DW_TAG_volatile_type
+            | gimli::DW_TAG_atomic_type
+            | gimli::DW_TAG_restrict_type => {
                 let qualifier = match e.tag() {
                     gimli::DW_TAG_const_type => "const",
                     gimli::DW_TAG_volatile_type => "volatile",
+                    gimli::DW_TAG_restrict_type => "restrict",
                     _ => "_Atomic",
                 };
                 TypeNode::Alias {

@@ -272,6 +272,10 @@ fn track(
                                 reg = src;
                                 continue;
                             }
+                            // Without a frame pointer rbp is a general register (gcc -O2
+                            // keeps an OpenMP region's `.omp_data_i` there): a load through
+                            // it is a pointer load like any other, as in `operand_place`.
+                            None if b == RBP => {}
                             None => return fallback.ok_or(Untyped::StackNoVariable),
                         }
                     }

@@ -152,6 +152,13 @@ fn find_function(
             gimli::DW_TAG_subprogram => {
                 let ranges = ranges_of(cx, e);
                 if !contains(&ranges, cx.pc) {
+                    // gcc nests the functions it outlines from a function inside that
+                    // function's DIE: OpenMP regions (`main._omp_fn.0`, in a lexical block
+                    // of main) and GNU C nested functions. Their PCs lie outside the
+                    // parent's ranges.
+                    if let Some(f) = find_function(cx, child, depth + 1)? {
+                        return Ok(Some(f));
+                    }
                     continue;
                 }
                 let low = ranges.iter().map(|r| r.0).min().unwrap_or(0);
@@ -165,8 +172,10 @@ fn find_function(
                 collect(cx, child, &ranges, &mut f.vars, depth + 1)?;
                 return Ok(Some(f));
             }
-            // C++ may nest definitions in namespaces (and gcc in classes, rarely).
+            // C++ may nest definitions in namespaces (and gcc in classes, rarely); a
+            // function's blocks hold the functions outlined from them.
             gimli::DW_TAG_namespace
+            | gimli::DW_TAG_lexical_block
             | gimli::DW_TAG_structure_type
             | gimli::DW_TAG_class_type
             | gimli::DW_TAG_union_type => {
@@ -231,7 +240,7 @@ fn variable(
         return Ok(None);
     };
     let (name, ty) = name_and_type(dwarf, unit, e);
-    let Some(name) = name else {
+    let Some(name) = name.or_else(|| omp_data_param(unit, e, ty)) else {
         return Ok(None);
     };
     let mut locs = Vec::new();
@@ -272,6 +281,38 @@ fn list(
         }
     }
     Ok(())
+}
+
+/// The name gcc gives (in its dumps, not in DWARF) to the one parameter of a function it
+/// outlines for an OpenMP region, `main._omp_fn.0(struct .omp_data_s.0 &.omp_data_i)`: an
+/// unnamed artificial parameter whose type leads (through qualifiers, pointers and
+/// references) to an unnamed artificial struct. Its members are the region's shared
+/// variables (as pointers to the enclosing function's locals) and firstprivate copies, so
+/// accesses through it are typed as `.omp_data_i->sum`; the report names the member.
+pub(crate) const OMP_DATA: &str = ".omp_data_i";
+
+fn omp_data_param(unit: &Unit, e: &Entry<'_>, ty: Option<UnitOffset<usize>>) -> Option<String> {
+    let artificial = |e: &Entry<'_>| e.attr_value(gimli::DW_AT_artificial).is_some();
+    if e.tag() != gimli::DW_TAG_formal_parameter || !artificial(e) {
+        return None;
+    }
+    let mut next = ty;
+    for _ in 0..8 {
+        let t = unit.entry(next?).ok()?;
+        match t.tag() {
+            gimli::DW_TAG_structure_type => {
+                let unnamed = t.attr_value(gimli::DW_AT_name).is_none();
+                return (unnamed && artificial(&t)).then(|| OMP_DATA.to_string());
+            }
+            gimli::DW_TAG_pointer_type
+            | gimli::DW_TAG_reference_type
+            | gimli::DW_TAG_restrict_type
+            | gimli::DW_TAG_const_type
+            | gimli::DW_TAG_volatile_type => next = unit_ref(t.attr_value(gimli::DW_AT_type)),
+            _ => return None,
+        }
+    }
+    None
 }
 
 /// Name and type of a variable, through `DW_AT_abstract_origin` (inlined and out-of-line
