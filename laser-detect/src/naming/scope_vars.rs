@@ -284,13 +284,14 @@ fn list(
 }
 
 /// The name gcc gives (in its dumps, not in DWARF) to the one parameter of a function it
-/// outlines for an OpenMP region, `main._omp_fn.0(struct .omp_data_s.0 &.omp_data_i)`: an
-/// unnamed artificial parameter whose type leads (through qualifiers, pointers and
-/// references) to an unnamed artificial struct. Its members are the region's shared
-/// variables (as pointers to the enclosing function's locals) and firstprivate copies, so
-/// accesses through it are typed as `.omp_data_i->sum`; the report names the member.
-pub(crate) const OMP_DATA: &str = ".omp_data_i";
+/// outlines for an OpenMP region, `main._omp_fn.0(struct .omp_data_s.0 &.omp_data_i)`.
+const OMP_DATA: &str = ".omp_data_i";
 
+/// [`OMP_DATA`] for an unnamed artificial parameter whose type leads (through qualifiers,
+/// pointers and references) to an unnamed artificial struct. Its members are the region's
+/// shared variables (as pointers to the enclosing function's locals) and firstprivate
+/// copies, so accesses through it are typed as `.omp_data_i->sum`. The walk into every
+/// function's DIEs this needs (`find_function`) runs once per typed function.
 fn omp_data_param(unit: &Unit, e: &Entry<'_>, ty: Option<UnitOffset<usize>>) -> Option<String> {
     let artificial = |e: &Entry<'_>| e.attr_value(gimli::DW_AT_artificial).is_some();
     if e.tag() != gimli::DW_TAG_formal_parameter || !artificial(e) {
