@@ -92,6 +92,22 @@ fn quoted(names: &[String]) -> String {
     }
 }
 
+/// [`quoted`], with three or more elements of one array as one range (`q.slots[26..33]`):
+/// a line of eight slots is one name, not eight.
+fn quoted_elements(fields: &[String]) -> String {
+    let names: Vec<String> = element_groups(fields)
+        .into_iter()
+        .flat_map(|(name, members)| {
+            if members.len() >= 3 {
+                vec![name]
+            } else {
+                members
+            }
+        })
+        .collect();
+    quoted(&names)
+}
+
 /// `[0..8)`, `[0..8)+[24..32)`.
 pub fn byte_ranges(mask: u128) -> String {
     let mut out = Vec::new();
@@ -242,7 +258,7 @@ fn false_sharing_heap(f: &Finding, align: u32, prefetch: &str) -> String {
 
 fn false_sharing_global(f: &Finding, align: u32, prefetch: &str, attr: &str, who: &str) -> String {
     let objs = &f.data.objects;
-    let fields = quoted(&f.data.fields);
+    let fields = quoted_elements(&f.data.fields);
     if objs.len() >= 2 {
         let names: Vec<String> = objs.iter().map(|o| o.name.clone()).collect();
         return format!(
@@ -287,6 +303,16 @@ fn false_sharing_global(f: &Finding, align: u32, prefetch: &str, attr: &str, who
         );
     }
     if let Some(ty) = obj.type_name.as_deref().filter(|t| is_record(t)) {
+        // One writer and readers beside it (a ring's producer and consumer): "threads write
+        // different fields" would send the reader looking for stores it does not make.
+        if let [w] = writer_threads(f).into_iter().collect::<Vec<_>>().as_slice() {
+            return format!(
+                "T{w} writes fields of `{name}` ({ty}) that other threads read beside them, on \
+                 one line: {fields}. Move the written fields to their own cache line with \
+                 {attr} on the first of them, or split `{name}` so each thread's fields are \
+                 aligned to {align}.{prefetch}"
+            );
+        }
         return format!(
             "Threads write different fields of `{name}` ({ty}): {fields}. Move each thread's \
              fields to their own cache line with {attr} on the first field of each group, or \
@@ -312,15 +338,14 @@ fn true_sharing_per_variable(f: &Finding, line_size: u32) -> String {
     let mut sentences: Vec<String> = Vec::new();
     let mut shared: Vec<String> = Vec::new();
     let mut neighbours: Vec<String> = Vec::new();
-    let parts: Vec<Finding> = f
-        .data
-        .fields
-        .iter()
-        .filter_map(|field| {
+    let parts: Vec<Finding> = element_groups(&f.data.fields)
+        .into_iter()
+        .filter_map(|(name, members)| {
             let mut p = f.clone();
-            p.sources.retain(|s| s.fields.contains(field));
-            p.data.name = field.clone();
-            p.data.fields = vec![field.clone()];
+            p.sources
+                .retain(|s| s.fields.iter().any(|x| members.contains(x)));
+            p.data.fields = vec![name.clone()];
+            p.data.name = name;
             (!p.sources.is_empty()).then_some(p)
         })
         .collect();
@@ -373,6 +398,56 @@ fn true_sharing_per_variable(f: &Finding, line_size: u32) -> String {
         ));
     }
     sentences.join(" ")
+}
+
+/// The line's fields with the elements of one array taken together, in their first order:
+/// `q.slots[18]` … `q.slots[25]` (a ring buffer's slots, producer writes and consumer reads)
+/// are one variable for the remedy, `q.slots[18..25]`, not eight sentences that say the same.
+/// Each group's name, and the field names it stands for.
+fn element_groups(fields: &[String]) -> Vec<(String, Vec<String>)> {
+    /// Fields `prefix[N]suffix` with one prefix and suffix (`key`), or one field of
+    /// another form (`key` None).
+    struct Group {
+        key: Option<(String, String)>,
+        indices: Vec<u64>,
+        members: Vec<String>,
+    }
+    // `prefix[N]suffix` at the first numeric index.
+    let split = |f: &str| -> Option<((String, String), u64)> {
+        let open = f.find('[')?;
+        let close = open + f[open..].find(']')?;
+        let n = f[open + 1..close].parse().ok()?;
+        Some(((f[..open].to_string(), f[close + 1..].to_string()), n))
+    };
+    let mut groups: Vec<Group> = Vec::new();
+    for field in fields {
+        let (key, n) = match split(field) {
+            Some((k, n)) => (Some(k), Some(n)),
+            None => (None, None),
+        };
+        match groups.iter_mut().find(|g| key.is_some() && g.key == key) {
+            Some(g) => {
+                g.indices.extend(n);
+                g.members.push(field.clone());
+            }
+            None => groups.push(Group {
+                key,
+                indices: n.into_iter().collect(),
+                members: vec![field.clone()],
+            }),
+        }
+    }
+    groups
+        .into_iter()
+        .map(
+            |g| match (&g.key, g.indices.iter().min(), g.indices.iter().max()) {
+                (Some((pre, suf)), Some(lo), Some(hi)) if g.members.len() >= 2 => {
+                    (format!("{pre}[{lo}..{hi}]{suf}"), g.members)
+                }
+                _ => (g.members[0].clone(), g.members),
+            },
+        )
+        .collect()
 }
 
 /// The pattern of a truly shared line and its remedy.
@@ -473,7 +548,15 @@ fn true_sharing(f: &Finding, guard: Option<&str>) -> String {
         let label = format!("The {} data at bytes {}", f.data.kind, byte_ranges(all));
         (label, "x".to_string())
     } else if let [field] = f.data.fields.as_slice() {
-        (format!("`{field}`"), field.clone())
+        // A group of elements (`q.slots[18..25]`): any one of them in a snippet.
+        let var = match (field.find('['), field.find("..")) {
+            (Some(open), Some(dots)) if open < dots => {
+                let close = dots + field[dots..].find(']').unwrap_or(0);
+                format!("{}[i]{}", &field[..open], &field[close + 1..])
+            }
+            _ => field.clone(),
+        };
+        (format!("`{field}`"), var)
     } else if f.data.fields.len() >= 2 || f.data.objects.len() >= 2 {
         // Several variables the sources do not tell apart: no one name fits a snippet.
         let names: Vec<String> = if f.data.fields.len() >= 2 {
@@ -928,6 +1011,82 @@ mod tests {
             fix.contains("The line's data (`modified` and `num_points`) is re-written")
                 && fix.contains("`if (x != v) x = v;`"),
             "{fix}"
+        );
+    }
+
+    /// A single-producer ring: the producer writes slots the consumer then reads, a line of
+    /// eight slots at a time. One sentence for the slots, not one per slot and a ninth that
+    /// calls the last slot a neighbour of the others.
+    #[test]
+    fn elements_of_one_array_on_a_truly_shared_line_are_one_variable() {
+        let field = |mut s: Source, name: &str| {
+            s.fields = vec![name.to_string()];
+            s
+        };
+        let mut sources = Vec::new();
+        let mut fields = Vec::new();
+        for i in 0..8u32 {
+            let name = format!("q.slots[{}]", 18 + i);
+            sources.push(field(src(Op::Store, i * 8..i * 8 + 8, 1, 15), &name));
+            if i < 7 {
+                sources.push(field(src(Op::Load, i * 8..i * 8 + 8, 2, 25), &name));
+            }
+            fields.push(name);
+        }
+        let mut f = finding(
+            Kind::TrueSharing,
+            "q",
+            vec![obj("q", "struct ring", None)],
+            sources,
+        );
+        f.data.fields = fields;
+        let fix = suggest(&f, 64);
+        assert!(
+            fix.starts_with(
+                "`q.slots[18..25]` is written by T1 and read by T2: this is real communication"
+            ),
+            "{fix}"
+        );
+        assert_eq!(fix.matches("real communication").count(), 1, "{fix}");
+        assert!(!fix.contains("false-share"), "{fix}");
+        // Every thread re-writes the slots: the snippet names one element.
+        for s in &mut f.sources {
+            s.op = Op::Store;
+        }
+        let fix = suggest(&f, 64);
+        assert!(
+            fix.contains("`if (q.slots[i] != v) q.slots[i] = v;`"),
+            "{fix}"
+        );
+        // Read-write false sharing between the slots (the consumer reads one while the
+        // producer writes the next): one writer, named as such, and the slots as one range.
+        for s in &mut f.sources {
+            s.op = if s.threads == [1] {
+                Op::Store
+            } else {
+                Op::Load
+            };
+        }
+        f.kind = Kind::FalseSharing;
+        let fix = suggest(&f, 64);
+        assert!(
+            fix.starts_with(
+                "T1 writes fields of `q` (struct ring) that other threads read beside them, on \
+                 one line: `q.slots[18..25]`."
+            ),
+            "{fix}"
+        );
+        // Fields that are not elements of one array keep a sentence each.
+        assert_eq!(
+            element_groups(&["a".into(), "b[1]".into(), "c[2].x".into(), "c[4].x".into()]),
+            vec![
+                ("a".to_string(), vec!["a".to_string()]),
+                ("b[1]".to_string(), vec!["b[1]".to_string()]),
+                (
+                    "c[2..4].x".to_string(),
+                    vec!["c[2].x".to_string(), "c[4].x".to_string()]
+                ),
+            ]
         );
     }
 
