@@ -9,7 +9,7 @@
  * the counters), and the counters of the team's threads sit 4 bytes apart on one line of the
  * master thread's stack. DWARF nests the outlined function inside main, where laser's typing
  * did not look: until the fifty-second session the access came out untyped ("no DWARF
- * function"); it is now `.omp_data_i->counts->v`.
+ * function"); it is now `counts[*].v`, as main names it.
  *
  * FIXED: each counter aligned and padded to FIX_ALIGN bytes (still main's local).
  * SIZE: passes over 16 MB of input.

@@ -93,12 +93,14 @@ fn openmp_regions_reach_shared_locals_through_their_data_block() {
             &["gcc", "-g", opt, "-fopenmp", "-o", &exe, "types_omp.c"],
         );
         let f = "types_omp.c";
-        // The shared array, through the pointer member the region's data block holds for it
-        // (`int (*)[2]`): before, the outlined function was not found in DWARF at all, and
+        // A shared array, through the pointer member the region's data block holds for it
+        // (`int (*)[2]`), and a heap array through the copy of main's pointer: named as
+        // main names them. Before, the outlined function was not found in DWARF at all, and
         // at -O2 a load through rbp was taken for a stack slot.
         for (tag, ty, expr) in [
-            ("@sum", "double", "*.omp_data_i->sum"),
-            ("@counts", "int", "*.omp_data_i->counts"),
+            ("@sum", "double", "sum[*]"),
+            ("@counts", "int", "counts[*]"),
+            ("@tot", "long int", "tot[*]"),
         ] {
             expect(&b, &exe, f, tag, ty, expr);
         }

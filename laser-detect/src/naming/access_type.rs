@@ -28,7 +28,7 @@ use crate::naming::dataname::DataIndex;
 use crate::naming::debug_module::{ElfSymbol, SymKind};
 use crate::naming::dwarf_types::{Dwarf, TypeId, TypeNode, TypeTable, Unit};
 use crate::naming::reg_track::{self, How, Oracle, Place, PlaceName};
-use crate::naming::scope_vars::{self, DwReg, FrameBase, FunctionVars, LocLists, VarLoc};
+use crate::naming::scope_vars::{self, DwReg, FrameBase, FunctionVars, LocLists, VarLoc, OMP_DATA};
 
 /// The type and member an access touches.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -375,6 +375,30 @@ impl Oracle for DwarfOracle<'_> {
             (from.offset, from.indexed)
         };
         let (target, mut path) = pointer_at(types, from.ty, offset.max(0) as u64, 0)?;
+        // In an OpenMP region, a pointer loaded from `.omp_data_i` to a shared local of the
+        // function the region came from points at that local, named as the source names it
+        // (`sum`, not `*.omp_data_i->sum`); a firstprivate copy of that function's pointer
+        // points where the pointer does (`parts`, not `.omp_data_i->parts`).
+        if let (PlaceName::Deref(p), false, Some(m)) = (&from.name, element, path.strip_prefix('.'))
+        {
+            let is = |names: &[String]| p == OMP_DATA && names.iter().any(|n| n == m);
+            let name = if is(&self.vars.shared) {
+                Some(PlaceName::Var(m.to_string()))
+            } else if is(&self.vars.copied) {
+                Some(PlaceName::Deref(m.to_string()))
+            } else {
+                None
+            };
+            if let Some(name) = name {
+                return Some(Place {
+                    ty: target,
+                    name,
+                    offset: 0,
+                    indexed: false,
+                    how: How::Tracked,
+                });
+            }
+        }
         // An array variable (`ptrs[i]`): the index is the array's, not an outer one.
         let element = if let (PlaceName::Var(_), true, Some(end)) =
             (&from.name, element && path.starts_with('['), path.find(']'))

@@ -81,6 +81,15 @@ pub(crate) struct FunctionVars {
     pub(crate) low: u64,
     pub(crate) frame_base: FrameBase,
     pub(crate) vars: Vec<ScopeVar>,
+    /// For a function gcc outlined for an OpenMP region: the members of its `.omp_data_i`
+    /// that point at the enclosing function's variable of the same name (a shared local:
+    /// member `sum` of type `double (*)[2]` for main's `double sum[2]`). Accesses through
+    /// them are that variable's, named as in the source.
+    pub(crate) shared: Vec<String>,
+    /// The members that are copies of the enclosing function's variable of the same name and
+    /// type (firstprivate: a pointer `parts` the region only reads): a pointer loaded from
+    /// one points where that variable does.
+    pub(crate) copied: Vec<String>,
 }
 
 impl FunctionVars {
@@ -115,7 +124,7 @@ pub(crate) fn function_at(
         locs,
         pc,
     };
-    find_function(&cx, root, 0)
+    find_function(&cx, root, None, 0)
 }
 
 /// The DIE's PC ranges. A DIE whose ranges cannot be read has none: one malformed entry must
@@ -137,9 +146,11 @@ fn contains(ranges: &[(u64, u64)], pc: u64) -> bool {
 type Entry<'a> = gimli::DebuggingInformationEntry<DwarfReader>;
 type Node<'a, 'b> = gimli::EntriesTreeNode<'a, 'b, DwarfReader>;
 
+/// `outer`: the function whose DIE holds `node`, if any (see [`FunctionVars::shared`]).
 fn find_function(
     cx: &Ctx<'_>,
     node: Node<'_, '_>,
+    outer: Option<UnitOffset<usize>>,
     depth: usize,
 ) -> Result<Option<FunctionVars>, gimli::Error> {
     if depth > MAX_DEPTH {
@@ -156,7 +167,8 @@ fn find_function(
                     // function's DIE: OpenMP regions (`main._omp_fn.0`, in a lexical block
                     // of main) and GNU C nested functions. Their PCs lie outside the
                     // parent's ranges.
-                    if let Some(f) = find_function(cx, child, depth + 1)? {
+                    let this = Some(e.offset());
+                    if let Some(f) = find_function(cx, child, this, depth + 1)? {
                         return Ok(Some(f));
                     }
                     continue;
@@ -168,8 +180,13 @@ fn find_function(
                     low,
                     frame_base,
                     vars: Vec::new(),
+                    shared: Vec::new(),
+                    copied: Vec::new(),
                 };
                 collect(cx, child, &ranges, &mut f.vars, depth + 1)?;
+                if let Some(outer) = outer {
+                    (f.shared, f.copied) = omp_members(cx, outer, &f.vars).unwrap_or_default();
+                }
                 return Ok(Some(f));
             }
             // C++ may nest definitions in namespaces (and gcc in classes, rarely); a
@@ -179,7 +196,7 @@ fn find_function(
             | gimli::DW_TAG_structure_type
             | gimli::DW_TAG_class_type
             | gimli::DW_TAG_union_type => {
-                if let Some(f) = find_function(cx, child, depth + 1)? {
+                if let Some(f) = find_function(cx, child, outer, depth + 1)? {
                     return Ok(Some(f));
                 }
             }
@@ -285,7 +302,7 @@ fn list(
 
 /// The name gcc gives (in its dumps, not in DWARF) to the one parameter of a function it
 /// outlines for an OpenMP region, `main._omp_fn.0(struct .omp_data_s.0 &.omp_data_i)`.
-const OMP_DATA: &str = ".omp_data_i";
+pub(crate) const OMP_DATA: &str = ".omp_data_i";
 
 /// [`OMP_DATA`] for an unnamed artificial parameter whose type leads (through qualifiers,
 /// pointers and references) to an unnamed artificial struct. Its members are the region's
@@ -293,17 +310,22 @@ const OMP_DATA: &str = ".omp_data_i";
 /// copies, so accesses through it are typed as `.omp_data_i->sum`. The walk into every
 /// function's DIEs this needs (`find_function`) runs once per typed function.
 fn omp_data_param(unit: &Unit, e: &Entry<'_>, ty: Option<UnitOffset<usize>>) -> Option<String> {
-    let artificial = |e: &Entry<'_>| e.attr_value(gimli::DW_AT_artificial).is_some();
-    if e.tag() != gimli::DW_TAG_formal_parameter || !artificial(e) {
-        return None;
-    }
+    let artificial = e.attr_value(gimli::DW_AT_artificial).is_some();
+    (e.tag() == gimli::DW_TAG_formal_parameter && artificial && omp_struct(unit, ty).is_some())
+        .then(|| OMP_DATA.to_string())
+}
+
+/// The unnamed artificial struct `ty` leads to through qualifiers, pointers and references.
+fn omp_struct(unit: &Unit, ty: Option<UnitOffset<usize>>) -> Option<UnitOffset<usize>> {
     let mut next = ty;
     for _ in 0..8 {
-        let t = unit.entry(next?).ok()?;
+        let off = next?;
+        let t = unit.entry(off).ok()?;
         match t.tag() {
             gimli::DW_TAG_structure_type => {
                 let unnamed = t.attr_value(gimli::DW_AT_name).is_none();
-                return (unnamed && artificial(&t)).then(|| OMP_DATA.to_string());
+                let artificial = t.attr_value(gimli::DW_AT_artificial).is_some();
+                return (unnamed && artificial).then_some(off);
             }
             gimli::DW_TAG_pointer_type
             | gimli::DW_TAG_reference_type
@@ -314,6 +336,74 @@ fn omp_data_param(unit: &Unit, e: &Entry<'_>, ty: Option<UnitOffset<usize>>) -> 
         }
     }
     None
+}
+
+/// The variables and parameters under `node` (a function or block), not those of functions
+/// nested in it: (name, type).
+fn outer_locals(
+    cx: &Ctx<'_>,
+    node: Node<'_, '_>,
+    out: &mut Vec<(String, UnitOffset<usize>)>,
+    depth: usize,
+) -> Result<(), gimli::Error> {
+    if depth > MAX_DEPTH {
+        return Ok(());
+    }
+    let mut children = node.children();
+    while let Some(child) = children.next()? {
+        let e = child.entry();
+        match e.tag() {
+            gimli::DW_TAG_variable | gimli::DW_TAG_formal_parameter => {
+                if let (Some(n), Some(t)) = name_and_type(cx.dwarf, cx.unit, e) {
+                    out.push((n, t));
+                }
+            }
+            gimli::DW_TAG_lexical_block => outer_locals(cx, child, out, depth + 1)?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// [`FunctionVars::shared`] and [`FunctionVars::copied`] for a function nested in `outer`
+/// whose variables are `vars`.
+fn omp_members(
+    cx: &Ctx<'_>,
+    outer: UnitOffset<usize>,
+    vars: &[ScopeVar],
+) -> Result<(Vec<String>, Vec<String>), gimli::Error> {
+    let (dwarf, unit) = (cx.dwarf, cx.unit);
+    let Some(st) = vars
+        .iter()
+        .find(|v| v.name == OMP_DATA)
+        .and_then(|v| omp_struct(unit, v.ty))
+    else {
+        return Ok(Default::default());
+    };
+    let mut locals: Vec<(String, UnitOffset<usize>)> = Vec::new();
+    let mut tree = unit.entries_tree(Some(outer))?;
+    outer_locals(cx, tree.root()?, &mut locals, 0)?;
+    let (mut shared, mut copied) = (Vec::new(), Vec::new());
+    let mut tree = unit.entries_tree(Some(st))?;
+    let mut members = tree.root()?.children();
+    while let Some(m) = members.next()? {
+        let e = m.entry();
+        let (Some(name), Some(ty)) = (
+            attr_str(dwarf, unit, e.attr_value(gimli::DW_AT_name)),
+            unit_ref(e.attr_value(gimli::DW_AT_type)),
+        ) else {
+            continue;
+        };
+        let local = |t: UnitOffset<usize>| locals.iter().any(|(n, lt)| *n == name && *lt == t);
+        let t = unit.entry(ty)?;
+        let pointee = unit_ref(t.attr_value(gimli::DW_AT_type));
+        if local(ty) {
+            copied.push(name);
+        } else if t.tag() == gimli::DW_TAG_pointer_type && pointee.is_some_and(local) {
+            shared.push(name);
+        }
+    }
+    Ok((shared, copied))
 }
 
 /// Name and type of a variable, through `DW_AT_abstract_origin` (inlined and out-of-line
