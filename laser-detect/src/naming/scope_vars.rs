@@ -307,8 +307,9 @@ pub(crate) const OMP_DATA: &str = ".omp_data_i";
 /// [`OMP_DATA`] for an unnamed artificial parameter whose type leads (through qualifiers,
 /// pointers and references) to an unnamed artificial struct. Its members are the region's
 /// shared variables (as pointers to the enclosing function's locals) and firstprivate
-/// copies, so accesses through it are typed as `.omp_data_i->sum`. The walk into every
-/// function's DIEs this needs (`find_function`) runs once per typed function.
+/// copies: what they reach is named as the enclosing function names it
+/// ([`FunctionVars::shared`]), the block's own bytes as `.omp_data_i->sum`. The walk into
+/// every function's DIEs this needs (`find_function`) runs once per typed function.
 fn omp_data_param(unit: &Unit, e: &Entry<'_>, ty: Option<UnitOffset<usize>>) -> Option<String> {
     let artificial = e.attr_value(gimli::DW_AT_artificial).is_some();
     (e.tag() == gimli::DW_TAG_formal_parameter && artificial && omp_struct(unit, ty).is_some())
