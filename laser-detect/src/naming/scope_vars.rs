@@ -339,33 +339,6 @@ fn omp_struct(unit: &Unit, ty: Option<UnitOffset<usize>>) -> Option<UnitOffset<u
     None
 }
 
-/// The variables and parameters under `node` (a function or block), not those of functions
-/// nested in it: (name, type).
-fn outer_locals(
-    cx: &Ctx<'_>,
-    node: Node<'_, '_>,
-    out: &mut Vec<(String, UnitOffset<usize>)>,
-    depth: usize,
-) -> Result<(), gimli::Error> {
-    if depth > MAX_DEPTH {
-        return Ok(());
-    }
-    let mut children = node.children();
-    while let Some(child) = children.next()? {
-        let e = child.entry();
-        match e.tag() {
-            gimli::DW_TAG_variable | gimli::DW_TAG_formal_parameter => {
-                if let (Some(n), Some(t)) = name_and_type(cx.dwarf, cx.unit, e) {
-                    out.push((n, t));
-                }
-            }
-            gimli::DW_TAG_lexical_block => outer_locals(cx, child, out, depth + 1)?,
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
 /// [`FunctionVars::shared`] and [`FunctionVars::copied`] for a function nested in `outer`
 /// whose variables are `vars`.
 fn omp_members(
@@ -381,9 +354,17 @@ fn omp_members(
     else {
         return Ok(Default::default());
     };
-    let mut locals: Vec<(String, UnitOffset<usize>)> = Vec::new();
+    // The enclosing function's variables, its blocks' too (a shared local lives in memory,
+    // so it has a location: `collect` keeps it).
     let mut tree = unit.entries_tree(Some(outer))?;
-    outer_locals(cx, tree.root()?, &mut locals, 0)?;
+    let root = tree.root()?;
+    let ranges = ranges_of(cx, root.entry());
+    let mut vars = Vec::new();
+    collect(cx, root, &ranges, &mut vars, 0)?;
+    let locals: Vec<(String, UnitOffset<usize>)> = vars
+        .into_iter()
+        .filter_map(|v| Some((v.name, v.ty?)))
+        .collect();
     let (mut shared, mut copied) = (Vec::new(), Vec::new());
     let mut tree = unit.entries_tree(Some(st))?;
     let mut members = tree.root()?.children();
