@@ -412,12 +412,10 @@ fn element_groups(fields: &[String]) -> Vec<(String, Vec<String>)> {
         indices: Vec<u64>,
         members: Vec<String>,
     }
-    // `prefix[N]suffix` at the first numeric index.
+    // `prefix[N]suffix` at the first index, when it is a number.
     let split = |f: &str| -> Option<((String, String), u64)> {
-        let open = f.find('[')?;
-        let close = open + f[open..].find(']')?;
-        let n = f[open + 1..close].parse().ok()?;
-        Some(((f[..open].to_string(), f[close + 1..].to_string()), n))
+        let (pre, index, suf) = first_index(f)?;
+        Some(((pre.to_string(), suf.to_string()), index.parse().ok()?))
     };
     let mut groups: Vec<Group> = Vec::new();
     for field in fields {
@@ -448,6 +446,13 @@ fn element_groups(fields: &[String]) -> Vec<(String, Vec<String>)> {
             },
         )
         .collect()
+}
+
+/// `q.slots[18..25].x` as (`q.slots`, `18..25`, `.x`): a field name split at its first index.
+fn first_index(field: &str) -> Option<(&str, &str, &str)> {
+    let open = field.find('[')?;
+    let close = open + field[open..].find(']')?;
+    Some((&field[..open], &field[open + 1..close], &field[close + 1..]))
 }
 
 /// The pattern of a truly shared line and its remedy.
@@ -548,12 +553,10 @@ fn true_sharing(f: &Finding, guard: Option<&str>) -> String {
         let label = format!("The {} data at bytes {}", f.data.kind, byte_ranges(all));
         (label, "x".to_string())
     } else if let [field] = f.data.fields.as_slice() {
-        // A group of elements (`q.slots[18..25]`): any one of them in a snippet.
-        let var = match (field.find('['), field.find("..")) {
-            (Some(open), Some(dots)) if open < dots => {
-                let close = dots + field[dots..].find(']').unwrap_or(0);
-                format!("{}[i]{}", &field[..open], &field[close + 1..])
-            }
+        // A group of elements (`q.slots[18..25]`, from `element_groups`): any one of them
+        // in a snippet.
+        let var = match first_index(field) {
+            Some((pre, index, suf)) if index.contains("..") => format!("{pre}[i]{suf}"),
             _ => field.clone(),
         };
         (format!("`{field}`"), var)
