@@ -836,14 +836,16 @@ impl Estimator {
             }
         }
         let (_, line, below, above) = best?;
-        // The lower part's top words and the upper part's bottom words, alternately.
-        let top = (0..64u64).rev().filter(|&i| below & 1 << i != 0);
-        let bottom = (0..64u64).filter(|&i| above & 1 << i != 0);
-        let mut words: Vec<u64> = Vec::new();
-        for (hi, lo) in top.zip(bottom) {
-            words.extend([line + 8 * hi, line + 8 * lo]);
-        }
-        words.truncate(FRONT_WORDS);
+        // The lower part's top words and the upper part's bottom words, alternately, nearest
+        // the meeting point first.
+        let top: Vec<u64> = (0..64).rev().filter(|&i| below & 1 << i != 0).collect();
+        let bottom: Vec<u64> = (0..64).filter(|&i| above & 1 << i != 0).collect();
+        let mut words: Vec<u64> = (0..FRONT_WORDS)
+            .flat_map(|i| [top.get(i), bottom.get(i)])
+            .flatten()
+            .map(|&w| line + 8 * w)
+            .take(FRONT_WORDS)
+            .collect();
         words.sort_unstable();
         Some((line, words))
     }
@@ -1644,7 +1646,7 @@ mod tests {
     ///     T2 stores B+64 … B+120     (round r+1: a line of T2's own part, whole)
     ///     T2 stores B+32, B+40       (round r+1: the start of T2's part)
     ///   → front: line B, T1's words there and T2's: B+0, B+8, B+32, B+40
-    ///   T2 on A+0 too (the same words as T1's): no front
+    ///   T1 and T2 at the same words of their lines, or at words that interleave: no front
     /// ```
     #[test]
     fn two_threads_parts_of_one_layout_on_two_lines_are_a_front_on_the_later() {
