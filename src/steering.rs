@@ -110,11 +110,8 @@ const PROBE_REFRESH: Duration = Duration::from_secs(1);
 /// its mmapped input, and with one probe per second that run (0.7 s) never saw the pair.
 const PROBE_TRIES: u32 = 3;
 /// Windows a code turn spans at most (or [`SURVEY_TURN`] of counting time, or
-/// [`SURVEY_WINDOWS`] windows' worth of hits, whichever comes first). Two: a code window
-/// takes its whole cap (`laser_driver::watch`), where it used to end at one CPU's share,
-/// so two take the traps four took; with four, round_threads' code turns took the budget
-/// its flag's survey windows needed (5 of 20 runs missed the flag, 2 of 20 before).
-const CODE_WINDOWS: u64 = SURVEY_WINDOWS / 2;
+/// [`SURVEY_WINDOWS`] windows' worth of hits, whichever comes first).
+const CODE_WINDOWS: u64 = SURVEY_WINDOWS;
 /// How often the globals are read again for heap pointers (programs allocate as they go).
 const POINTERS_EVERY: Duration = Duration::from_millis(200);
 /// An instruction given a code turn gets the next one this long after at the earliest: a few
@@ -529,10 +526,10 @@ impl Steering {
             Some((Turn::Code, _)) if self.exploring => {
                 self.one_window_over(counting, hits, watcher)
             }
-            // A code turn ends after its windows, each with its cooldown, or by hits (when
-            // its windows ended at one CPU's share of the cap, counted by hits alone its
-            // turn took twice the windows meant: stalling_writer had 8 windows, 530 ms of
-            // its 0.5 s of contention, on an instruction whose lines never meet).
+            // A code turn's windows end at one CPU's share of the cap, in well under a
+            // millisecond, each with its cooldown: counted by hits, its turn took twice the
+            // windows meant (stalling_writer: 8 windows, 530 ms of its 0.5 s of contention,
+            // on an instruction whose lines never meet).
             Some((Turn::Code, _))
                 if !counting
                     && watcher
@@ -580,7 +577,7 @@ impl Steering {
         // After a front window, back to the code it came from while the chain lasts.
         if matches!(self.turn, Some((Turn::Front, _))) {
             if let Some((pcs, left)) = self.following.take().filter(|f| f.1 > 0) {
-                self.arm_code(watcher, detector, &pcs, now, hits)?;
+                self.arm_code(watcher, &pcs, now, hits)?;
                 self.following = Some((pcs, left - 1));
                 return Ok(());
             }
@@ -679,7 +676,7 @@ impl Steering {
             }
             let pcs = self.take_code_due(pcs, now);
             if !pcs.is_empty() {
-                self.arm_code(watcher, detector, &pcs, now, hits)?;
+                self.arm_code(watcher, &pcs, now, hits)?;
                 self.following = Some((pcs, FRONTS_PER_CHAIN));
                 return Ok(());
             }
@@ -700,7 +697,7 @@ impl Steering {
             let pcs =
                 self.take_code_due(detector.neighbour_candidates(threshold, MAX_WATCHES), now);
             if !pcs.is_empty() {
-                self.arm_code(watcher, detector, &pcs, now, hits)?;
+                self.arm_code(watcher, &pcs, now, hits)?;
                 self.exploring = true;
                 return Ok(());
             }
@@ -1197,7 +1194,6 @@ impl Steering {
     fn arm_code(
         &mut self,
         watcher: &mut laser_driver::Watcher,
-        detector: &Detector<crate::analyze::Code>,
         pcs: &[u64],
         now: Instant,
         hits: u64,
@@ -1211,18 +1207,8 @@ impl Steering {
             })
             .collect();
         self.code_windows_from = watcher.stats().windows;
-        // Each window waits for two of the threads that run the code to be on different
-        // CPUs (`laser_driver::company`), as a candidate line's do: every execution traps,
-        // so one thread alone on the CPUs fills the window's cap in well under a
-        // millisecond, and the window sees no line the two share (moving_scratch's two
-        // threads take turns on one CPU for much of a run here).
-        let company: Vec<i32> = detector
-            .code_threads(pcs)
-            .into_iter()
-            .filter_map(|t| i32::try_from(t).ok())
-            .collect();
         watcher
-            .arm_for(&specs, &company)
+            .arm(&specs)
             .with_context(|| format!("arming code watchpoints on {pcs:#x?}"))?;
         self.counting = watcher.is_counting();
         self.idle = false;

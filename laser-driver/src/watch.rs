@@ -940,11 +940,6 @@ impl Watcher {
         self.count_hit(Some(tid), cpu, slot, time)
     }
 
-    /// Whether the armed set watches instructions only (a code window).
-    fn is_code_window(&self) -> bool {
-        !self.specs.is_empty() && self.specs.iter().all(|s| s.kind == WatchKind::Exec)
-    }
-
     /// A whole-CPU window's hit in another process ([`Watcher::set_cpu_wide`]): dropped, but
     /// it spent as much of its CPU's limit as the target's own, so it may end the window.
     pub(crate) fn note_foreign_hit(&mut self, cpu: u32, slot: u8, time: u64) -> Option<Event> {
@@ -975,15 +970,9 @@ impl Watcher {
         // filled one share may hold a lock the others wait for (a trap inside a critical
         // section holds it ~20 µs), and the accesses a look is there to pair are the others'
         // (locked_queue: 12 of 47 look windows saw both threads). The spent event traps no
-        // more; the others' take the rest. So do code windows and the front windows they
-        // lead to: every execution of the code traps, so the first thread to run it spends
-        // its CPU's share in a fraction of a millisecond, and the window is there to see
-        // where the next thread's executions meet its stores (moving_scratch: the line two
-        // threads share came with the hit that ended the code window, too late for the front
-        // window that must open inside it).
+        // more; the others' take the rest.
         let spent = *n >= u64::from(self.limit())
-            && (!(self.look || self.front || self.is_code_window())
-                || self.trapped.values().sum::<u64>() >= self.duty.max_hits_per_window);
+            && (!self.look || self.trapped.values().sum::<u64>() >= self.duty.max_hits_per_window);
         if !spent || !self.caps_windows() || !self.state.is_armed() {
             return None;
         }
@@ -2467,46 +2456,30 @@ mod tests {
 
     /// A look's window ends with its whole cap, not with the first share spent: the thread
     /// that spent one share may hold a lock the others wait for, and the look is there for
-    /// their accesses. (Without this, the first loop's last hit ended the window.) So do a
-    /// code window's and a front window's: the first thread to run the watched code spends
-    /// its share at once, and the window is there for where the next thread's accesses go.
+    /// their accesses. (Without this, the first loop's last hit ended the window.)
     #[test]
-    fn looks_code_and_front_windows_end_with_their_whole_cap() {
-        let code = WatchSpec {
-            kind: WatchKind::Exec,
-            ..spec(0x1000)
-        };
-        type Arm = fn(&mut Watcher, &[WatchSpec]) -> Result<(), DriverError>;
-        let cases: [(&str, Arm, WatchSpec); 3] = [
-            ("look", Watcher::arm_look, spec(0x1000)),
-            ("code", Watcher::arm, code),
-            ("front", Watcher::arm_front, spec(0x1000)),
-        ];
-        for (what, arm, s) in cases {
-            let duty = DutyCycle::new(Duration::from_millis(20), 0.02, Duration::from_micros(10));
-            let mut w = Watcher::new(Binding::Attach, duty, None);
-            arm(&mut w, &[s]).unwrap();
-            w.take_markers();
-            let t0 = now_ns();
-            let cap = w.duty_cycle().max_hits_per_window;
-            let first = u64::from(w.limit()).min(cap - 1);
-            // Thread 7 spends its event's share (on 2 CPUs or more): the window goes on.
-            for i in 0..first {
-                assert_eq!(w.note_hit(7, 0, 0, t0 + 100 + i), None, "{what}: hit {i}");
-            }
-            // Thread 8's hits take the rest of the cap; the one that reaches it ends the
-            // window.
-            for i in first..cap - 1 {
-                assert_eq!(w.note_hit(8, 1, 0, t0 + 100 + i), None, "{what}: hit {i}");
-            }
-            let end = w.note_hit(8, 1, 0, t0 + 5_000);
-            assert!(
-                matches!(&end, Some(Event::WatchSet { time, words, .. })
-                    if *time == t0 + 5_001 && words.is_empty()),
-                "{what}: {end:?}"
-            );
+    fn a_looks_window_ends_with_its_whole_cap() {
+        let duty = DutyCycle::new(Duration::from_millis(20), 0.02, Duration::from_micros(10));
+        let mut w = Watcher::new(Binding::Attach, duty, None);
+        w.arm_look(&[spec(0x1000)]).unwrap();
+        w.take_markers();
+        let t0 = now_ns();
+        let cap = w.duty_cycle().max_hits_per_window;
+        let first = u64::from(w.limit()).min(cap - 1);
+        // Thread 7 spends its event's share (on 2 CPUs or more): the window goes on.
+        for i in 0..first {
+            assert_eq!(w.note_hit(7, 0, 0, t0 + 100 + i), None, "hit {i}");
         }
-        // A data window that is neither ends at the first share spent (the test above).
+        // Thread 8's hits take the rest of the cap; the one that reaches it ends the window.
+        for i in first..cap - 1 {
+            assert_eq!(w.note_hit(8, 1, 0, t0 + 100 + i), None, "hit {i}");
+        }
+        let end = w.note_hit(8, 1, 0, t0 + 5_000);
+        assert!(
+            matches!(&end, Some(Event::WatchSet { time, words, .. })
+                if *time == t0 + 5_001 && words.is_empty()),
+            "{end:?}"
+        );
     }
 
     /// Launch: a re-armed set opens fresh events. Hits of the closed ones read after that

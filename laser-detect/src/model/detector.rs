@@ -413,21 +413,6 @@ impl<C: CodeSource> Detector<C> {
             .map_or_else(Vec::new, |l| l.threads.iter().map(|t| t.0).collect())
     }
 
-    /// The threads whose contending accesses (samples' and windows') ran one of the
-    /// instructions at `pcs`, on any contended line, by id: the threads a code window on
-    /// those instructions is for.
-    pub fn code_threads(&self, pcs: &[u64]) -> Vec<u32> {
-        let mut tids: Vec<u32> = self
-            .model
-            .contended()
-            .flat_map(|l| l.sources.iter().filter(|s| pcs.contains(&s.pc)))
-            .flat_map(|s| s.threads.iter().copied())
-            .collect();
-        tids.sort_unstable();
-        tids.dedup();
-        tids
-    }
-
     /// How many threads the contending accesses on the line at `line` (samples' and
     /// windows' alike) show storing there: 0 for a line not contended.
     pub fn storing_threads(&self, line: u64) -> usize {

@@ -721,9 +721,8 @@ impl Estimator {
     /// words, the threads' stored words first, alternating between threads). A transfer need
     /// not have been seen: each thread traps on every execution, so in a window's budget a
     /// loop over several lines goes round once or twice, and two threads on one line within
-    /// that millisecond is the sharing a front window then measures. With no such line, a
-    /// run's edge inside a line (`edge_front`), then one layout seen on two lines
-    /// (`layout_front`). `None` when no code window is open or it has seen neither yet.
+    /// that millisecond is the sharing a front window then measures. `None` when no code
+    /// window is open or it has seen no shared line yet.
     pub fn code_front(&self) -> Option<(u64, Vec<u64>)> {
         let open = self.code_windows.len().checked_sub(1)?;
         if self.code_windows[open].end != u64::MAX {
@@ -746,7 +745,7 @@ impl Estimator {
                 )
             })
         else {
-            return self.edge_front(open).or_else(|| self.layout_front(open));
+            return self.edge_front(open);
         };
         // Stored words first; then round-robin over threads so both sides are watched.
         let mut cands: Vec<(u32, u64, bool)> = l.code_words.clone();
@@ -788,66 +787,6 @@ impl Estimator {
         words.sort_unstable();
         words.dedup();
         Some((e.line, words))
-    }
-
-    /// With no line two threads shared in code window `open` and no run edge: two lines the
-    /// window saw one thread each on, different threads, where the first thread's words all
-    /// lie below the second's (one part ends on its line where the next begins on its own),
-    /// one of them stored. That is one layout seen in two copies: a block allocated afresh
-    /// every round, whose parts two threads fill, with the two threads' traps in different
-    /// rounds. A code window's traps come from whichever thread runs the code: the first to
-    /// run it spends its share (its CPU's, or its own) before the other comes by, and under
-    /// the traps the pair no longer runs each round together (moving_scratch and PARSEC
-    /// streamcluster's `work_mem`, re-allocated every round at one of a few addresses: the
-    /// storer of the first half of a line in one round's block, the storer of the second
-    /// half in the next round's). The front watches the later of the two lines at both
-    /// threads' words nearest the meeting point: if the layout comes back there, the
-    /// window sees the pair; if not, one thread or none, and no transfer is counted.
-    fn layout_front(&self, open: usize) -> Option<(u64, Vec<u64>)> {
-        // (line, tid, word mask, stored, latest access) of each line one thread alone used.
-        let alone: Vec<(u64, u32, u64, bool, u64)> = self
-            .lines
-            .iter()
-            .filter(|(_, l)| l.code_cur == Some(open) && !l.code_words.is_empty())
-            .filter_map(|(&line, l)| {
-                let tid = l.code_words[0].0;
-                if l.code_words.iter().any(|w| w.0 != tid) {
-                    return None;
-                }
-                let mask = l
-                    .code_words
-                    .iter()
-                    .fold(0u64, |m, w| m | 1 << ((w.1 - line) / 8));
-                let stored = l.code_words.iter().any(|w| w.2);
-                Some((line, tid, mask, stored, l.code_win_last))
-            })
-            .collect();
-        let mut best: Option<(u64, u64, u64, u64)> = None;
-        for a in &alone {
-            for b in &alone {
-                let below = 63 - a.2.leading_zeros() < b.2.trailing_zeros();
-                if a.1 == b.1 || !below || !(a.3 || b.3) {
-                    continue;
-                }
-                let (latest, line) = if a.4 >= b.4 { (a.4, a.0) } else { (b.4, b.0) };
-                if best.is_none_or(|x| latest > x.0) {
-                    best = Some((latest, line, a.2, b.2));
-                }
-            }
-        }
-        let (_, line, below, above) = best?;
-        // The lower part's top words and the upper part's bottom words, alternately, nearest
-        // the meeting point first.
-        let top: Vec<u64> = (0..64).rev().filter(|&i| below & 1 << i != 0).collect();
-        let bottom: Vec<u64> = (0..64).filter(|&i| above & 1 << i != 0).collect();
-        let mut words: Vec<u64> = (0..FRONT_WORDS)
-            .flat_map(|i| [top.get(i), bottom.get(i)])
-            .flatten()
-            .map(|&w| line + 8 * w)
-            .take(FRONT_WORDS)
-            .collect();
-        words.sort_unstable();
-        Some((line, words))
     }
 
     /// How many code windows have watched instruction `pc`.
@@ -1638,53 +1577,6 @@ mod tests {
         assert!(r.front && !r.code, "{r:?}");
         assert_eq!(r.transfers, 9);
         assert!((r.rate_per_s - 9.0 / 1e-6).abs() < 1e-3, "{r:?}");
-    }
-
-    /// ```text
-    ///   code window on pc 0x77 (open); a block allocated afresh every round, at A or B:
-    ///     T1 stores A+0, A+8         (round r: the end of T1's part, on A's first line)
-    ///     T2 stores B+64 … B+120     (round r+1: a line of T2's own part, whole)
-    ///     T2 stores B+32, B+40       (round r+1: the start of T2's part)
-    ///   → front: line B, T1's words there and T2's: B+0, B+8, B+32, B+40
-    ///   T1 and T2 at the same words of their lines, or at words that interleave: no front
-    /// ```
-    #[test]
-    fn two_threads_parts_of_one_layout_on_two_lines_are_a_front_on_the_later() {
-        const A: u64 = 0x5000;
-        const B: u64 = 0x9000;
-        let st = |tid: u32, addr: u64, time: u64| Access {
-            tid,
-            time,
-            pc: 0x77,
-            addr,
-            size: 8,
-            op: Op::Store,
-            weight: 1,
-        };
-        let mut e = Estimator::new(64).with_trap_cost(0);
-        e.begin_code_window(1_000, vec![0x77]);
-        let mut t = 1_001;
-        for addr in [A, A + 8, A, A + 8] {
-            e.observe_code(&st(1, addr, t));
-            t += 1;
-        }
-        assert_eq!(e.code_front(), None, "one thread so far");
-        for addr in (0..8).map(|w| B + 64 + 8 * w).chain([B + 32, B + 40]) {
-            e.observe_code(&st(2, addr, t));
-            t += 1;
-        }
-        assert_eq!(e.code_front(), Some((B, vec![B, B + 8, B + 32, B + 40])));
-
-        // The same words of their lines: not two parts of one line.
-        let mut e = Estimator::new(64).with_trap_cost(0);
-        e.begin_code_window(1_000, vec![0x77]);
-        e.observe_code(&st(1, A, 1_001));
-        e.observe_code(&st(2, B, 1_002));
-        assert_eq!(e.code_front(), None);
-        // Words that interleave: neither part ends where the other begins.
-        e.observe_code(&st(2, B + 8, 1_003));
-        e.observe_code(&st(1, A + 48, 1_004));
-        assert_eq!(e.code_front(), None, "T1's words lie on both sides of T2's");
     }
 
     #[test]
