@@ -14,7 +14,8 @@
 //! from memory) traces every thread of the target with `PTRACE_SEIZE`, which stops nothing
 //! by itself, and follows the threads and processes it creates. It passes on every signal as
 //! it came, except a SIGTRAP only a lost debug exception explains (`si_code` `TRAP_HWBKPT`,
-//! or `TRAP_BRKPT` with no `int1` opcode before the address), which it drops and counts:
+//! or `TRAP_BRKPT` with no `int1` opcode before the address or at it: some hypervisors
+//! deliver `int1` as a fault, at the instruction), which it drops and counts:
 //! each one cost its watch window one hit. This module is laser's side of it.
 //!
 //! ```text
