@@ -379,9 +379,12 @@ impl Oracle for DwarfOracle<'_> {
         // function the region came from points at that local, named as the source names it
         // (`sum`, not `*.omp_data_i->sum`); a firstprivate copy of that function's pointer
         // points where the pointer does (`parts`, not `.omp_data_i->parts`).
-        if let (PlaceName::Deref(p), false, Some(m)) = (&from.name, element, path.strip_prefix('.'))
-        {
-            let is = |names: &[String]| p == OMP_DATA && names.iter().any(|n| n == m);
+        let omp_member = match (&from.name, element) {
+            (PlaceName::Deref(p), false) if p == OMP_DATA => path.strip_prefix('.'),
+            _ => None,
+        };
+        if let Some(m) = omp_member {
+            let is = |names: &[String]| names.iter().any(|n| n == m);
             let name = if is(&self.vars.shared) {
                 Some(PlaceName::Var(m.to_string()))
             } else if is(&self.vars.copied) {
