@@ -700,9 +700,10 @@ impl Watcher {
 
     /// Measures the hit cost once (`DutyCycle::calibrate`) and adopts it when above the floor.
     ///
-    /// A launch measures it only once a window has trapped, between two windows (its own
-    /// breakpoint needs a free debug register, which a whole-CPU window takes on every CPU),
-    /// and prices hits at [`PROVISIONAL_HIT_COST`] until then. Its traps take ≈ 0.2–0.5 ms of
+    /// A launch measures it only once a window has trapped, as soon as that window has
+    /// closed (its own breakpoint needs a free debug register, which a whole-CPU window takes
+    /// on every CPU), and prices hits at [`PROVISIONAL_HIT_COST`] until then: the cooldown of
+    /// that first window is re-checked at the measured price. Its traps take ≈ 0.2–0.5 ms of
     /// laser's thread while the program runs, and the breakpoint, bound to laser's thread,
     /// is the run's only task event (see `attr::tracking_cpu_wide`): a program whose windows
     /// never trap (a survey of quiet words) pays neither. One that ends before its first
@@ -1923,7 +1924,12 @@ impl Watcher {
                 // Unused slots were disabled when the set was armed (`repoint_attached`).
                 let r = if self.binding == Binding::Launch {
                     self.close_window();
-                    Ok(())
+                    // The first window that trapped has just closed: the hit cost is
+                    // measured now, so its cooldown is priced at what its hits cost rather
+                    // than at the provisional price, about three times that here (a code
+                    // window's 37 hits of Phoenix histogram -O0 cooled for 150 ms, not ~70,
+                    // a third of that 0.4 s run's windows).
+                    self.calibrate_once()
                 } else {
                     self.events
                         .iter()
