@@ -114,6 +114,9 @@ pub fn run_loop(
     let mut record_error: Option<anyhow::Error> = None;
     let mut skipped = 0;
     let mut last_prefetch = Instant::now();
+    if opts.steer_watchpoints && detector.is_some() {
+        steering.expect_steps();
+    }
     let exit = loop {
         let status = {
             let mut sink = |e: Event| {

@@ -164,6 +164,12 @@ const SURVEY_POLL_MIN: Duration = Duration::from_millis(1);
 /// hits.
 pub const MAX_POLL: Duration = Duration::from_millis(50);
 
+/// The wait before steering's first step: the launch's trap guard is started
+/// `laser_driver::GUARD_DELAY` (5 ms) after the launch and windows open once it runs. At the
+/// loop's idle poll ([`MAX_POLL`]) Phoenix histogram -O0's first window opened 63 ms after
+/// its threads started, of a 0.4 s run.
+const FIRST_STEP: Duration = Duration::from_millis(8);
+
 /// The longest wait between looks while watchpoints count and their fast-string cost is not
 /// known yet (`Detector::armed_slowdown` is `None`): a program that copies with `rep movs`
 /// runs ~2x slower armed, and a survey turn, looked at 20 ms after it was armed and ended
@@ -262,6 +268,12 @@ pub struct Steering {
     explore_next: bool,
     /// Whether the watchpoints were counting at the last step (not cooling down).
     counting: bool,
+    /// When the window the last step armed began to count, for the next step to count the
+    /// turn's time from (`note_step`: that step found it counting, but not the one before).
+    counts_from: Option<Instant>,
+    /// The loop will call [`Steering::step`] ([`Steering::expect_steps`]): until the first
+    /// step has armed, it polls every [`FIRST_STEP`].
+    steps_expected: bool,
     /// Whether the watchpoints counted when the last step ended (after it re-pointed them),
     /// and the time up to which their armed time is in `armed`.
     armed_after_step: bool,
@@ -382,9 +394,22 @@ impl Steering {
     /// ([`Self::turn_poll_hint`]), [`MAX_POLL`] without one. When the armed cost's look
     /// comes before the turn's ([`Self::cost_look_wait`]), a step that finds the loop woken
     /// by that wait alone looks at the cost only.
+    /// The loop will step: poll soon until the first step (see [`FIRST_STEP`]). A loop that
+    /// never steps (`--watch false`, an access history) keeps the longest wait.
+    pub fn expect_steps(&mut self) {
+        self.steps_expected = true;
+    }
+
     pub fn poll_wait(&mut self) -> Duration {
         let now = Instant::now();
-        let wait = self.turn_poll_hint().map_or(MAX_POLL, |h| h.min(MAX_POLL));
+        // Before the first step, only until the first window can open: a program that runs
+        // for 0.4 s must not lose its first 50 ms to the loop's idle poll.
+        let idle = if self.started.is_none() && self.steps_expected {
+            FIRST_STEP
+        } else {
+            MAX_POLL
+        };
+        let wait = self.turn_poll_hint().map_or(idle, |h| h.min(idle));
         // After cost looks, the turn's look is due when it was after the last whole step:
         // they do not put it off.
         let turn = self
@@ -441,6 +466,7 @@ impl Steering {
                 // Armed by this step: from now, after the events were opened (an open can
                 // wait several ms for the kernel's breakpoint slots).
                 self.armed_mark = Some(Instant::now());
+                self.counts_from = self.armed_mark;
             }
             self.armed_after_step = armed;
         }
@@ -1010,8 +1036,15 @@ impl Steering {
     fn note_step(&mut self, now: Instant, counting: bool) {
         self.note_armed(now, counting);
         let was_counting = std::mem::replace(&mut self.counting, counting);
-        if let (Some(last), true, true) = (self.last_step, counting, was_counting) {
-            self.counted += now.duration_since(last);
+        // The window armed by the last step has counted since it was armed: a survey turn of
+        // 20 ms took 40 (its first look counted nothing) and a quiet global's survey took a
+        // tenth of a 0.4 s run.
+        let from = match (self.counts_from.take(), was_counting) {
+            (Some(armed), false) => Some(armed),
+            _ => self.last_step.filter(|_| was_counting),
+        };
+        if let (Some(from), true) = (from, counting) {
+            self.counted += now.saturating_duration_since(from);
         }
         self.last_step = Some(now);
     }
@@ -1853,6 +1886,42 @@ mod tests {
         s.armed_budget = 0.0075;
         assert!(s.armed_cost_spent(t0 + ms(30)));
         assert!(!s.armed_cost_spent(t0 + ms(1400)));
+    }
+
+    /// A turn's counting time runs from when its window was armed: the step after the
+    /// arming one counts the time since (it alone finds the window counting), then each step
+    /// the time since the last; a cooldown in between counts nothing.
+    #[test]
+    fn a_turn_counts_from_its_arming() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut s = Steering {
+            turn: Some((Turn::Survey, t0)),
+            last_step: Some(t0),
+            counting: false,
+            counts_from: Some(t0 + ms(3)),
+            ..Steering::default()
+        };
+        s.note_step(t0 + ms(20), true);
+        assert_eq!(s.counted, ms(17), "from the arming, after its opens");
+        s.note_step(t0 + ms(25), true);
+        assert_eq!(s.counted, ms(22));
+        s.note_step(t0 + ms(30), false);
+        s.note_step(t0 + ms(40), true);
+        assert_eq!(s.counted, ms(22), "cooling, then counting again from this step");
+        s.note_step(t0 + ms(41), true);
+        assert_eq!(s.counted, ms(23));
+    }
+
+    /// The loop polls every FIRST_STEP until steering's first step, when it steps at all.
+    #[test]
+    fn the_first_step_comes_soon_when_the_loop_steps() {
+        let mut s = Steering::default();
+        assert_eq!(s.poll_wait(), MAX_POLL);
+        s.expect_steps();
+        assert_eq!(s.poll_wait(), FIRST_STEP);
+        s.started = Some(Instant::now());
+        assert_eq!(s.poll_wait(), MAX_POLL);
     }
 
     fn est(line: u64, transfers: u64, armed_s: f64) -> LineEstimate {
