@@ -295,6 +295,8 @@ pub struct Steering {
     surveying: Option<WatchCandidate>,
     /// Why the last survey target was chosen (its plan tier): for `LASER_TRACE_STEERING`.
     survey_source: Option<SurveySource>,
+    /// Whether that target watches loads too (`SurveyTarget::reads`).
+    survey_reads: bool,
     /// What the armed probe watches, and the lines probed so far.
     probing: Option<WatchCandidate>,
     probed: HashMap<u64, Probed>,
@@ -549,6 +551,12 @@ impl Steering {
             // counters), it took the four windows of the 0.6 s in which the line known to be
             // contended could have been watched.
             Some((Turn::Probe | Turn::Look, _)) => self.one_window_over(counting, hits, watcher),
+            // A read+write survey turn (`SurveyTarget::reads`), like a probe: its threads'
+            // loads fill each window, and one shows whether their accesses meet (four windows'
+            // worth of hits held one line's survey slot for 560 ms of a 0.9 s run).
+            Some((Turn::Survey, _)) if self.survey_reads => {
+                self.one_window_over(counting, hits, watcher)
+            }
             Some((Turn::Code, _)) if self.exploring => {
                 self.one_window_over(counting, hits, watcher)
             }
@@ -817,6 +825,9 @@ impl Steering {
         let kind = match turn {
             Turn::Candidate if self.read_hot.contains(&c.line_addr) => WatchKind::Write,
             Turn::Candidate => self.alternate(c.line_addr, now),
+            // A survey of a line two threads were sampled on apart (`SurveyTarget::reads`),
+            // where the kernel ends a window at its cap.
+            Turn::Survey if self.survey_reads && !demote => WatchKind::ReadWrite,
             _ => WatchKind::Write,
         };
         // (The user's words are the ones to watch on a line they named.)
@@ -1292,6 +1303,7 @@ impl Steering {
         self.next_tier = tier + 1;
         self.surveyed.insert(t.key(), now);
         self.survey_source = Some(t.source);
+        self.survey_reads = t.reads;
         Some(t.watch)
     }
 
@@ -1320,6 +1332,7 @@ impl Steering {
             .min_by_key(|t| self.surveyed.get(&t.key()).copied())?;
         self.surveyed.insert(t.key(), now);
         self.survey_source = Some(t.source);
+        self.survey_reads = t.reads;
         Some(t.watch.clone())
     }
 
@@ -1908,7 +1921,11 @@ mod tests {
         assert_eq!(s.counted, ms(22));
         s.note_step(t0 + ms(30), false);
         s.note_step(t0 + ms(40), true);
-        assert_eq!(s.counted, ms(22), "cooling, then counting again from this step");
+        assert_eq!(
+            s.counted,
+            ms(22),
+            "cooling, then counting again from this step"
+        );
         s.note_step(t0 + ms(41), true);
         assert_eq!(s.counted, ms(23));
     }

@@ -212,7 +212,8 @@ fn survey_note(s: &SurveySummary) -> String {
     format!(
         "watch survey: {} line(s) no timer sample showed contended ({} in globals of the \
          program or its libraries, {} heap) watched for stores in {} window(s), {} bytes in \
-         all; contention found on {} of them; survey windows see stores only, so transfers \
+         all; contention found on {} of them; survey windows see stores only (but on a line \
+         two threads were sampled on apart, and around one thread's stores), so transfers \
          that loads cause there are not counted (lower bounds), and bytes never watched (most \
          heap data) are not covered",
         s.lines,

@@ -60,6 +60,8 @@ pub struct HotLine {
     pub tids: [u32; 2],
     /// Bytes sampled accesses touched (bit n = byte n of the line).
     pub bytes: u128,
+    /// Bytes each of `tids` was sampled touching.
+    pub tid_bytes: [u128; 2],
 }
 
 impl HotLine {
@@ -111,6 +113,9 @@ impl HotLines {
             if let Some(slot) = h.tids.iter_mut().find(|t| **t == 0) {
                 *slot = tid;
             }
+        }
+        if let Some(i) = h.tids.iter().position(|&t| t == tid) {
+            h.tid_bytes[i] |= bytes;
         }
     }
 
@@ -178,6 +183,8 @@ impl SurveySource {
 pub struct SurveyTarget {
     pub source: SurveySource,
     pub watch: WatchCandidate,
+    /// Watch loads too ([`pair_turn`]); survey windows watch stores only otherwise.
+    pub reads: bool,
 }
 
 impl SurveyTarget {
@@ -204,6 +211,7 @@ fn turns(slots: &[u64], line_size: u32, source: SurveySource, out: &mut Vec<Surv
                 line_addr: chunk[0] & mask,
                 words: chunk.iter().map(|&a| (a, 8)).collect(),
             },
+            reads: false,
         });
     }
 }
@@ -228,8 +236,81 @@ fn line_turns(
     let (sampled, other): (Vec<&[u64]>, Vec<&[u64]>) = all
         .chunks(crate::model::candidates::MAX_WORDS)
         .partition(|c| touched(c));
-    turns(&sampled.concat(), line_size, source, first);
+    let mut halves = Vec::new();
+    turns(&sampled.concat(), line_size, source, &mut halves);
+    first.extend(pair_turn(line, h, line_size, source, &halves));
+    first.append(&mut halves);
     turns(&other.concat(), line_size, source, rest);
+}
+
+/// Slots (bit k = the 8-byte slot k of the line) that `bytes` touch.
+fn slot_bits(bytes: u128, line_size: u32) -> u64 {
+    (0..line_size / 8)
+        .filter(|k| bytes & (0xffu128 << (8 * k)) != 0)
+        .fold(0, |b, k| b | 1 << k)
+}
+
+/// A read+write turn over what each of two threads was sampled on, when samples showed them
+/// on different 8-byte slots of the line and on none in common: the mark of false sharing
+/// whose stores no sample caught (an `x++` sampled at its load, a store between long
+/// computations). A store-only window there sees the storing thread alone, and only a
+/// read+write window around its stores afterwards (a probe, one cooldown later) sees the
+/// other thread's loads: Phoenix histogram -O0 on a 0.4 s run (thread 0's counters, thread
+/// 1's header read every pixel) had its store-only survey window filled by thread 0 alone at
+/// ~50 ms, and the probe's window opened ~150 ms later, after thread 1 had ended, in 6 runs
+/// of 15. Up to two slots of each thread, those nearest the other thread's, in turn. `None`
+/// otherwise, or when its key would be one of the line's store-only turns' (`halves`).
+fn pair_turn(
+    line: u64,
+    h: &HotLine,
+    line_size: u32,
+    source: SurveySource,
+    halves: &[SurveyTarget],
+) -> Option<SurveyTarget> {
+    if h.threads() < 2 {
+        return None;
+    }
+    let [a, b] = h.tid_bytes.map(|t| slot_bits(t, line_size));
+    if a == 0 || b == 0 || a & b != 0 {
+        return None;
+    }
+    // A thread's slots, nearest the other thread's first.
+    let nearest = |mine: u64, other: u64| -> Vec<u64> {
+        let dist = |k: u32| {
+            (0..64)
+                .filter(|j| other & (1 << j) != 0)
+                .map(|j: u32| k.abs_diff(j))
+                .min()
+                .unwrap_or(u32::MAX)
+        };
+        let mut ks: Vec<u32> = (0..64).filter(|k| mine & (1 << k) != 0).collect();
+        ks.sort_by_key(|&k| (dist(k), k));
+        ks.into_iter()
+            .take(2)
+            .map(|k| line + 8 * u64::from(k))
+            .collect()
+    };
+    let (na, nb) = (nearest(a, b), nearest(b, a));
+    let mut words: Vec<u64> = Vec::new();
+    for i in 0..2 {
+        words.extend(na.get(i));
+        words.extend(nb.get(i));
+    }
+    // A key of its own (the line and its first word): the survey's clocks are per key.
+    let taken: Vec<u64> = halves
+        .iter()
+        .filter_map(|t| t.watch.words.first().map(|w| w.0))
+        .collect();
+    let first = words.iter().position(|w| !taken.contains(w))?;
+    words.rotate_left(first);
+    Some(SurveyTarget {
+        source,
+        watch: WatchCandidate {
+            line_addr: line,
+            words: words.into_iter().map(|a| (a, 8)).collect(),
+        },
+        reads: true,
+    })
 }
 
 /// The 8-byte slots of `objects` worth a survey, best first, with the line each lies on:
@@ -458,17 +539,71 @@ mod tests {
                 (0x1000, SampledHot),
                 (0x2000, SampledShared),
                 (0x5000, SampledHot),
-                (0x3000, SampledShared),
+                (0x2000, SampledShared),
                 (0x1000, SampledHot),
                 (0x3000, SampledShared),
                 (0x5000, SampledHot),
+                (0x3000, SampledShared),
             ]
         );
-        // Two threads on 0x2000 touched both halves: address order. The two 4-byte globals
-        // share one slot.
-        assert_eq!(words(&p[0]), [0x2000, 0x2008, 0x2010, 0x2018]);
-        assert_eq!(words(&p[3]), [0x2020, 0x2028, 0x2030, 0x2038]);
+        // Two threads on 0x2000 apart (slots 5 and 0): a read+write turn on both first; then
+        // the halves they touched, in address order, stores only. On 0x3000 and 0x5000 the
+        // threads share a slot: no such turn. The two 4-byte globals share one slot.
+        assert_eq!(words(&p[0]), [0x2028, 0x2000]);
+        assert!(p[0].reads);
+        assert_eq!(words(&p[3]), [0x2000, 0x2008, 0x2010, 0x2018]);
+        assert_eq!(words(&p[5]), [0x2020, 0x2028, 0x2030, 0x2038]);
+        assert!(p.iter().filter(|t| t.reads).count() == 1);
         assert_eq!(words(&p[1]), [0x4010]);
+    }
+
+    /// Two threads sampled on different slots of a line (one reads its header, the other
+    /// increments counters: nothing sampled in common): a read+write turn on up to two slots
+    /// of each, nearest the other's, keyed apart from the line's store-only turns. Not for
+    /// one thread, nor for two on a common slot.
+    #[test]
+    fn two_threads_sampled_apart_on_a_line_get_a_read_write_turn() {
+        let mut hot = HotLines::default();
+        // Thread 1: slots 0, 1, 2, 4 (bytes 4, 12, 16, 36); thread 2: slots 6 and 7.
+        for b in [4, 12, 16, 36] {
+            hot.note(0x1000, 1, false, byte_mask(b, 4));
+        }
+        hot.note(0x1000, 2, false, byte_mask(48, 8));
+        hot.note(0x1000, 2, false, byte_mask(56, 8));
+        let p = plan(&hot, &[], &[], &[], 64, |_| false);
+        let pair: Vec<&SurveyTarget> = p.iter().filter(|t| t.reads).collect();
+        assert_eq!(pair.len(), 1);
+        // Thread 1's slots 4 and 2, thread 2's 6 and 7, in turn, from the first word that
+        // starts no half (slot 4 starts the second).
+        assert_eq!(words(pair[0]), [0x1030, 0x1010, 0x1038, 0x1020]);
+        assert_eq!(pair[0].source, SurveySource::SampledHot);
+        assert!(p
+            .iter()
+            .filter(|t| !t.reads)
+            .all(|t| t.key() != pair[0].key()));
+        assert!(p[0].reads, "before the line's store-only turns");
+        // The pair's first word would be a half's first (slot 0, slot 4): rotated.
+        let mut hot = HotLines::default();
+        for _ in 0..3 {
+            hot.note(0x2000, 1, false, byte_mask(0, 8));
+        }
+        hot.note(0x2000, 2, false, byte_mask(32, 8));
+        let p = plan(&hot, &[], &[], &[], 64, |_| false);
+        let pair: Vec<&SurveyTarget> = p.iter().filter(|t| t.reads).collect();
+        assert!(
+            pair.is_empty(),
+            "both slots start a half: no key of its own"
+        );
+        // One thread, or two on one slot: store-only turns alone.
+        let mut hot = HotLines::default();
+        for t in [1, 1, 1, 2] {
+            hot.note(0x3000, t, false, byte_mask(8, 8));
+        }
+        for _ in 0..3 {
+            hot.note(0x4000, 1, false, byte_mask(8, 8));
+        }
+        let p = plan(&hot, &[], &[], &[], 64, |_| false);
+        assert!(p.iter().all(|t| !t.reads));
     }
 
     #[test]
