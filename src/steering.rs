@@ -392,16 +392,16 @@ impl Steering {
         self.last_step = None;
     }
 
-    /// How long the monitor loop waits for the next `step` at most: the turn's own wait
-    /// ([`Self::turn_poll_hint`]), [`MAX_POLL`] without one. When the armed cost's look
-    /// comes before the turn's ([`Self::cost_look_wait`]), a step that finds the loop woken
-    /// by that wait alone looks at the cost only.
     /// The loop will step: poll soon until the first step (see [`FIRST_STEP`]). A loop that
     /// never steps (`--watch false`, an access history) keeps the longest wait.
     pub fn expect_steps(&mut self) {
         self.steps_expected = true;
     }
 
+    /// How long the monitor loop waits for the next `step` at most: the turn's own wait
+    /// ([`Self::turn_poll_hint`]), [`MAX_POLL`] without one. When the armed cost's look
+    /// comes before the turn's ([`Self::cost_look_wait`]), a step that finds the loop woken
+    /// by that wait alone looks at the cost only.
     pub fn poll_wait(&mut self) -> Duration {
         let now = Instant::now();
         // Before the first step, only until the first window can open: a program that runs
@@ -822,12 +822,15 @@ impl Steering {
                 self.alternating.entry(e.line_addr).or_insert(false);
             }
         }
+        // Where the kernel does not end a window at its cap, a read+write survey is a
+        // store-only one, with the turns of those.
+        self.survey_reads &= !demote;
         let kind = match turn {
             Turn::Candidate if self.read_hot.contains(&c.line_addr) => WatchKind::Write,
             Turn::Candidate => self.alternate(c.line_addr, now),
             // A survey of a line two threads were sampled on apart (`SurveyTarget::reads`),
             // where the kernel ends a window at its cap.
-            Turn::Survey if self.survey_reads && !demote => WatchKind::ReadWrite,
+            Turn::Survey if self.survey_reads => WatchKind::ReadWrite,
             _ => WatchKind::Write,
         };
         // (The user's words are the ones to watch on a line they named.)
