@@ -169,6 +169,10 @@ pub const MAX_POLL: Duration = Duration::from_millis(50);
 /// loop's idle poll ([`MAX_POLL`]) Phoenix histogram -O0's first window opened 63 ms after
 /// its threads started, of a 0.4 s run.
 const FIRST_STEP: Duration = Duration::from_millis(8);
+/// How long the loop polls every [`FIRST_STEP`] at most: windows that cannot open (the trap
+/// guard failed, the debug registers refused) must not wake laser 125 times a second for
+/// the whole run.
+const FIRST_STEP_FOR: Duration = Duration::from_millis(250);
 
 /// The longest wait between looks while watchpoints count and their fast-string cost is not
 /// known yet (`Detector::armed_slowdown` is `None`): a program that copies with `rep movs`
@@ -272,8 +276,8 @@ pub struct Steering {
     /// turn's time from (`note_step`: that step found it counting, but not the one before).
     counts_from: Option<Instant>,
     /// The loop will call [`Steering::step`] ([`Steering::expect_steps`]): until the first
-    /// step has armed, it polls every [`FIRST_STEP`].
-    steps_expected: bool,
+    /// step has armed, and until this, it polls every [`FIRST_STEP`].
+    steps_expected: Option<Instant>,
     /// Whether the watchpoints counted when the last step ended (after it re-pointed them),
     /// and the time up to which their armed time is in `armed`.
     armed_after_step: bool,
@@ -395,7 +399,7 @@ impl Steering {
     /// The loop will step: poll soon until the first step (see [`FIRST_STEP`]). A loop that
     /// never steps (`--watch false`, an access history) keeps the longest wait.
     pub fn expect_steps(&mut self) {
-        self.steps_expected = true;
+        self.steps_expected = Some(Instant::now() + FIRST_STEP_FOR);
     }
 
     /// How long the monitor loop waits for the next `step` at most: the turn's own wait
@@ -406,7 +410,7 @@ impl Steering {
         let now = Instant::now();
         // Before the first step, only until the first window can open: a program that runs
         // for 0.4 s must not lose its first 50 ms to the loop's idle poll.
-        let idle = if self.started.is_none() && self.steps_expected {
+        let idle = if self.started.is_none() && self.steps_expected.is_some_and(|t| now < t) {
             FIRST_STEP
         } else {
             MAX_POLL
@@ -1933,7 +1937,8 @@ mod tests {
         assert_eq!(s.counted, ms(23));
     }
 
-    /// The loop polls every FIRST_STEP until steering's first step, when it steps at all.
+    /// The loop polls every FIRST_STEP until steering's first step, when it steps at all,
+    /// and for FIRST_STEP_FOR at most.
     #[test]
     fn the_first_step_comes_soon_when_the_loop_steps() {
         let mut s = Steering::default();
@@ -1942,6 +1947,10 @@ mod tests {
         assert_eq!(s.poll_wait(), FIRST_STEP);
         s.started = Some(Instant::now());
         assert_eq!(s.poll_wait(), MAX_POLL);
+        let mut s = Steering::default();
+        s.expect_steps();
+        s.steps_expected = s.steps_expected.map(|t| t - FIRST_STEP_FOR);
+        assert_eq!(s.poll_wait(), MAX_POLL, "no window came: the idle poll");
     }
 
     fn est(line: u64, transfers: u64, armed_s: f64) -> LineEstimate {
