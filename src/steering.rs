@@ -1308,10 +1308,15 @@ impl Steering {
                     .map(|(_, t)| (tier, t.clone()))
             })?;
         self.next_tier = tier + 1;
+        self.take_survey(&t, now);
+        Some(t.watch)
+    }
+
+    /// `t` is the survey's next turn: surveyed now, and what it is for the arming.
+    fn take_survey(&mut self, t: &SurveyTarget, now: Instant) {
         self.surveyed.insert(t.key(), now);
         self.survey_source = Some(t.source);
         self.survey_reads = t.reads;
-        Some(t.watch)
     }
 
     /// A survey target whose last turn saw one thread alone, due to be tried again (see
@@ -1337,9 +1342,7 @@ impl Steering {
             .iter()
             .filter(|t| due.contains(&t.key()))
             .min_by_key(|t| self.surveyed.get(&t.key()).copied())?;
-        self.surveyed.insert(t.key(), now);
-        self.survey_source = Some(t.source);
-        self.survey_reads = t.reads;
+        self.take_survey(t, now);
         Some(t.watch.clone())
     }
 
